@@ -1,0 +1,29 @@
+# `make demo`: set up and run the main job on the embedded corpus. `make test`: set up and run the tests.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+# CPU build of torch where there is no NVIDIA GPU (torch==2.13.0 is the local CPU wheel on our machines),
+# the regular CUDA build where there is one. Override with `make TORCH_SPEC=... setup`.
+TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch"; else echo "torch==2.13.0"; fi)
+export WANDB_MODE ?= offline
+export TOKENIZERS_PARALLELISM ?= false
+
+.PHONY: setup demo test test-fast clean
+setup: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[test]"
+	touch $@
+
+demo: setup
+	$(VENV)/bin/pretrain run default
+
+test: setup
+	$(PY) -m pytest -q tests
+
+test-fast: setup
+	$(PY) -m pytest -q -m "not slow" tests
+
+clean:
+	rm -rf runs .pytest_cache

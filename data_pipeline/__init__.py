@@ -1,0 +1,1 @@
+"""Corpus readers, tokenizer training, memory-mapped shards and sample builders."""

@@ -1,0 +1,139 @@
+"""Deterministic, resumable sample order and batching.
+
+The training stream is an endless sequence of *positions*. Position p belongs to epoch p // n and is
+sample `order(seed, epoch)[p % n]`; its corruption rng is derived from (seed, epoch, sample index).
+Nothing depends on rank, world size or worker count, so resuming is "skip to position consumed_samples":
+O(1), no batches replayed, and any world size continues the same global order.
+"""
+
+from __future__ import annotations
+
+from typing import Iterator, Sequence
+
+import numpy as np
+import torch
+
+from objectives.base import IGNORE_INDEX, Objective
+
+_ORDER_STREAM = 0  # distinct SeedSequence streams: sample order vs. per-sample corruption
+_SAMPLE_STREAM = 1
+
+
+def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
+    """A permutation of range(num_samples), a pure function of (seed, epoch)."""
+    return np.random.default_rng([seed, _ORDER_STREAM, epoch]).permutation(num_samples)
+
+
+def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
+    """The rng that corrupts sample `index` when it is seen in `epoch`: new masks every epoch."""
+    return np.random.default_rng([seed, _SAMPLE_STREAM, epoch, index])
+
+
+class PretrainDataset(torch.utils.data.Dataset):
+    """Maps a stream position to a prepared sample (the builder's sample, then each objective's prepare)."""
+
+    def __init__(self, builder: Sequence[dict], objectives: list[Objective], seed: int):
+        self.builder = builder
+        self.objectives = objectives
+        self.seed = seed
+        self._orders: dict[int, np.ndarray] = {}  # epoch -> permutation, cached per worker
+
+    def __len__(self) -> int:
+        return len(self.builder)
+
+    def locate(self, position: int) -> tuple[int, int]:
+        """Stream position -> (epoch, sample index)."""
+        epoch, offset = divmod(position, len(self.builder))
+        if epoch not in self._orders:
+            self._orders = {epoch: epoch_order(len(self.builder), self.seed, epoch)}
+        return epoch, int(self._orders[epoch][offset])
+
+    def __getitem__(self, position: int) -> dict[str, np.ndarray]:
+        epoch, index = self.locate(position)
+        sample = dict(self.builder[index])
+        rng = sample_rng(self.seed, epoch, index)
+        for objective in self.objectives:
+            sample = objective.prepare(sample, rng)
+        return sample
+
+
+class StreamBatchSampler(torch.utils.data.Sampler):
+    """Yields this rank's micro-batches of stream positions, starting at `consumed_samples`.
+
+    Global batch g covers positions [g*G, (g+1)*G), G = micro * accum * world. Micro-step a of rank r
+    takes the slice starting at g*G + (a*world + r)*micro, so the union over ranks and micro-steps of
+    one optimizer step is the same set of samples for any split of G.
+    """
+
+    def __init__(self, consumed_samples: int, micro_batch_size: int, grad_accum_steps: int, rank: int,
+                 world_size: int):
+        self.micro = micro_batch_size
+        self.accum = grad_accum_steps
+        self.rank = rank
+        self.world = world_size
+        self.global_batch = micro_batch_size * grad_accum_steps * world_size
+        if consumed_samples % self.global_batch:
+            raise ValueError(f"consumed_samples={consumed_samples} is not a multiple of the global batch "
+                             f"{self.global_batch}")
+        self.start_step = consumed_samples // self.global_batch
+
+    def __iter__(self) -> Iterator[list[int]]:
+        step = self.start_step
+        while True:
+            base = step * self.global_batch
+            for a in range(self.accum):
+                start = base + (a * self.world + self.rank) * self.micro
+                yield list(range(start, start + self.micro))
+            step += 1
+
+    def __len__(self) -> int:  # endless; DataLoader only needs this for its length hints
+        return 2**62
+
+
+def collate(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: dict[str, int]) -> dict[str, torch.Tensor]:
+    """Pad per-token arrays to the longest sample: input_ids with [PAD], *labels with -100, others with
+    `pad_values` or 0; per-sample scalars are stacked. Adds attention_mask [B, L] (True = real token)."""
+    lengths = [len(s["input_ids"]) for s in samples]
+    width = max(lengths)
+    batch: dict[str, torch.Tensor] = {}
+    for key, first in samples[0].items():
+        if np.ndim(first) == 0:
+            batch[key] = torch.as_tensor(np.array([s[key] for s in samples]))
+            continue
+        if key == "input_ids":
+            fill = pad_id
+        elif key in pad_values:
+            fill = pad_values[key]
+        else:
+            fill = IGNORE_INDEX if key.endswith("labels") else 0
+        arr = np.full((len(samples), width), fill, dtype=first.dtype)
+        for i, s in enumerate(samples):
+            arr[i, : len(s[key])] = s[key]
+        batch[key] = torch.from_numpy(arr)
+    for key in ("input_ids", "token_type_ids"):
+        if key in batch:
+            batch[key] = batch[key].long()
+    batch["attention_mask"] = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
+    return batch
+
+
+class Collator:
+    """Picklable collate_fn for DataLoader workers."""
+
+    def __init__(self, pad_id: int, objectives: list[Objective]):
+        self.pad_id = pad_id
+        self.pad_values: dict[str, int] = {}
+        for objective in objectives:
+            self.pad_values.update(objective.pad_values)
+
+    def __call__(self, samples):
+        return collate(samples, self.pad_id, self.pad_values)
+
+
+def build_loader(dataset: PretrainDataset, pad_id: int, consumed_samples: int, micro_batch_size: int,
+                 grad_accum_steps: int, rank: int, world_size: int, num_workers: int = 0
+                 ) -> torch.utils.data.DataLoader:
+    sampler = StreamBatchSampler(consumed_samples, micro_batch_size, grad_accum_steps, rank, world_size)
+    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collator(pad_id, dataset.objectives),
+                                       num_workers=num_workers, persistent_workers=num_workers > 0,
+                                       prefetch_factor=4 if num_workers > 0 else None)

@@ -1,0 +1,130 @@
+"""The Objective contract, the registry, and validation of a run's mix of objectives.
+
+An objective has a data half, `prepare(sample, rng)`, pure numpy and deterministic given `rng`, run in the
+loader; and a model half, `loss(batch, hidden, model)`, which owns its head (built by `build_head`).
+A run sums `weight * loss` over its objectives and logs every loss and metric unweighted.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+import torch
+from torch import nn
+
+from pretrain.errors import ConfigError
+
+IGNORE_INDEX = -100
+
+
+@dataclass(frozen=True)
+class SpecialTokens:
+    """Ids the objectives need from the tokenizer."""
+
+    pad: int
+    unk: int
+    cls: int
+    sep: int
+    mask: int
+    vocab_size: int
+    """Size of the (padded) vocabulary; the model's output size."""
+    replaceable: np.ndarray = field(compare=False, repr=False, default_factory=lambda: np.zeros(0, np.int64))
+    """Ids a random replacement may draw: real tokens, no special or padding-filler ([unusedN]) ids."""
+
+    @property
+    def special_ids(self) -> tuple[int, ...]:
+        return (self.pad, self.unk, self.cls, self.sep, self.mask)
+
+
+@dataclass
+class ObjectiveOptions:
+    weight: float = 1.0
+    """Weight of this objective's loss in the total."""
+
+
+@dataclass
+class ObjectiveOutput:
+    loss: torch.Tensor
+    """Scalar, unweighted."""
+    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
+    """Unweighted scalars to log, e.g. accuracy."""
+
+
+class Objective:
+    """Base class; subclasses set `name` and `Options` and are registered with `@register`."""
+
+    name: ClassVar[str]
+    Options: ClassVar[type] = ObjectiveOptions
+    rewrites_inputs: ClassVar[bool] = False
+    """True for objectives that corrupt input tokens (mlm, span, rtd, plm): at most one per run."""
+    sentence_level: ClassVar[bool] = False
+    """True for objectives over segment pairs (nsp, sop): at most one per run."""
+    pad_values: ClassVar[dict[str, int]] = {}
+    """Padding value of each per-token array this objective adds to a sample (default 0; *labels: -100)."""
+
+    def __init__(self, options: Any, tokens: SpecialTokens):
+        self.options = options
+        self.tokens = tokens
+
+    @property
+    def weight(self) -> float:
+        return float(self.options.weight)
+
+    def prepare(self, sample: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
+        """Add targets / corrupt inputs of one sample (numpy, no torch). Must be deterministic given rng."""
+        return sample
+
+    def build_head(self, model_config: Any, encoder: nn.Module) -> nn.Module | None:
+        """The head this objective trains, if any; stored as model.heads[self.name]."""
+        return None
+
+    def loss(self, batch: dict[str, torch.Tensor], hidden: torch.Tensor, model: nn.Module) -> ObjectiveOutput:
+        raise NotImplementedError
+
+
+REGISTRY: dict[str, type[Objective]] = {}
+
+
+def register(cls: type[Objective]) -> type[Objective]:
+    if cls.name in REGISTRY:
+        raise ValueError(f"objective '{cls.name}' registered twice ({REGISTRY[cls.name].__module__}, {cls.__module__})")
+    REGISTRY[cls.name] = cls
+    return cls
+
+
+def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
+    """Typed options for each objective in a config mapping {name: {option: value}}; checks the mix."""
+    from pretrain.config import _nearest, from_dict  # shared typed-dict builder
+
+    if not spec:
+        raise ConfigError("objectives: at least one objective is needed (e.g. objectives.mlm.weight=1)")
+    typed = {}
+    for name, options in spec.items():
+        if name not in REGISTRY:
+            raise ConfigError(f"objectives: unknown objective '{name}'{_nearest(name, REGISTRY)}; "
+                              f"known: {', '.join(sorted(REGISTRY))}")
+        cls = REGISTRY[name]
+        if dataclasses.is_dataclass(options) and isinstance(options, cls.Options):
+            typed[name] = options
+        else:
+            typed[name] = from_dict(cls.Options, options or {}, f"objectives.{name}")
+    rewriters = [n for n in typed if REGISTRY[n].rewrites_inputs]
+    if len(rewriters) > 1:
+        raise ConfigError(f"objectives: {' and '.join(rewriters)} both rewrite the input tokens; a run can use "
+                          "only one of mlm, span, rtd, plm")
+    pairs = [n for n in typed if REGISTRY[n].sentence_level]
+    if len(pairs) > 1:
+        raise ConfigError(f"objectives: {' and '.join(pairs)} both build segment pairs; choose one of nsp, sop")
+    for name, options in typed.items():
+        if options.weight < 0:
+            raise ConfigError(f"objectives.{name}.weight: must be >= 0, got {options.weight}")
+    return typed
+
+
+def build_objectives(spec: dict[str, Any], tokens: SpecialTokens) -> list[Objective]:
+    """Instances in a fixed order (the order of the config mapping)."""
+    typed = validate_objectives(spec)
+    return [REGISTRY[name](options, tokens) for name, options in typed.items()]

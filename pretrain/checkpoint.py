@@ -1,0 +1,122 @@
+"""Checkpoints: DeepSpeed engine state + trainer state + rng + resolved config + tokenizer.
+
+Layout: <run>/checkpoints/step_00000120/{DeepSpeed files, trainer_state.json, rng_rank0.pt, config.yaml,
+tokenizer/} and <run>/checkpoints/latest (a one-line pointer). The pointer moves, atomically, only after
+every rank has finished writing, so a job killed mid-write leaves the previous checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pretrain.errors import UserError
+
+LATEST = "latest"
+_TAG = re.compile(r"^step_(\d{8})$")
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def write_atomic(path: Path, text: str) -> None:
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(text)
+    os.replace(tmp, path)
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint directory the `latest` pointer names, or None when there is none yet."""
+    pointer = Path(root) / LATEST
+    if not pointer.is_file():
+        return None
+    tag = pointer.read_text().strip()
+    path = Path(root) / tag
+    if not (path / "trainer_state.json").is_file():
+        raise UserError(f"{pointer} names checkpoint '{tag}', but {path}/trainer_state.json is missing")
+    return path
+
+
+def all_checkpoints(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).glob("step_*") if _TAG.match(p.name) and p.is_dir())
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer_dir: Path, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint directory."""
+    root = Path(root)
+    tag = tag_for(state["step"])
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+    path = root / tag
+    rng = {"torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        rng["cuda"] = torch.cuda.get_rng_state()
+    torch.save(rng, path / f"rng_rank{rank}.pt")
+    if rank == 0:
+        (path / "config.yaml").write_text(config_text)
+        if tokenizer_dir and Path(tokenizer_dir).is_dir() and not (path / "tokenizer").exists():
+            shutil.copytree(tokenizer_dir, path / "tokenizer")
+        write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
+    _barrier()  # every rank has written its files
+    if rank == 0:
+        write_atomic(root / LATEST, tag)
+        for old in all_checkpoints(root)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return path
+
+
+def load_checkpoint(engine, path: Path) -> dict:
+    """Restore engine (weights, optimizer, scheduler) and this rank's rng; returns the trainer state."""
+    path = Path(path)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_module_strict=True)
+    if load_path is None:
+        raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
+    rng_file = path / f"rng_rank{rank}.pt"
+    if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
+        rng = torch.load(rng_file, weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
+    """A run directory (its latest checkpoint), a checkpoints/ directory, or a checkpoint directory."""
+    path = Path(run_or_checkpoint)
+    if not path.exists():
+        raise UserError(f"'{path}' not found: expected a run directory or a checkpoint directory")
+    if (path / "trainer_state.json").is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        found = latest_checkpoint(root) if root.is_dir() else None
+        if found:
+            return found
+    raise UserError(f"no checkpoint in '{path}' (looked for checkpoints/latest and trainer_state.json)")
+
+
+def load_module_state(path: Path) -> dict[str, torch.Tensor]:
+    """fp32 weights of a checkpoint without a DeepSpeed engine (any ZeRO stage, any precision)."""
+    path = Path(path)
+    ds_state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    module = ds_state["module"]
+    has_fp32_partitions = any(path.glob("*zero_pp_rank_*optim_states.pt"))
+    if has_fp32_partitions:  # bf16/fp16 or ZeRO: the exact fp32 master weights live with the optimizer
+        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+        master = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+        module = {k: master.get(k, v) for k, v in module.items()} if module else master
+    return {k: v.float() for k, v in module.items() if v is not None}

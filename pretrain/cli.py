@@ -1,0 +1,209 @@
+"""`pretrain`: the command line. Every subcommand explains its options with --help.
+
+Errors in the user's input (paths, config keys and values, corrupt files) print one line naming the
+culprit and exit with status 2; nothing already built is lost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from pathlib import Path
+
+from pretrain.errors import UserError
+
+CONFIG_HELP = ("a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); "
+               "see `pretrain presets`")
+OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
+
+
+def _config_epilog() -> str:
+    from pretrain.config import RunConfig, describe_fields
+
+    rows = describe_fields(RunConfig)
+    width = max(len(k) for k, _, _ in rows)
+    lines = [f"  {k:<{width}}  {doc} (default: {default})" for k, default, doc in rows]
+    return ("config keys (set in the YAML file or as key=value overrides):\n" + "\n".join(lines) +
+            "\n\nobjectives: objectives.<name>.<option>=value, e.g. objectives.mlm.mask_prob=0.2; "
+            "see `pretrain objectives`")
+
+
+def _load(args) -> "RunConfig":  # noqa: F821
+    from pretrain.config import load_config
+
+    return load_config(args.config, args.overrides)
+
+
+def cmd_tokenizer(args) -> int:
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.tokenizer import train_tokenizer
+
+    tok = train_tokenizer(expand_inputs(args.corpus), Path(args.out), kind=args.type, vocab_size=args.vocab_size,
+                          lowercase=not args.cased, strip_accents=not args.keep_accents,
+                          min_frequency=args.min_frequency, text_field=args.text_field, sample_docs=args.sample_docs)
+    print(f"tokenizer ({args.type}, {len(tok)} tokens) saved to {args.out}")
+    return 0
+
+
+def cmd_shards(args) -> int:
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.shards import build_shards
+
+    manifest = build_shards(expand_inputs(args.corpus), Path(args.tokenizer), Path(args.out),
+                            text_field=args.text_field, num_workers=args.workers,
+                            docs_per_shard=args.docs_per_shard, on_bad=args.on_bad)
+    c = manifest["counts"]
+    print(f"{c['documents']} documents, {c['tokens']} tokens in {len(manifest['shards'])} shard(s) at {args.out}; "
+          f"skipped: {c.get('skipped') or 'none'}")
+    return 0
+
+
+def cmd_train(args) -> int:
+    from pretrain.stages import stage_train
+
+    return stage_train(_load(args))["exit_code"]
+
+
+def cmd_run(args) -> int:
+    from pretrain.stages import run_all
+
+    return run_all(_load(args), demo=not args.no_demo)["exit_code"]
+
+
+def cmd_export(args) -> int:
+    from pretrain.stages import fill_mask_demo, stage_export
+
+    out = stage_export(Path(args.run_or_checkpoint), Path(args.out) if args.out else None, verify=not args.no_verify)
+    if args.demo:
+        fill_mask_demo(out)
+    return 0
+
+
+def cmd_config(args) -> int:
+    import yaml
+
+    from pretrain.config import to_dict
+
+    print(yaml.safe_dump(to_dict(_load(args)), sort_keys=False), end="")
+    return 0
+
+
+def cmd_presets(args) -> int:
+    from pretrain.config import CONFIG_DIR
+
+    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+        first = path.read_text().splitlines()[0] if path.read_text() else ""
+        print(f"{path.stem:<16} {first.lstrip('# ')}")
+    return 0
+
+
+def cmd_objectives(args) -> int:
+    from objectives import REGISTRY
+    from pretrain.config import describe_fields
+
+    for name, cls in sorted(REGISTRY.items()):
+        print(f"{name}: {(cls.__module__ and sys.modules[cls.__module__].__doc__ or '').strip().splitlines()[0]}")
+        for key, default, doc in describe_fields(cls.Options, f"objectives.{name}."):
+            print(f"    {key} = {default}   {doc}")
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    fmt = argparse.RawDescriptionHelpFormatter
+    parser = argparse.ArgumentParser(
+        prog="pretrain", formatter_class=fmt,
+        description="Pretrain BERT-family encoders: tokenizer -> shards -> DeepSpeed training -> HuggingFace export.",
+        epilog="Run `pretrain COMMAND --help` for the options of each command.")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+
+    def add_config_args(p):
+        p.add_argument("config", help=CONFIG_HELP)
+        p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
+
+    p = sub.add_parser("run", help="all stages from one config, skipping those whose output exists",
+                       formatter_class=fmt, epilog=_config_epilog(), description=textwrap.dedent("""\
+                           Train a tokenizer (unless data.tokenizer exists), build shards (cache hit if unchanged),
+                           pretrain under DeepSpeed (resuming from the latest checkpoint), export to HuggingFace
+                           format in <run_dir>/hf, and print a fill-mask example loaded with transformers."""))
+    add_config_args(p)
+    p.add_argument("--no-demo", action="store_true", help="do not print the fill-mask example at the end")
+    p.set_defaults(func=cmd_run)
+
+    p = sub.add_parser("train", help="pretrain from a config (tokenizer and shards must exist)",
+                       formatter_class=fmt, epilog=_config_epilog(), description=textwrap.dedent("""\
+                           Pretrain under DeepSpeed. Resumes from <run_dir>/checkpoints/latest when present.
+                           For several processes, start it with a launcher in launch/ (deepspeed, torchrun, srun).
+                           Exit status 75: stopped by SIGTERM after saving a checkpoint; run again to resume."""))
+    add_config_args(p)
+    p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser("tokenizer", help="train a tokenizer on a corpus", formatter_class=fmt,
+                       description="Train a tokenizer and save it as a HuggingFace fast tokenizer directory.")
+    p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
+    p.add_argument("--out", required=True, help="output directory")
+    p.add_argument("--type", default="wordpiece", choices=["wordpiece", "bpe", "unigram"],
+                   help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (default: wordpiece)")
+    p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size, padded to a multiple of 64 "
+                   "(default: 8192)")
+    p.add_argument("--min-frequency", type=int, default=2, help="minimum frequency of a merge/token (default: 2)")
+    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
+    p.add_argument("--keep-accents", action="store_true", help="keep accents (default: strip them)")
+    p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
+    p.add_argument("--sample-docs", type=int, default=0, help="train on the first N documents only (0 = all)")
+    p.set_defaults(func=cmd_tokenizer)
+
+    p = sub.add_parser("shards", help="tokenize a corpus into verified memory-mapped shards", formatter_class=fmt,
+                       description="Tokenize in parallel into shards (token ids, document/sentence/word "
+                                   "boundaries) with a manifest of counts and checksums. Re-running with the "
+                                   "same inputs and tokenizer is a cache hit.")
+    p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory (from `pretrain tokenizer`)")
+    p.add_argument("--out", required=True, help="output shard directory")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizing processes "
+                   "(default: all cores)")
+    p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per shard (default: 2000)")
+    p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
+    p.add_argument("--on-bad", default="skip", choices=["skip", "error"],
+                   help="bad documents (invalid UTF-8, bad JSON, missing field): skip and count, or stop "
+                        "(default: skip)")
+    p.set_defaults(func=cmd_shards)
+
+    p = sub.add_parser("export", help="export a checkpoint to a HuggingFace save_pretrained directory",
+                       formatter_class=fmt,
+                       description="Write config.json, model.safetensors, tokenizer files and a model card, then "
+                                   "load the result with transformers and check its logits against ours.")
+    p.add_argument("run_or_checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    p.add_argument("--out", help="output directory (default: <run_dir>/hf)")
+    p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
+    p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
+    p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("config", help="print the resolved config", formatter_class=fmt, epilog=_config_epilog())
+    add_config_args(p)
+    p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("presets", help="list the presets in configs/")
+    p.set_defaults(func=cmd_presets)
+    p = sub.add_parser("objectives", help="list the objectives and their options")
+    p.set_defaults(func=cmd_objectives)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    os.environ.setdefault("WANDB_MODE", "offline")
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("interrupted", file=sys.stderr)
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,399 @@
+"""Typed run configuration: dataclasses, YAML presets and dotted command-line overrides.
+
+One source of truth: the DeepSpeed config, the HF export config and the data settings are all derived
+from a `RunConfig`. Unknown keys and wrong types fail with the key, the value and the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pretrain.errors import ConfigError
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+
+
+@dataclass
+class DataConfig:
+    corpus: list[str] = field(default_factory=lambda: ["data/us-speeches.public-domain.jsonl"])
+    """Corpus files, directories or globs (JSON Lines with a text field, or plain text)."""
+    text_field: str = "text"
+    """Field of each JSON Lines record that holds the document text."""
+    tokenizer: str = ""
+    """Tokenizer directory; empty means <run_dir>/tokenizer, trained from the corpus if missing."""
+    tokenizer_type: str = "wordpiece"
+    """Kind of tokenizer to train: wordpiece, bpe (byte-level) or unigram."""
+    vocab_size: int = 8192
+    """Target vocabulary size (padded up to a multiple of 64)."""
+    lowercase: bool = True
+    """Lowercase text before tokenizing (uncased model)."""
+    strip_accents: bool = True
+    """Strip accents when normalizing."""
+    min_frequency: int = 2
+    """Minimum count of a pair/token to enter the vocabulary."""
+    shards: str = ""
+    """Shard directory; empty means <run_dir>/shards, built from the corpus if missing."""
+    num_workers: int = 2
+    """Processes that tokenize the corpus in parallel."""
+    docs_per_shard: int = 2000
+    """Documents per shard file."""
+    on_bad_document: str = "skip"
+    """What to do with a document that cannot be used (invalid UTF-8, empty): skip (counted) or error."""
+    max_seq_len: int = 128
+    """Tokens per training sequence, [CLS] and [SEP] included."""
+    loader_workers: int = 0
+    """DataLoader worker processes (0 = in the training process)."""
+
+
+@dataclass
+class ModelConfig:
+    vocab_size: int = 0
+    """Vocabulary size; 0 means take it from the tokenizer."""
+    hidden_size: int = 256
+    """Width of the encoder."""
+    num_layers: int = 4
+    """Number of Transformer layers."""
+    num_heads: int = 4
+    """Attention heads per layer."""
+    intermediate_size: int = 1024
+    """Width of the feed-forward block."""
+    max_position_embeddings: int = 512
+    """Learned absolute positions available."""
+    type_vocab_size: int = 2
+    """Token type (segment) ids available."""
+    hidden_dropout: float = 0.1
+    """Dropout on embeddings and sublayer outputs."""
+    attention_dropout: float = 0.1
+    """Dropout on attention probabilities."""
+    layer_norm_eps: float = 1e-12
+    """LayerNorm epsilon."""
+    initializer_range: float = 0.02
+    """Std of the normal initialisation of weights."""
+    pad_token_id: int = 0
+    """Id of [PAD]; set from the tokenizer."""
+
+
+@dataclass
+class TrainConfig:
+    micro_batch_size: int = 32
+    """Sequences per device per forward pass."""
+    grad_accum_steps: int = 1
+    """Micro-batches accumulated per optimizer step."""
+    max_steps: int = 1000
+    """Optimizer steps to train for."""
+    max_minutes: float = 0.0
+    """Stop (with a checkpoint) after this much wall-clock time; 0 = no limit."""
+    exit_after_steps: int = 0
+    """Stop this invocation after this many steps, with a checkpoint (for time-limited jobs); 0 = off."""
+    lr: float = 5e-4
+    """Peak learning rate."""
+    warmup_steps: int = 100
+    """Linear warmup steps, then linear decay to 0 at max_steps."""
+    weight_decay: float = 0.01
+    """AdamW weight decay (not applied to biases and LayerNorm weights)."""
+    adam_beta1: float = 0.9
+    """AdamW beta1."""
+    adam_beta2: float = 0.98
+    """AdamW beta2."""
+    adam_eps: float = 1e-6
+    """AdamW epsilon."""
+    grad_clip: float = 1.0
+    """Clip the global gradient norm to this (0 = off)."""
+    precision: str = "auto"
+    """auto (bf16 where the machine supports it), bf16, fp16 or fp32."""
+    zero_stage: int = 0
+    """DeepSpeed ZeRO stage (0-3)."""
+    seed: int = 1234
+    """Seed of initialisation, sample order and masking."""
+    log_every: int = 10
+    """Steps between metric lines in metrics.jsonl."""
+    save_every: int = 200
+    """Steps between checkpoints (a final one is always written)."""
+    keep_checkpoints: int = 2
+    """How many recent checkpoints to keep."""
+
+
+@dataclass
+class WandbConfig:
+    mode: str = "offline"
+    """offline (default), online or disabled."""
+    project: str = "bert-pretrain"
+    """wandb project name."""
+
+
+@dataclass
+class RunConfig:
+    name: str = "run"
+    """Run name; the run directory is <output_dir>/<name>."""
+    output_dir: str = "runs"
+    """Parent directory of run directories."""
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objectives: dict[str, Any] = field(default_factory=lambda: {"mlm": {}})
+    """Objectives and their options, by registered name, each with a weight."""
+    train: TrainConfig = field(default_factory=TrainConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    export_dir: str = ""
+    """Where `pretrain run` exports the HF model; empty means <run_dir>/hf."""
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return Path(self.data.tokenizer) if self.data.tokenizer else self.run_dir / "tokenizer"
+
+    @property
+    def shards_dir(self) -> Path:
+        return Path(self.data.shards) if self.data.shards else self.run_dir / "shards"
+
+    @property
+    def hf_dir(self) -> Path:
+        return Path(self.export_dir) if self.export_dir else self.run_dir / "hf"
+
+
+# ----------------------------------------------------------------------------------------------
+# Building typed dataclasses from plain dicts
+
+
+def _nearest(key: str, options: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(options), n=1, cutoff=0.0)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; allow int -> float and str -> scalar (from overrides)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of {tp.__name__} options, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is Any:
+        if origin is dict and not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value
+    raise ConfigError(f"{where}: value {value!r} is not a valid {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types with a clear message."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in (data or {}).items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown config key '{path}'{_nearest(str(key), names)}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    obj = cls(**kwargs)
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML presets and overrides
+
+
+def _parse_scalar(text: str) -> Any:
+    """Override values are YAML scalars/lists: `0.1`, `true`, `[a, b]`, `bf16`."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+def _deep_merge(base: dict, extra: dict) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    """A config argument is a path, or the name of a preset in configs/ (with or without .yaml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(f"config '{name_or_path}' not found: not a file, nor a preset{_nearest(name_or_path, presets)}; "
+                      f"presets: {', '.join(presets)}")
+
+
+def load_yaml(path: Path) -> dict:
+    """Read a YAML preset; `base: other.yaml` inherits from another preset (relative to this file)."""
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: invalid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    base = data.pop("base", None)
+    if base:
+        base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
+        if not base_path.is_file():
+            base_path = resolve_preset(base)
+        data = _deep_merge(load_yaml(base_path), data)
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` overrides to a nested dict."""
+    data = _deep_merge({}, data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. model.hidden_size=128)")
+        key, _, raw = item.partition("=")
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = _parse_scalar(raw)
+    return data
+
+
+def build_config(data: dict) -> RunConfig:
+    """Typed RunConfig from a dict; objective options are validated by the objective registry."""
+    cfg = from_dict(RunConfig, data)
+    from objectives import validate_objectives  # late import: objectives imports nothing from here at import
+
+    cfg.objectives = validate_objectives(cfg.objectives)
+    _check_values(cfg)
+    return cfg
+
+
+def _check_values(cfg: RunConfig) -> None:
+    choices = {
+        "train.precision": (cfg.train.precision, ("auto", "bf16", "fp16", "fp32")),
+        "data.tokenizer_type": (cfg.data.tokenizer_type, ("wordpiece", "bpe", "unigram")),
+        "data.on_bad_document": (cfg.data.on_bad_document, ("skip", "error")),
+        "wandb.mode": (cfg.wandb.mode, ("offline", "online", "disabled")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}: value '{value}' is not one of {', '.join(allowed)}{_nearest(value, allowed)}")
+    if cfg.train.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"train.zero_stage: value {cfg.train.zero_stage} is not one of 0, 1, 2, 3")
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError(f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by "
+                          f"model.num_heads ({cfg.model.num_heads})")
+    if cfg.data.max_seq_len > cfg.model.max_position_embeddings:
+        raise ConfigError(f"data.max_seq_len ({cfg.data.max_seq_len}) exceeds "
+                          f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
+    for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
+        if getattr(cfg.train, key) < 1:
+            raise ConfigError(f"train.{key}: must be >= 1, got {getattr(cfg.train, key)}")
+
+
+def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
+    data = load_yaml(resolve_preset(name_or_path)) if name_or_path else {}
+    return build_config(apply_overrides(data, overrides or []))
+
+
+def save_config(cfg: RunConfig, path: os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
+
+
+def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every field; used by `--help` and the README."""
+    import ast
+    import inspect
+
+    docs: dict[str, str] = {}
+    try:  # field docstrings are the string literal right after each annotated assignment
+        body = ast.parse(inspect.getsource(cls)).body[0].body
+        for node, nxt in zip(body, body[1:]):
+            if isinstance(node, ast.AnnAssign) and isinstance(nxt, ast.Expr) and isinstance(nxt.value, ast.Constant):
+                docs[node.target.id] = str(nxt.value.value)
+    except (OSError, TypeError):
+        pass
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe_fields(hints[f.name], key + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((key, repr(default), docs.get(f.name, "")))
+    return rows

@@ -1,0 +1,69 @@
+"""Where training metrics go: metrics.jsonl (one object per logged step), wandb (offline by default), a
+progress bar. Only rank 0 writes; the others get a logger that does nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+from tqdm import tqdm
+
+
+class MetricsLogger:
+    def __init__(self, run_dir: Path, config: dict, total_steps: int, start_step: int, wandb_mode: str,
+                 wandb_project: str, enabled: bool = True):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.bar = None
+        self.wandb = None
+        if not enabled:
+            return
+        self.bar = tqdm(total=total_steps, initial=start_step, desc="train", unit="step", dynamic_ncols=True,
+                        file=sys.stderr, disable=None if os.environ.get("CI") else False, mininterval=1.0)
+        if wandb_mode != "disabled":
+            self.wandb = _init_wandb(Path(run_dir), config, wandb_mode, wandb_project)
+
+    def advance(self, steps: int, postfix: dict | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def write(self, message: str) -> None:
+        if self.enabled:
+            (tqdm.write if self.bar is not None else print)(message, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
+    """One wandb run per run directory, kept across resumes (its id is stored in the run directory)."""
+    import wandb
+
+    id_file = run_dir / "wandb_run_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    id_file.write_text(run_id)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),
+                      mode=mode, config=config)
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

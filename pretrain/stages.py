@@ -1,0 +1,136 @@
+"""The stages of a run, each skipped when its output is already there: tokenizer -> shards -> train -> export."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+from pretrain import checkpoint as ckpt
+from pretrain.config import RunConfig, load_yaml, build_config
+from pretrain.errors import UserError
+
+
+def say(message: str) -> None:
+    print(f"[pretrain] {message}", file=sys.stderr, flush=True)
+
+
+def is_main_process() -> bool:
+    import os
+
+    return os.environ.get("RANK", "0") == "0"
+
+
+def stage_tokenizer(cfg: RunConfig) -> Path:
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.tokenizer import train_tokenizer
+
+    out = cfg.tokenizer_dir
+    if (out / "tokenizer.json").is_file():
+        say(f"tokenizer: {out} exists, skipped")
+        return out
+    d = cfg.data
+    say(f"tokenizer: training {d.tokenizer_type} (vocab {d.vocab_size}) on {', '.join(d.corpus)}")
+    train_tokenizer(expand_inputs(d.corpus), out, kind=d.tokenizer_type, vocab_size=d.vocab_size,
+                    lowercase=d.lowercase, strip_accents=d.strip_accents, min_frequency=d.min_frequency,
+                    text_field=d.text_field)
+    return out
+
+
+def stage_shards(cfg: RunConfig) -> dict:
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.shards import build_shards
+
+    d = cfg.data
+    manifest = build_shards(expand_inputs(d.corpus), cfg.tokenizer_dir, cfg.shards_dir, text_field=d.text_field,
+                            num_workers=d.num_workers, docs_per_shard=d.docs_per_shard, on_bad=d.on_bad_document)
+    c = manifest["counts"]
+    skipped = ", ".join(f"{n} {why}" for why, n in c.get("skipped", {}).items() if n) or "none"
+    say(f"shards: {c['documents']} documents, {c['sentences']} sentences, {c['tokens']} tokens in "
+        f"{len(manifest['shards'])} shard(s) at {cfg.shards_dir} (skipped: {skipped})")
+    return manifest
+
+
+def stage_train(cfg: RunConfig) -> dict:
+    from pretrain.trainer import train
+
+    summary = train(cfg)
+    say(f"train: step {summary['step']}/{cfg.train.max_steps}, {summary['tokens_seen']:,} tokens seen"
+        + (f", final loss {summary['final_loss']:.4f}" if summary.get("final_loss") is not None else ""))
+    return summary
+
+
+def load_checkpoint_model(path: Path):
+    """(config, model, special tokens, tokenizer dir, trainer state) of a checkpoint, fp32 on CPU."""
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+    from pretrain.trainer import build_model
+
+    path = ckpt.resolve_checkpoint(path)
+    cfg = build_config(load_yaml(path / "config.yaml"))
+    tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
+    tokens = special_tokens(load_tokenizer(tokenizer_dir))
+    model = build_model(cfg, tokens)
+    missing, unexpected = model.load_state_dict(ckpt.load_module_state(path), strict=False)
+    if missing or unexpected:
+        raise UserError(f"checkpoint {path} does not match its config: missing {missing[:5]}, "
+                        f"unexpected {unexpected[:5]}")
+    state = json.loads((path / "trainer_state.json").read_text())
+    return cfg, model.eval(), tokens, tokenizer_dir, state
+
+
+def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool = True) -> Path:
+    from pretrain.export import export_pretrained, verify_export
+    from pretrain.metrics import read_metrics
+
+    cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(Path(run_or_checkpoint))
+    out = Path(out) if out else cfg.hf_dir
+    history = [r for r in read_metrics(cfg.run_dir) if r["step"] <= state["step"]]
+    card = {
+        "run_name": cfg.name,
+        "objectives": {name: vars(opts) for name, opts in cfg.objectives.items()},
+        "corpus": ", ".join(cfg.data.corpus),
+        "tokens_seen": state.get("tokens_seen"),
+        "steps": state["step"],
+        "final_loss": history[-1]["loss"] if history else None,
+        "config": {"model": vars(model.config), "train": vars(cfg.train), "data": vars(cfg.data)},
+    }
+    export_pretrained(model, tokens, tokenizer_dir, out, card)
+    if verify:
+        diff = verify_export(model, out)
+        say(f"export: {out} (transformers loads it; max |logit diff| vs ours {diff:.2e})")
+    else:
+        say(f"export: {out}")
+    return out
+
+
+def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:
+    """Load the exported model with transformers, as a user would, and fill in a mask."""
+    from transformers import pipeline
+
+    fill = pipeline("fill-mask", model=str(model_dir), device="cpu")
+    mask = fill.tokenizer.mask_token
+    text = text or f"The President shall address the {mask} of the United States."
+    predictions = fill(text, top_k=5)
+    print(f"\nfill-mask with transformers, model {model_dir}:\n  {text}")
+    for p in predictions:
+        print(f"  {p['score']:.3f}  {p['token_str']}")
+    return predictions
+
+
+def run_all(cfg: RunConfig, demo: bool = True) -> dict:
+    """tokenizer -> shards -> train -> export -> fill-mask demo, skipping stages whose output exists."""
+    from pretrain.distributed import init_distributed
+    import torch.distributed as dist
+
+    rank, world = init_distributed()
+    if rank == 0:
+        stage_tokenizer(cfg)
+        stage_shards(cfg)
+    if world > 1:
+        dist.barrier()
+    summary = stage_train(cfg)
+    if rank == 0 and summary["complete"]:
+        out = stage_export(cfg.run_dir)
+        if demo:
+            fill_mask_demo(out)
+    return summary

@@ -1,0 +1,240 @@
+"""The training loop: always through `deepspeed.initialize`, also for one process on CPU.
+
+    data (shards -> packed samples -> objectives.prepare -> collate)
+    -> engine(batch) -> weighted loss -> engine.backward -> engine.step  (x grad_accum_steps)
+    -> log, checkpoint, stop (max_steps, max_minutes, exit_after_steps, SIGTERM)
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from data_pipeline.loader import PretrainDataset, build_loader
+from data_pipeline.samples import PackedSequences
+from data_pipeline.shards import ShardSet
+from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+from objectives import SpecialTokens, build_objectives
+from pretrain import checkpoint as ckpt
+from pretrain.config import RunConfig, save_config, to_dict
+from pretrain.distributed import deepspeed_config, init_distributed, resolve_precision
+from pretrain.metrics import MetricsLogger, read_metrics
+from pretrain.model import PretrainingModel
+
+EXIT_PREEMPTED = 75  # SIGTERM: the step finished, a checkpoint was written; run the same command to resume
+
+
+def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
+    """The model config with vocabulary and padding id taken from the tokenizer."""
+    return replace(cfg.model, vocab_size=cfg.model.vocab_size or tokens.vocab_size, pad_token_id=tokens.pad)
+
+
+def build_model(cfg: RunConfig, tokens: SpecialTokens) -> PretrainingModel:
+    torch.manual_seed(cfg.train.seed)
+    objectives = build_objectives(cfg.objectives, tokens)
+    return PretrainingModel(model_config_for(cfg, tokens), objectives)
+
+
+def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens):
+    return PackedSequences(shards, cfg.data.max_seq_len, tokens.cls, tokens.sep)
+
+
+def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
+    """No weight decay on biases and LayerNorm weights (BERT)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if not param.requires_grad:
+            continue
+        (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def lr_lambda(warmup_steps: int, max_steps: int):
+    """Linear warmup to the peak, then linear decay to 0 at max_steps."""
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+    return f
+
+
+class _StopFlag:
+    """Set by SIGTERM/SIGINT; the step in progress finishes, then we checkpoint and exit."""
+
+    def __init__(self):
+        self.signal = 0
+        self._previous = {}
+
+    def install(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+def _all_ranks_any(flag: bool) -> bool:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return flag
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _trim_metrics(run_dir: Path, last_step: int) -> None:
+    """On resume, drop metric lines written after the checkpoint we resume from: steps only increase."""
+    records = read_metrics(run_dir)
+    kept = [r for r in records if r["step"] <= last_step]
+    if len(kept) != len(records):
+        ckpt.write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+
+
+def train(cfg: RunConfig) -> dict:
+    """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
+    import deepspeed
+
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rank, world = init_distributed()
+    run_dir = cfg.run_dir
+    is_main = rank == 0
+    if is_main:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, run_dir / "config.yaml")
+
+    tokenizer = load_tokenizer(cfg.tokenizer_dir)
+    tokens = special_tokens(tokenizer)
+    shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(cfg.tokenizer_dir))
+    samples = build_sample_source(cfg, shards, tokens)
+
+    model = build_model(cfg, tokens)
+    t = cfg.train
+    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2),
+                                  eps=t.adam_eps)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, t.max_steps))
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+                                           config=deepspeed_config(cfg, world))
+
+    ckpt_root = run_dir / "checkpoints"
+    state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0}
+    latest = ckpt.latest_checkpoint(ckpt_root)
+    if latest is not None:
+        state = ckpt.load_checkpoint(engine, latest)
+    if is_main and latest is not None:
+        _trim_metrics(run_dir, state["step"])
+    config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+    global_batch = t.micro_batch_size * t.grad_accum_steps * world
+    loader = build_loader(PretrainDataset(samples, engine.module.objectives, t.seed), tokens.pad,
+                          state["consumed_samples"], t.micro_batch_size, t.grad_accum_steps, rank, world,
+                          cfg.data.loader_workers)
+    logger = MetricsLogger(run_dir, to_dict(cfg), t.max_steps, state["step"], cfg.wandb.mode, cfg.wandb.project,
+                           enabled=is_main)
+    if latest is not None:
+        logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
+    logger.write(f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
+                 f"process(es), {resolve_precision(t.precision)}, global batch {global_batch} "
+                 f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
+                 f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch")
+
+    device = engine.device
+    stop = _StopFlag()
+    stop.install()
+    data = iter(loader)
+    start_step, started = state["step"], time.time()
+    interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
+    unflushed_tokens = 0  # local tokens not yet summed over ranks into state["tokens_seen"]
+    exit_code, reason = 0, "max_steps"
+    try:
+        while state["step"] < t.max_steps:
+            step_tokens = 0
+            for _ in range(t.grad_accum_steps):
+                batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
+                loss, metrics = engine(batch)
+                engine.backward(loss)
+                engine.step()
+                step_tokens += int(batch["attention_mask"].sum())
+                for key, value in metrics.items():
+                    interval_metrics[key] = interval_metrics.get(key, 0.0) + float(value) / t.grad_accum_steps
+            state["step"] += 1
+            state["consumed_samples"] += global_batch
+            interval_tokens += step_tokens
+            unflushed_tokens += step_tokens
+            interval_steps += 1
+            logger.advance(1)
+
+            if state["step"] % t.log_every == 0 or state["step"] == t.max_steps:
+                tokens_all = _sum_ranks(interval_tokens)
+                state["tokens_seen"] += _sum_ranks(unflushed_tokens)
+                unflushed_tokens = 0
+                elapsed = time.time() - interval_start
+                record = {"step": state["step"], **{k: round(v / interval_steps, 6) for k, v in
+                                                    _mean_ranks(interval_metrics).items()},
+                          "lr": engine.get_lr()[0], "tokens": state["tokens_seen"],
+                          "tokens_per_s": round(tokens_all / max(elapsed, 1e-9), 1)}
+                logger.log(record)
+                logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
+                interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
+                if not math.isfinite(record["loss"]):
+                    logger.write(f"warning: non-finite loss at step {state['step']}")
+
+            ran = state["step"] - start_step
+            timed_out = t.max_minutes > 0 and (time.time() - started) / 60 >= t.max_minutes
+            stop_now = _all_ranks_any(bool(stop.signal) or timed_out or
+                                      (t.exit_after_steps > 0 and ran >= t.exit_after_steps))
+            if stop_now or state["step"] % t.save_every == 0 or state["step"] == t.max_steps:
+                state["tokens_seen"] += _sum_ranks(unflushed_tokens)
+                unflushed_tokens = 0
+                state["elapsed_s"] = state.get("elapsed_s", 0.0) + (time.time() - started)
+                started = time.time()
+                ckpt.save_checkpoint(engine, ckpt_root, state, config_text, cfg.tokenizer_dir, t.keep_checkpoints)
+            if stop_now:
+                reason = "signal" if stop.signal else ("max_minutes" if timed_out else "exit_after_steps")
+                exit_code = EXIT_PREEMPTED if stop.signal else 0
+                logger.write(f"stopped at step {state['step']} ({reason}); checkpoint saved, run the same "
+                             "command again to continue")
+                break
+    finally:
+        stop.restore()
+        logger.close()
+    final = read_metrics(run_dir)[-1] if is_main and read_metrics(run_dir) else {}
+    return {"step": state["step"], "tokens_seen": state["tokens_seen"], "exit_code": exit_code, "reason": reason,
+            "final_loss": final.get("loss"), "run_dir": str(run_dir), "complete": state["step"] >= t.max_steps}
+
+
+def _sum_ranks(value: int) -> int:
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64)
+    dist.all_reduce(t)
+    return int(t.item())
+
+
+def _mean_ranks(metrics: dict[str, float]) -> dict[str, float]:
+    if not dist.is_initialized() or dist.get_world_size() == 1 or not metrics:
+        return metrics
+    keys = sorted(metrics)
+    t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
+    dist.all_reduce(t)
+    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
+
+
+def trained_steps(cfg: RunConfig) -> int:
+    latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
+    return json.loads((latest / "trainer_state.json").read_text())["step"] if latest else 0
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -1,0 +1,145 @@
+"""HF export: transformers loads it cleanly, reproduces our logits, runs fill-mask; the export is atomic."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from objectives import SpecialTokens, build_objectives
+from pretrain.config import ModelConfig
+from pretrain.export import export_pretrained, from_hf_bert_state_dict, to_hf_bert_state_dict, verify_export
+from pretrain.model import PretrainingModel
+
+VOCAB = 128
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
+CARD = {"objectives": ["mlm"], "corpus": "data/us-speeches.public-domain.jsonl", "tokens_seen": 123456,
+        "steps": 789, "final_loss": 4.2512, "config": {"model": {"hidden_size": 32}}, "run_name": "tiny"}
+
+
+@pytest.fixture(scope="module")
+def tokens() -> SpecialTokens:
+    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=VOCAB, replaceable=np.arange(5, VOCAB))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    """A WordPiece tokenizer with our special-token ids, padded to VOCAB like the real pipeline does."""
+    chars = sorted(set("".join(WORDS)))
+    vocab = SPECIALS + WORDS + chars + [f"##{c}" for c in chars]
+    vocab += [f"[unused{i}]" for i in range(VOCAB - len(vocab))]
+    assert len(vocab) == VOCAB
+    path = tmp_path_factory.mktemp("tokenizer")
+    transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(str(path))
+    return path
+
+
+@pytest.fixture(scope="module")
+def model(tokens) -> PretrainingModel:
+    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                      max_position_embeddings=64)
+    torch.manual_seed(0)
+    m = PretrainingModel(cfg, build_objectives({"mlm": {}}, tokens))
+    # The init has zero biases and unit LayerNorms, which would hide a swapped or dropped tensor.
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.5)
+    return m.eval()
+
+
+@pytest.fixture(scope="module")
+def export_dir(model, tokens, tokenizer_dir, tmp_path_factory):
+    return export_pretrained(model, tokens, tokenizer_dir, tmp_path_factory.mktemp("runs") / "hf", CARD)
+
+
+def test_transformers_loads_export_and_matches_logits(model, export_dir):
+    hf, info = transformers.AutoModelForMaskedLM.from_pretrained(str(export_dir), output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], info
+    assert hf.config.architectures == ["BertForMaskedLM"]
+    assert json.loads((export_dir / "config.json").read_text())["hidden_act"] == "gelu"
+    # verify_export uses a batch with padding (attention_mask zeros) and both token types
+    assert verify_export(model, export_dir, atol=1e-4) <= 1e-4
+    assert model.training is False and next(model.parameters()).dtype == torch.float32  # caller's model untouched
+
+
+def test_verify_export_leaves_bf16_training_model_alone(model, export_dir):
+    half = PretrainingModel(model.config, model.objectives)
+    half.load_state_dict(model.state_dict())
+    half.to(torch.bfloat16).train()
+    verify_export(half, export_dir, atol=1.0)  # bf16 weights are rounded: only the mechanics are checked here
+    assert half.training and next(half.parameters()).dtype == torch.bfloat16
+
+
+def test_fill_mask_pipeline_runs(export_dir):
+    fill = transformers.pipeline("fill-mask", model=str(export_dir))
+    preds = fill(f"the people of the {fill.tokenizer.mask_token} states", top_k=3)
+    assert len(preds) == 3 and all("token_str" in p and "score" in p for p in preds)
+
+
+def test_model_card_states_training_facts(export_dir):
+    text = (export_dir / "README.md").read_text()
+    assert text.startswith("---\n") and "library_name: transformers" in text and "pipeline_tag: fill-mask" in text
+    assert "license" not in text.split("---")[1]  # no license given: none claimed
+    for fact in ("mlm", "789", "123,456", "4.2512", "us-speeches", 'pipeline("fill-mask"'):
+        assert fact in text, fact
+
+
+def test_hf_to_ours_to_hf_round_trip(model, export_dir):
+    hf_sd = load_file(export_dir / "model.safetensors")
+    assert "cls.predictions.decoder.weight" not in hf_sd  # tied: transformers re-ties it on load
+    ours = from_hf_bert_state_dict(hf_sd, model)
+    fresh = PretrainingModel(model.config, model.objectives)
+    fresh.load_state_dict(ours, strict=True)
+    assert fresh.heads["mlm"].decoder_weight is fresh.encoder.embeddings.word_embeddings.weight  # still tied
+    again = to_hf_bert_state_dict(fresh)
+    assert again.keys() == hf_sd.keys()
+    for name, tensor in hf_sd.items():
+        assert torch.equal(again[name], tensor), name
+    # ours -> hf -> ours is exact too, qkv split and re-fused included
+    for name, tensor in model.state_dict().items():
+        assert torch.equal(fresh.state_dict()[name], tensor), name
+
+
+def test_export_over_existing_dir_is_clean(model, tokens, tokenizer_dir, tmp_path):
+    out = tmp_path / "hf"
+    export_pretrained(model, tokens, tokenizer_dir, out, {})
+    (out / "stale.txt").write_text("from an older export")
+    (tmp_path / ".tmp-hf").mkdir()  # as if an earlier export had crashed half-way
+    result = export_pretrained(model, tokens, tokenizer_dir, out, CARD)
+    assert result == out and not (out / "stale.txt").exists()
+    assert "789" in (out / "README.md").read_text()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no .tmp- or .old- leftovers
+    assert {"config.json", "model.safetensors", "README.md", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+
+
+def test_minimal_card_says_unknown(model, tokens, tokenizer_dir, tmp_path):
+    text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", {}) / "README.md").read_text()
+    assert "Steps: unknown" in text and "Tokens seen: unknown" in text and "Final loss: unknown" in text
+
+
+def test_verify_export_catches_a_wrong_weight(model, tokens, tokenizer_dir, tmp_path):
+    from safetensors.torch import save_file
+
+    from pretrain.export import ExportError
+
+    out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    sd = load_file(out / "model.safetensors")
+    sd["bert.encoder.layer.1.attention.self.value.weight"] *= 1.1  # (a key bias would cancel in softmax)
+    save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ExportError, match="differ"):
+        verify_export(model, out)
+    del sd["cls.predictions.bias"]
+    save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ExportError, match="missing_keys"):
+        verify_export(model, out)
+
+
+def test_card_lists_objective_options(model, tokens, tokenizer_dir, tmp_path):
+    card = {**CARD, "objectives": {"mlm": {"weight": 1.0, "mask_prob": 0.15}}, "license": "mit"}
+    text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
+    assert "mlm (weight=1.0, mask_prob=0.15)" in text and "license: mit" in text and "- mlm" in text
