@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import secrets
 import sys
 from pathlib import Path
 
@@ -55,7 +56,7 @@ def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
     import wandb
 
     id_file = run_dir / "wandb_run_id"
-    run_id = id_file.read_text().strip() if id_file.is_file() else wandb.util.generate_id()
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
     id_file.write_text(run_id)
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir),

@@ -30,8 +30,9 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         say(f"tokenizer: {out} exists, skipped")
         return out
     d = cfg.data
+    files = expand_inputs(d.corpus)
     say(f"tokenizer: training {d.tokenizer_type} (vocab {d.vocab_size}) on {', '.join(d.corpus)}")
-    train_tokenizer(expand_inputs(d.corpus), out, kind=d.tokenizer_type, vocab_size=d.vocab_size,
+    train_tokenizer(files, out, kind=d.tokenizer_type, vocab_size=d.vocab_size,
                     lowercase=d.lowercase, strip_accents=d.strip_accents, min_frequency=d.min_frequency,
                     text_field=d.text_field)
     return out

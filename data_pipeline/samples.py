@@ -1,0 +1,63 @@
+"""Training samples from shards: RoBERTa FULL-SENTENCES packing.
+
+The stream is every document followed by one [SEP], in shard order. Sample i is
+[CLS] + stream[i*C : (i+1)*C] + [SEP] with C = max_seq_len - 2, so a sample may span documents and every
+corpus token is seen exactly once per epoch. A final partial chunk shorter than max_seq_len // 4 is
+dropped. Random access is O(log D) via searchsorted, with no per-token Python loop.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from data_pipeline.shards import ShardSet
+
+
+class PackedSequences:
+    """Map-style dataset of packed samples: dicts of numpy arrays, all [n] with n <= max_seq_len."""
+
+    def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int):
+        if max_seq_len < 3:
+            raise ValueError(f"max_seq_len must be >= 3 for [CLS] x [SEP], got {max_seq_len}")
+        self.shards = shards
+        self.max_seq_len = max_seq_len
+        self.cls_id, self.sep_id = int(cls_id), int(sep_id)
+        self.chunk = max_seq_len - 2
+        offsets = shards.doc_offsets()  # [D+1]
+        # Stream position of the [SEP] closing document d: its tokens end there, shifted by the d earlier SEPs.
+        self._sep_pos = offsets[1:] + np.arange(shards.num_docs, dtype=np.int64)  # [D]
+        self.stream_len = int(offsets[-1]) + shards.num_docs
+        full, rest = divmod(self.stream_len, self.chunk)
+        self._len = full + int(rest > 0 and rest >= max_seq_len // 4)
+
+    def __len__(self) -> int:
+        return self._len
+
+    def stream_span(self, start: int, end: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Ids [m] int64, word starts [m] bool and SEP flags [m] bool of stream[start:end]."""
+        d0, d1 = np.searchsorted(self._sep_pos, [start, end])  # SEPs inside the span: documents d0..d1-1
+        seps = self._sep_pos[d0:d1] - start  # [k] positions in the span
+        # Tokens before `start` = start minus the d0 SEPs before it; the span holds (end-start-k) tokens.
+        ids, words = self.shards.read_span(start - int(d0), end - start - len(seps))
+        at = seps - np.arange(len(seps))  # np.insert indices refer to the array before insertion
+        ids = np.insert(ids.astype(np.int64), at, self.sep_id)
+        words = np.insert(words, at, True)
+        is_sep = np.zeros(len(ids), bool)
+        is_sep[seps] = True
+        return ids, words, is_sep
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not -self._len <= index < self._len:
+            raise IndexError(f"sample {index} outside [0, {self._len})")
+        index %= self._len
+        start = index * self.chunk
+        ids, words, is_sep = self.stream_span(start, min(start + self.chunk, self.stream_len))
+        n = len(ids) + 2
+        input_ids = np.empty(n, np.int64)  # [n]
+        input_ids[0], input_ids[1:-1], input_ids[-1] = self.cls_id, ids, self.sep_id
+        special = np.ones(n, bool)  # [n] CLS and every SEP
+        special[1:-1] = is_sep
+        word_starts = np.ones(n, bool)  # [n] specials count as word starts
+        word_starts[1:-1] = words
+        return {"input_ids": input_ids, "token_type_ids": np.zeros(n, np.int64),
+                "word_starts": word_starts, "special_mask": special}

@@ -1,0 +1,190 @@
+"""Train, save, load and fingerprint the tokenizer (WordPiece, byte-level BPE or Unigram).
+
+All three kinds use the same BERT special tokens [PAD] [UNK] [CLS] [SEP] [MASK] with ids 0..4 (also for
+byte-level BPE, instead of RoBERTa's <s>...): the objectives and the model only ever see ids, and one set
+of names keeps configs, the trainer and exported checkpoints uniform across kinds.
+
+`transformers` is imported lazily: shard workers import this module and only need `tokenizer_hash`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+import os
+import shutil
+from pathlib import Path
+from typing import TYPE_CHECKING, Iterator
+
+import numpy as np
+
+from pretrain.errors import DataError
+from data_pipeline.readers import describe_inputs, iter_documents
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerFast
+    from objectives.base import SpecialTokens
+
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+KINDS = ("wordpiece", "bpe", "unigram")
+VOCAB_MULTIPLE = 64  # padded vocab keeps the embedding/output matmuls on tensor-core friendly shapes
+FILLER = "[unused{}]"
+MODEL_MAX_LENGTH = 512
+
+
+def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
+    """Hex sha256 of a file, read in 1 MiB blocks."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        while chunk := f.read(block):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def tokenizer_hash(directory: str | os.PathLike) -> str:
+    """Fingerprint of a tokenizer: sha256 of its tokenizer.json."""
+    path = Path(directory) / "tokenizer.json"
+    if not path.is_file():
+        raise DataError(f"no tokenizer.json in {directory} — train the tokenizer first")
+    return sha256_file(path)
+
+
+def _build(kind: str, lowercase: bool, strip_accents: bool):
+    """An untrained `tokenizers.Tokenizer` and its trainer class/options for `kind`."""
+    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    if kind == "wordpiece":
+        tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
+        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
+                                                    strip_accents=strip_accents, lowercase=lowercase)
+        tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+        tok.decoder = decoders.WordPiece(prefix="##")
+        return tok, trainers.WordPieceTrainer, {"continuing_subword_prefix": "##"}
+
+    steps = [normalizers.NFKC()]
+    if strip_accents:
+        steps += [normalizers.NFD(), normalizers.StripAccents(), normalizers.NFC()]
+    if lowercase:
+        steps.append(normalizers.Lowercase())
+    if kind == "bpe":
+        tok = Tokenizer(models.BPE(unk_token="[UNK]"))
+        tok.normalizer = normalizers.Sequence(steps)
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=True)
+        tok.decoder = decoders.ByteLevel()
+        return tok, trainers.BpeTrainer, {"initial_alphabet": pre_tokenizers.ByteLevel.alphabet()}
+    if kind == "unigram":
+        tok = Tokenizer(models.Unigram())
+        tok.normalizer = normalizers.Sequence(steps)
+        tok.pre_tokenizer = pre_tokenizers.Metaspace()
+        tok.decoder = decoders.Metaspace()
+        return tok, trainers.UnigramTrainer, {"unk_token": "[UNK]"}
+    raise DataError(f"data.tokenizer_type: '{kind}' is not one of {', '.join(KINDS)}")
+
+
+def _pad_vocab(tok):
+    """`tok` with [unusedN] fillers appended to the model vocab until its size is a multiple of 64.
+
+    Fillers go into the model's own vocab (as BERT's vocab.txt does), not as added tokens, so they never
+    match text; the padded ids only give the embedding matrix a friendly shape.
+    """
+    from tokenizers import Tokenizer
+
+    size = tok.get_vocab_size(with_added_tokens=True)
+    missing = -size % VOCAB_MULTIPLE
+    if not missing:
+        return tok
+    spec = json.loads(tok.to_str())
+    vocab = spec["model"]["vocab"]
+    if spec["model"]["type"] == "Unigram":  # list of [piece, log-prob]; fillers must never win a segmentation
+        vocab.extend([FILLER.format(i), -1e6] for i in range(missing))
+    else:  # dict piece -> id
+        vocab.update({FILLER.format(i): size + i for i in range(missing)})
+    return Tokenizer.from_str(json.dumps(spec))
+
+
+def _training_text(documents) -> Iterator[str]:
+    # Lines, not whole documents: Unigram seeds pieces per "sentence" and very long inputs slow it down.
+    for doc in documents:
+        for line in doc.text.split("\n"):
+            if line.strip():
+                yield line
+
+
+def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "wordpiece", vocab_size: int = 8192,
+                    lowercase: bool = True, strip_accents: bool = True, min_frequency: int = 2,
+                    text_field: str = "text", sample_docs: int = 0, show_progress: bool = True,
+                    on_bad: str = "skip") -> PreTrainedTokenizerFast:
+    """Train a tokenizer on the corpus (streamed; the first `sample_docs` documents if > 0) into `out_dir`.
+
+    The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and renamed into place.
+    """
+    from tokenizers import processors
+    from transformers import PreTrainedTokenizerFast
+
+    tok, trainer_cls, options = _build(kind, lowercase, strip_accents)
+    docs = iter_documents(paths, text_field=text_field, on_bad=on_bad)
+    if sample_docs > 0:
+        docs = itertools.islice(docs, sample_docs)
+    first = next(docs, None)
+    if first is None:
+        raise DataError(f"empty corpus: no usable documents in {describe_inputs(paths)}")
+    trainer_options = dict(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=show_progress, **options)
+    if kind != "unigram":
+        trainer_options["min_frequency"] = min_frequency
+    tok.train_from_iterator(_training_text(itertools.chain([first], docs)), trainer_cls(**trainer_options))
+    ids = {t: tok.token_to_id(t) for t in SPECIALS}
+    if [ids[t] for t in SPECIALS] != list(range(len(SPECIALS))):
+        raise AssertionError(f"special token ids {ids} are not 0..4")  # a trainer contract broke: a bug
+    tok.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+    tok = _pad_vocab(tok)
+
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, model_max_length=MODEL_MAX_LENGTH, do_lower_case=lowercase,
+        strip_accents=strip_accents, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
+        sep_token="[SEP]", mask_token="[MASK]", padding_side="right")
+    out = Path(out_dir)
+    tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
+    old = out.with_name(f"{out.name}.old-{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        fast.save_pretrained(tmp)
+        if out.exists():  # os.replace cannot overwrite a non-empty directory: move the old one aside first
+            os.replace(out, old)
+        os.replace(tmp, out)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.rmtree(old, ignore_errors=True)
+    return fast
+
+
+def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerFast:
+    """The tokenizer saved in `directory` by `train_tokenizer` (or any HF fast tokenizer)."""
+    from transformers import PreTrainedTokenizerFast
+
+    if not (Path(directory) / "tokenizer.json").is_file():
+        raise DataError(f"no tokenizer.json in {directory} — train the tokenizer first")
+    try:
+        return PreTrainedTokenizerFast.from_pretrained(str(directory))
+    except Exception as e:  # any load failure is a bad directory, reported as such
+        raise DataError(f"cannot load the tokenizer in {directory}: {e}") from e
+
+
+def special_tokens(tokenizer: PreTrainedTokenizerFast) -> SpecialTokens:
+    """Ids the objectives need; `replaceable` excludes special tokens and [unusedN] fillers."""
+    from objectives.base import SpecialTokens
+
+    ids = {}
+    for name in ("pad", "unk", "cls", "sep", "mask"):
+        value = getattr(tokenizer, f"{name}_token_id")
+        if value is None:
+            raise DataError(f"tokenizer {tokenizer.name_or_path} has no {name} token")
+        ids[name] = int(value)
+    size = len(tokenizer)
+    excluded = set(ids.values()) | set(tokenizer.all_special_ids)
+    excluded |= {i for t, i in tokenizer.get_vocab().items() if t.startswith("[unused") and t.endswith("]")}
+    keep = np.ones(size, dtype=bool)  # [vocab]
+    keep[[i for i in excluded if i < size]] = False
+    return SpecialTokens(**ids, vocab_size=size, replaceable=np.flatnonzero(keep).astype(np.int64))

@@ -1,0 +1,10 @@
+#!/usr/bin/env bash
+# One node, several GPUs (or CPU ranks), through the DeepSpeed launcher.
+#   launch/single_node.sh NUM_PROCS CONFIG [key=value ...]
+#   launch/single_node.sh 8 configs/bert-base.yaml train.micro_batch_size=64
+# Data stages (tokenizer, shards) run once on rank 0; the others wait at a barrier.
+set -euo pipefail
+nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
+if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
+exec deepspeed --num_gpus "$nproc_per_node" --master_port "${MASTER_PORT:-29500}" \
+  --module pretrain.cli run "$@" --no-demo

@@ -1,0 +1,263 @@
+"""Tests of data_pipeline: readers, sentence splitting, tokenizers, shards and packed samples."""
+
+from __future__ import annotations
+
+import collections
+import gzip
+import json
+import random
+import time
+
+import numpy as np
+import pytest
+
+from data_pipeline.readers import Document, expand_inputs, iter_documents
+from data_pipeline.samples import PackedSequences
+from data_pipeline.sentences import split_sentences
+from data_pipeline.shards import ShardSet, build_shards
+from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash, train_tokenizer
+from pretrain.errors import DataError
+
+SUBJECTS = ["The committee", "Our nation", "The senator", "Every citizen", "The government", "This council",
+            "The people", "Mr. Smith", "The army", "Congress"]
+VERBS = ["will review", "has approved", "cannot ignore", "must defend", "rejected", "considered", "supports",
+         "questioned", "welcomed", "debated"]
+OBJECTS = ["the budget", "the new treaty", "our liberty", "the public debt", "the western territories",
+           "an ambitious proposal", "the trade agreement", "the common defense", "the courts", "the harbor"]
+TAILS = ["on Monday", "without delay", "with great care", "in the spring", "for the second time", "today",
+         "after a long debate", "in 1789", "at the request of the states", "despite protests"]
+
+
+def make_docs(n: int, seed: int = 0) -> list[str]:
+    """`n` short English-like documents of 2-8 sentences, some with two paragraphs."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        sents = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}"
+                 f"{rng.choice('..!?')}" for _ in range(rng.randint(2, 8))]
+        cut = rng.randint(1, len(sents))
+        docs.append(" ".join(sents[:cut]) + ("\n\n" + " ".join(sents[cut:]) if cut < len(sents) else ""))
+    return docs
+
+
+def write_jsonl(path, docs, field="text"):
+    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    d = tmp_path_factory.mktemp("corpus")
+    return write_jsonl(d / "docs.jsonl", make_docs(300))
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("tok") / "wordpiece"
+    train_tokenizer([str(corpus)], out, vocab_size=200, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory, corpus, tok_dir):
+    out = tmp_path_factory.mktemp("shards") / "shards"
+    build_shards([str(corpus)], tok_dir, out, num_workers=2, docs_per_shard=70, show_progress=False)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+def test_reads_jsonl_gz_txt_dir_and_glob(tmp_path):
+    docs = make_docs(5)
+    write_jsonl(tmp_path / "a.jsonl", docs[:2])
+    with gzip.open(tmp_path / "b.jsonl.gz", "wt") as f:
+        f.write(json.dumps({"text": docs[2]}) + "\n")
+    sub = tmp_path / "sub"
+    sub.mkdir()
+    (sub / "c.txt").write_text("First document line one.\nline two.\n\n\n  \nSecond document.\n")
+    (sub / "ignored.csv").write_text("x")
+
+    got = list(iter_documents([str(tmp_path)]))
+    assert [d.text for d in got[:3]] == docs[:3]
+    assert got[3:] == [Document("First document line one.\nline two.", str(sub / "c.txt"), 1),
+                       Document("Second document.", str(sub / "c.txt"), 6)]
+    assert expand_inputs([str(tmp_path / "*.json*")]) == [tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"]
+    assert got[1].line == 2 and got[1].source == str(tmp_path / "a.jsonl")
+
+
+def test_bad_lines_skipped_and_counted_or_named(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_bytes(b'{"text": "good one"}\n{"text": "bad \xff byte"}\n{not json\n'
+                     b'{"body": "x"}\n{"text": "   "}\n\n{"text": "good two"}\n')
+    skipped = collections.Counter()
+    assert [d.text for d in iter_documents([str(path)], skipped=skipped)] == ["good one", "good two"]
+    assert skipped == {"invalid_utf8": 1, "invalid_json": 1, "missing_field": 1, "empty": 1}
+    with pytest.raises(DataError, match=rf"{path}:2: invalid UTF-8"):
+        list(iter_documents([str(path)], on_bad="error"))
+
+    path.write_bytes(b'{"text": "ok"}\n{"body": "x", "id": 3}\n')
+    with pytest.raises(DataError, match=rf"{path}:2: no field 'text' \(keys: body, id\)"):
+        list(iter_documents([str(path)], on_bad="error"))
+
+
+def test_missing_path_and_empty_dir(tmp_path):
+    with pytest.raises(DataError, match="corpus path '.*nope.jsonl' not found"):
+        expand_inputs([str(tmp_path / "nope.jsonl")])
+    with pytest.raises(DataError, match="no corpus files"):
+        expand_inputs([str(tmp_path)])
+
+
+def test_split_sentences():
+    text = ('Mr. Smith went to Washington. He met Dr. Jones, e.g. at the U.S. Capitol! "Why?" she asked.\n'
+            "John F. Kennedy spoke in 1961. 42 people came.\n\nNew paragraph")
+    assert split_sentences(text) == ["Mr. Smith went to Washington.", "He met Dr. Jones, e.g. at the U.S. Capitol!",
+                                     '"Why?" she asked.', "John F. Kennedy spoke in 1961.", "42 people came.",
+                                     "New paragraph"]
+    assert split_sentences("  \n\n ") == []
+
+
+# ---------------------------------------------------------------------------------------------- tokenizer
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_train_tokenizer_kinds(tmp_path, corpus, kind):
+    from transformers import AutoTokenizer
+
+    out = tmp_path / kind
+    train_tokenizer([str(corpus)], out, kind=kind, vocab_size=300, show_progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == [kind]  # no tmp dir left behind
+    tok = AutoTokenizer.from_pretrained(out)
+    assert len(tok) % 64 == 0
+    specials = [tok.pad_token_id, tok.unk_token_id, tok.cls_token_id, tok.sep_token_id, tok.mask_token_id]
+    assert specials == [0, 1, 2, 3, 4]
+    ids = tok("The senator debated the budget.", "Congress agreed.")["input_ids"]
+    assert ids[0] == 2 and ids[-1] == 3 and ids.count(3) == 2
+    st = special_tokens(tok)
+    assert st.vocab_size == len(tok)
+    vocab = tok.get_vocab()
+    fillers = {i for t, i in vocab.items() if t.startswith("[unused")}
+    assert set(st.replaceable.tolist()).isdisjoint(fillers | {0, 1, 2, 3, 4})
+    assert len(st.replaceable) == len(tok) - 5 - len(fillers)
+    assert tokenizer_hash(out) == tokenizer_hash(out) and len(tokenizer_hash(out)) == 64
+
+
+def test_fill_mask_pipeline_uses_tokenizer(tok_dir):
+    from transformers import BertConfig, BertForMaskedLM, pipeline
+
+    tok = load_tokenizer(tok_dir)
+    model = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
+                                       num_attention_heads=2, intermediate_size=64))
+    out = pipeline("fill-mask", model=model, tokenizer=tok)("The senator [MASK] the budget.", top_k=2)
+    assert len(out) == 2
+
+
+def test_empty_corpus_and_missing_tokenizer(tmp_path):
+    path = write_jsonl(tmp_path / "empty.jsonl", ["", "  "])
+    with pytest.raises(DataError, match="empty corpus.*empty.jsonl"):
+        train_tokenizer([str(path)], tmp_path / "tok", show_progress=False)
+    assert not (tmp_path / "tok").exists()
+    with pytest.raises(DataError, match="no tokenizer.json in .*missing"):
+        load_tokenizer(tmp_path / "missing")
+
+
+# ---------------------------------------------------------------------------------------------- shards
+
+def test_shard_round_trip(corpus, tok_dir, shard_dir):
+    tok = load_tokenizer(tok_dir)
+    shards = ShardSet(shard_dir, expected_tokenizer_hash=tokenizer_hash(tok_dir))
+    docs = [d.text for d in iter_documents([str(corpus)])]
+    m = shards.manifest
+    assert len(m["shards"]) == 5 and shards.num_docs == len(docs) == m["counts"]["documents"] == 300
+    assert shards.num_tokens == m["counts"]["tokens"] == shards.doc_lengths().sum()
+    assert shards.dtype == np.uint16 and m["vocab_size"] == len(tok)
+    for i in [0, 69, 70, 150, 299]:
+        sents = split_sentences(docs[i])
+        want = [tok(s, add_special_tokens=False)["input_ids"] for s in sents]
+        assert [s.tolist() for s in shards.doc_sentences(i)] == want
+        assert shards.doc_tokens(i).tolist() == sum(want, [])
+    # A span crossing a shard boundary equals the two documents side by side.
+    a, b = shards.doc_tokens(69), shards.doc_tokens(70)
+    ids, _ = shards.read_span(int(shards.doc_offsets()[69]), len(a) + len(b))
+    assert ids.tolist() == a.tolist() + b.tolist()
+
+
+def test_word_starts(tmp_path, tok_dir):
+    tok = load_tokenizer(tok_dir)
+    text = "An unbelievable proposal, said Mr. Smith."
+    pieces = tok.tokenize(text)
+    assert len([p for p in tok.tokenize("unbelievable")]) > 1  # the word is split, so the test means something
+    path = write_jsonl(tmp_path / "one.jsonl", [text])
+    build_shards([str(path)], tok_dir, tmp_path / "s", num_workers=0, show_progress=False)
+    starts = ShardSet(tmp_path / "s").doc_word_starts(0)
+    assert starts.tolist() == [not p.startswith("##") for p in pieces]
+
+
+def test_checksum_and_truncation_detected(tmp_path, corpus, tok_dir):
+    out = tmp_path / "s"
+    build_shards([str(corpus)], tok_dir, out, num_workers=0, docs_per_shard=100, show_progress=False)
+    victim = out / "shard_00001.tokens.bin"
+    data = bytearray(victim.read_bytes())
+    data[10] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    with pytest.raises(DataError, match=rf"checksum mismatch in {victim} \(file changed or truncated\)"):
+        ShardSet(out)
+    ShardSet(out, verify=False)  # sizes still agree: only the checksum sees the flip
+    victim.write_bytes(bytes(data[:-2]))
+    with pytest.raises(DataError, match=rf"{victim}.*truncated"):
+        ShardSet(out, verify=False)
+    with pytest.raises(DataError, match="no manifest.json in .*build shards first"):
+        ShardSet(tmp_path)
+
+
+def test_cache_hit_and_rebuild(tmp_path, corpus, tok_dir, shard_dir):
+    mtimes = {p.name: p.stat().st_mtime_ns for p in shard_dir.iterdir()}
+    start = time.perf_counter()
+    m = build_shards([str(corpus)], tok_dir, shard_dir, num_workers=2, show_progress=False)
+    assert time.perf_counter() - start < 1.0
+    assert {p.name: p.stat().st_mtime_ns for p in shard_dir.iterdir()} == mtimes
+    assert m == json.loads((shard_dir / "manifest.json").read_text())
+    with pytest.raises(DataError, match="different tokenizer"):
+        ShardSet(shard_dir, expected_tokenizer_hash="0" * 64)
+
+
+def test_empty_corpus_leaves_no_manifest(tmp_path, tok_dir):
+    path = write_jsonl(tmp_path / "empty.jsonl", [" ", ""])
+    with pytest.raises(DataError, match="empty corpus.*empty.jsonl"):
+        build_shards([str(path)], tok_dir, tmp_path / "s", num_workers=0, show_progress=False)
+    assert not (tmp_path / "s" / "manifest.json").exists()
+    assert not (tmp_path / "s" / ".tmp").exists()
+
+
+def test_shardset_pickles_without_data(shard_dir):
+    import pickle
+
+    shards = ShardSet(shard_dir)
+    shards.doc_tokens(0)  # opens the memory maps
+    clone = pickle.loads(pickle.dumps(shards))
+    assert len(pickle.dumps(shards)) < 100_000
+    assert clone.doc_tokens(299).tolist() == shards.doc_tokens(299).tolist()
+
+
+# ---------------------------------------------------------------------------------------------- samples
+
+@pytest.mark.parametrize("max_seq_len", [16, 64])
+def test_packed_sequences_reproduce_stream(shard_dir, max_seq_len):
+    shards = ShardSet(shard_dir)
+    packed = PackedSequences(shards, max_seq_len, cls_id=2, sep_id=3)
+    stream = np.concatenate([np.append(shards.doc_tokens(d).astype(np.int64), 3) for d in range(shards.num_docs)])
+    inner, starts = [], []
+    for i in range(len(packed)):
+        s = packed[i]
+        ids = s["input_ids"]
+        assert ids[0] == 2 and ids[-1] == 3 and len(ids) <= max_seq_len
+        assert s["input_ids"].dtype == np.int64 and not s["token_type_ids"].any()
+        assert s["special_mask"].tolist() == [t in (2, 3) for t in ids]  # the corpus has no literal [CLS]/[SEP]
+        assert s["word_starts"][s["special_mask"]].all()
+        inner.append(ids[1:-1])
+        starts.append(s["word_starts"][1:-1])
+    got = np.concatenate(inner)
+    assert len(stream) - len(got) < max_seq_len // 4  # only a short tail may be dropped
+    assert got.tolist() == stream[:len(got)].tolist()
+    want_starts = np.concatenate([np.append(shards.doc_word_starts(d), True) for d in range(shards.num_docs)])
+    assert np.concatenate(starts).tolist() == want_starts[:len(got)].tolist()
+    with pytest.raises(IndexError):
+        packed[len(packed)]
