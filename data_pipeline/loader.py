@@ -50,8 +50,9 @@ class PretrainDataset(torch.utils.data.Dataset):
 
     def __getitem__(self, position: int) -> dict[str, np.ndarray]:
         epoch, index = self.locate(position)
-        sample = dict(self.builder[index])
         rng = sample_rng(self.seed, epoch, index)
+        # builders whose samples are themselves random (segment pairs) draw from the same per-sample rng
+        sample = self.builder.sample(index, rng) if hasattr(self.builder, "sample") else dict(self.builder[index])
         for objective in self.objectives:
             sample = objective.prepare(sample, rng)
         return sample

@@ -61,3 +61,14 @@ class PackedSequences:
         word_starts[1:-1] = words
         return {"input_ids": input_ids, "token_type_ids": np.zeros(n, np.int64),
                 "word_starts": word_starts, "special_mask": special}
+
+
+def build_samples(kind: str, shards: ShardSet, max_seq_len: int, tokens, seed: int):
+    """The sample builder a run's objectives asked for (see `objectives.sample_builder_for`)."""
+    if kind == "packed":
+        return PackedSequences(shards, max_seq_len, tokens.cls, tokens.sep)
+    if kind == "pairs":
+        from data_pipeline.pairs import SegmentPairs
+
+        return SegmentPairs(shards, max_seq_len, tokens, seed)
+    raise ValueError(f"unknown sample builder '{kind}'")

@@ -62,6 +62,8 @@ class Objective:
     """True for objectives that corrupt input tokens (mlm, span, rtd, plm): at most one per run."""
     sentence_level: ClassVar[bool] = False
     """True for objectives over segment pairs (nsp, sop): at most one per run."""
+    sample_builder: ClassVar[str] = "packed"
+    """Which sample builder feeds this objective: "packed" sequences, or segment "pairs" (nsp, sop)."""
     pad_values: ClassVar[dict[str, int]] = {}
     """Padding value of each per-token array this objective adds to a sample (default 0; *labels: -100)."""
 
@@ -76,6 +78,10 @@ class Objective:
     def prepare(self, sample: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]:
         """Add targets / corrupt inputs of one sample (numpy, no torch). Must be deterministic given rng."""
         return sample
+
+    def before_encoder(self, batch: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
+        """Rewrite the batch on the model side before the encoder runs (e.g. ELECTRA's generator samples)."""
+        return batch
 
     def build_head(self, model_config: Any, encoder: nn.Module) -> nn.Module | None:
         """The head this objective trains, if any; stored as model.heads[self.name]."""
@@ -125,6 +131,16 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
 
 
 def build_objectives(spec: dict[str, Any], tokens: SpecialTokens) -> list[Objective]:
-    """Instances in a fixed order (the order of the config mapping)."""
+    """Instances in a fixed order: sentence-level objectives first (they assemble the segment pair that a
+    token-level objective then corrupts), then the config's order."""
     typed = validate_objectives(spec)
-    return [REGISTRY[name](options, tokens) for name, options in typed.items()]
+    objectives = [REGISTRY[name](options, tokens) for name, options in typed.items()]
+    return sorted(objectives, key=lambda o: not o.sentence_level)
+
+
+def sample_builder_for(objectives: list[Objective]) -> str:
+    """The one sample builder every objective of a run agrees on."""
+    kinds = {o.sample_builder for o in objectives if o.sample_builder != "packed"}
+    if len(kinds) > 1:
+        raise ConfigError(f"objectives need different sample builders: {sorted(kinds)}")
+    return kinds.pop() if kinds else "packed"

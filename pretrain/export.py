@@ -28,7 +28,6 @@ from objectives.base import SpecialTokens
 from pretrain.config import ModelConfig
 from pretrain.errors import UserError
 
-MLM_HEAD = "mlm"
 
 # Keys HF may carry that hold no information of their own: the tied decoder (a copy of the word
 # embeddings and of cls.predictions.bias) and non-persistent buffers older versions saved.
@@ -74,7 +73,20 @@ def hf_bert_config(model_cfg: ModelConfig, tokens: SpecialTokens) -> Any:
 # The weight map
 
 
-def _weight_map(num_layers: int) -> list[tuple[str, tuple[str, ...]]]:
+def lm_head_name(model: nn.Module) -> str:
+    """Dotted name of the token-prediction head tied to the encoder's word embeddings, wherever the
+    objective keeps it (heads.mlm, heads.span.mlm, heads.plm, ...): the head BertForMaskedLM gets."""
+    from objectives.mlm import MLMHead
+
+    tied = model.encoder.embeddings.word_embeddings.weight
+    for name, module in model.named_modules():
+        if isinstance(module, MLMHead) and module.decoder_weight is tied and name.startswith("heads."):
+            return name
+    raise UserError(f"BertForMaskedLM export needs a token-prediction objective (mlm, span, plm); this model "
+                    f"has heads {sorted(model.heads) or 'none'}")
+
+
+def _weight_map(num_layers: int, head: str) -> list[tuple[str, tuple[str, ...]]]:
     """(our name, HF names). One HF name: a rename. Several: our tensor is their concatenation on dim 0
     (the fused qkv Linear stacks q, k, v along its output dimension, in that order)."""
     pairs: list[tuple[str, tuple[str, ...]]] = []
@@ -97,7 +109,6 @@ def _weight_map(num_layers: int) -> list[tuple[str, tuple[str, ...]]]:
         linear_or_norm(f"{ours}.ffn_out", f"{hf}.output.dense")
         linear_or_norm(f"{ours}.ffn_norm", f"{hf}.output.LayerNorm")
 
-    head = f"heads.{MLM_HEAD}"
     linear_or_norm(f"{head}.dense", "cls.predictions.transform.dense")
     linear_or_norm(f"{head}.layer_norm", "cls.predictions.transform.LayerNorm")
     pairs.append((f"{head}.bias", ("cls.predictions.bias",)))
@@ -105,21 +116,16 @@ def _weight_map(num_layers: int) -> list[tuple[str, tuple[str, ...]]]:
     return pairs
 
 
-def _check_exportable(model: nn.Module) -> None:
-    if MLM_HEAD not in model.heads:
-        raise UserError(f"BertForMaskedLM export needs the '{MLM_HEAD}' objective; this model has heads "
-                        f"{sorted(model.heads) or 'none'}")
-    head = model.heads[MLM_HEAD]
-    if head.decoder_weight is not model.encoder.embeddings.word_embeddings.weight:
-        raise ExportError("the MLM decoder is not tied to the word embeddings; BertForMaskedLM would re-tie it")
+def _check_exportable(model: nn.Module) -> str:
+    return lm_head_name(model)  # raises when there is no tied token-prediction head
 
 
 def to_hf_bert_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
     """Our `PretrainingModel` weights under `BertForMaskedLM` names: fp32, CPU, contiguous, unshared."""
-    _check_exportable(model)
+    head = _check_exportable(model)
     ours = model.state_dict()
     out: dict[str, torch.Tensor] = {}
-    for name, hf_names in _weight_map(model.config.num_layers):
+    for name, hf_names in _weight_map(model.config.num_layers, head):
         for hf_name, part in zip(hf_names, ours[name].chunk(len(hf_names), dim=0)):
             # clone: chunks are views of one storage, and safetensors refuses shared tensors
             out[hf_name] = part.detach().to("cpu", torch.float32).contiguous().clone()
@@ -128,8 +134,8 @@ def to_hf_bert_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
 
 def from_hf_bert_state_dict(hf_sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
     """The inverse of `to_hf_bert_state_dict`: a state dict `model.load_state_dict` accepts (strict)."""
-    _check_exportable(model)
-    pairs = _weight_map(model.config.num_layers)
+    head = _check_exportable(model)
+    pairs = _weight_map(model.config.num_layers, head)
     known = {h for _, hf_names in pairs for h in hf_names}
     missing = sorted(known - hf_sd.keys())
     unexpected = sorted(hf_sd.keys() - known - _TIED_DECODER.keys() - set(_HF_BUFFERS))
@@ -145,7 +151,7 @@ def from_hf_bert_state_dict(hf_sd: dict[str, torch.Tensor], model: nn.Module) ->
     out = {}
     for name, hf_names in pairs:
         out[name] = torch.cat([hf_sd[h] for h in hf_names], dim=0).to(ref[name].dtype)
-    out[f"heads.{MLM_HEAD}.decoder_weight"] = out["encoder.embeddings.word_embeddings.weight"]
+    out[f"{head}.decoder_weight"] = out["encoder.embeddings.word_embeddings.weight"]
     return out
 
 
@@ -164,7 +170,7 @@ def _fmt_int(value: Any) -> str:
 
 def model_card(model_cfg: ModelConfig, num_params: int, card: dict) -> str:
     """README.md: YAML front matter for the Hub, then what was trained, on what, for how long."""
-    objectives = card.get("objectives") or [MLM_HEAD]
+    objectives = card.get("objectives") or ["unknown"]
     if isinstance(objectives, dict):  # {name: options}: list each with its options
         described = [f"{name} ({', '.join(f'{k}={v}' for k, v in (opts or {}).items())})"
                      for name, opts in objectives.items()]
@@ -292,7 +298,7 @@ def verify_export(model: nn.Module, out_dir: str | Path, atol: float = 1e-4) -> 
     try:
         device = next(ours.parameters()).device
         ids, types, mask = _probe_batch(ours.config)
-        expected = ours.heads[MLM_HEAD](ours.encoder(ids.to(device), types.to(device), mask.to(device))).cpu()
+        expected = ours.get_submodule(lm_head_name(ours))(ours.encoder(ids.to(device), types.to(device), mask.to(device))).cpu()
     finally:
         ours.train(was_training)
     got = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits

@@ -129,6 +129,8 @@ class PretrainingModel(nn.Module):
                 head.reset_parameters()
 
     def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
+        for objective in self.objectives:
+            batch = objective.before_encoder(batch, self)
         hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), batch.get("attention_mask"))
         total = hidden.new_zeros((), dtype=torch.float32)
         metrics: dict[str, torch.Tensor] = {}

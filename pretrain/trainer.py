@@ -21,10 +21,10 @@ import torch.distributed as dist
 import yaml
 
 from data_pipeline.loader import PretrainDataset, build_loader
-from data_pipeline.samples import PackedSequences
+from data_pipeline.samples import build_samples
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
-from objectives import SpecialTokens, build_objectives
+from objectives import SpecialTokens, build_objectives, sample_builder_for
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig, save_config, to_dict
 from pretrain.distributed import deepspeed_config, init_distributed, resolve_precision
@@ -45,8 +45,8 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens) -> PretrainingModel:
     return PretrainingModel(model_config_for(cfg, tokens), objectives)
 
 
-def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens):
-    return PackedSequences(shards, cfg.data.max_seq_len, tokens.cls, tokens.sep)
+def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
+    return build_samples(sample_builder_for(objectives), shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
 
 
 def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
@@ -118,9 +118,8 @@ def train(cfg: RunConfig) -> dict:
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     tokens = special_tokens(tokenizer)
     shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(cfg.tokenizer_dir))
-    samples = build_sample_source(cfg, shards, tokens)
-
     model = build_model(cfg, tokens)
+    samples = build_sample_source(cfg, shards, tokens, model.objectives)
     t = cfg.train
     optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2),
                                   eps=t.adam_eps)
