@@ -19,6 +19,7 @@ import torch.distributed as dist
 from pretrain.errors import UserError
 
 LATEST = "latest"
+INTEGRITY = "integrity.json"
 _TAG = re.compile(r"^step_(\d{8})$")
 
 
@@ -30,6 +31,33 @@ def write_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(text)
     os.replace(tmp, path)
+
+
+def write_integrity(path: Path) -> None:
+    """Size and sha256 of every file of a finished checkpoint (written once all ranks are done)."""
+    from data_pipeline.tokenizer import sha256_file
+
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != INTEGRITY)
+    record = {str(p.relative_to(path)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    write_atomic(path / INTEGRITY, json.dumps(record, indent=1))
+
+
+def verify_integrity(path: Path) -> None:
+    """Every file the manifest lists is there, whole and unchanged; checked before anything is unpickled."""
+    from data_pipeline.tokenizer import sha256_file
+
+    manifest = Path(path) / INTEGRITY
+    if not manifest.is_file():
+        raise UserError(f"checkpoint {path} has no {INTEGRITY}: it was not completely written")
+    for name, want in json.loads(manifest.read_text()).items():
+        file = Path(path) / name
+        if not file.is_file():
+            raise UserError(f"checkpoint file {file} is missing")
+        if file.stat().st_size != want["bytes"]:
+            raise UserError(f"checkpoint file {file} is truncated or changed ({file.stat().st_size} bytes, "
+                            f"expected {want['bytes']})")
+        if sha256_file(file) != want["sha256"]:
+            raise UserError(f"checkpoint file {file} is corrupt (sha256 mismatch)")
 
 
 def latest_checkpoint(root: Path) -> Path | None:
@@ -58,6 +86,9 @@ def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer
     root = Path(root)
     tag = tag_for(state["step"])
     rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0 and (root / tag).exists():  # left half-written by a killed job; `latest` never named it
+        shutil.rmtree(root / tag)
+    _barrier()
     engine.save_checkpoint(str(root), tag=tag, save_latest=False)
     path = root / tag
     rng = {"torch": torch.get_rng_state()}
@@ -71,6 +102,7 @@ def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer
         write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
     _barrier()  # every rank has written its files
     if rank == 0:
+        write_integrity(path)
         write_atomic(root / LATEST, tag)
         for old in all_checkpoints(root)[:-keep] if keep > 0 else []:
             shutil.rmtree(old, ignore_errors=True)
@@ -82,6 +114,7 @@ def load_checkpoint(engine, path: Path) -> dict:
     """Restore engine (weights, optimizer, scheduler) and this rank's rng; returns the trainer state."""
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
+    verify_integrity(path)
     load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_module_strict=True)
     if load_path is None:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
@@ -109,14 +142,17 @@ def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
 
 
 def load_module_state(path: Path) -> dict[str, torch.Tensor]:
-    """fp32 weights of a checkpoint without a DeepSpeed engine (any ZeRO stage, any precision)."""
+    """fp32 weights of a checkpoint without a DeepSpeed engine (any ZeRO stage, any precision, any world size).
+
+    Where DeepSpeed keeps fp32 master partitions (bf16/fp16, ZeRO 1-3) they are the exact weights and are
+    merged with its own zero_to_fp32; otherwise (fp32, ZeRO 0) the module state is the full model.
+    """
     path = Path(path)
-    ds_state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
-    module = ds_state["module"]
-    has_fp32_partitions = any(path.glob("*zero_pp_rank_*optim_states.pt"))
-    if has_fp32_partitions:  # bf16/fp16 or ZeRO: the exact fp32 master weights live with the optimizer
+    verify_integrity(path)
+    if any(path.glob("*optim_states.pt")):
         from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        master = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
-        module = {k: master.get(k, v) for k, v in module.items()} if module else master
-    return {k: v.float() for k, v in module.items() if v is not None}
+        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+    else:
+        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+    return {k: v.float() for k, v in state.items() if v is not None}

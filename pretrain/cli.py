@@ -60,7 +60,29 @@ def cmd_shards(args) -> int:
     return 0
 
 
+def cmd_data_inspect(args) -> int:
+    from data_pipeline.inspect import format_report, inspect_data
+    from pretrain.config import load_config
+    from pretrain.errors import DataError
+
+    target = Path(args.config)
+    if target.is_dir():  # a shards directory: the tokenizer is --tokenizer, or the run's one beside it
+        if not (target / "manifest.json").is_file():
+            raise DataError(f"{target} has no manifest.json: not a shard directory (build it with `pretrain shards`)")
+        tokenizer = Path(args.tokenizer) if args.tokenizer else target.parent / "tokenizer"
+        cfg = load_config(None, [f"data.shards={target}", f"data.tokenizer={tokenizer}", *args.overrides])
+    else:
+        cfg = load_config(args.config, args.overrides + ([f"data.tokenizer={args.tokenizer}"] if args.tokenizer else []))
+    print(format_report(inspect_data(cfg, args.out, args.samples)))
+    return 0
+
+
 def cmd_train(args) -> int:
+    if args.dry_run:
+        from pretrain.dryrun import dry_run
+
+        print(dry_run(_load(args), args.world_size, args.gpus_per_node))
+        return 0
     from pretrain.stages import stage_train
 
     return stage_train(_load(args))["exit_code"]
@@ -116,6 +138,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="pretrain", formatter_class=fmt,
         description="Pretrain BERT-family encoders: tokenizer -> shards -> DeepSpeed training -> HuggingFace export.",
         epilog="Run `pretrain COMMAND --help` for the options of each command.")
+    # the deepspeed launcher passes --local_rank before the subcommand; LOCAL_RANK in the environment says the same
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
 
     def add_config_args(p):
@@ -137,6 +161,11 @@ def build_parser() -> argparse.ArgumentParser:
                            For several processes, start it with a launcher in launch/ (deepspeed, torchrun, srun).
                            Exit status 75: stopped by SIGTERM after saving a checkpoint; run again to resume."""))
     add_config_args(p)
+    p.add_argument("--dry-run", action="store_true", help="print the resolved config, batch arithmetic, parameter "
+                   "counts and a per-device memory estimate, then exit without training")
+    p.add_argument("--world-size", type=int, help="with --dry-run: data-parallel ranks to plan for "
+                   "(default: $WORLD_SIZE or 1)")
+    p.add_argument("--gpus-per-node", type=int, help="with --dry-run: ranks per node (default: all on one node)")
     p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("tokenizer", help="train a tokenizer on a corpus", formatter_class=fmt,
@@ -170,6 +199,22 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: skip)")
     p.set_defaults(func=cmd_shards)
 
+    p = sub.add_parser("data", help="look at the data a run will train on (`pretrain data inspect`)")
+    data_sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
+    p = data_sub.add_parser("inspect", help="counts, length histogram, packing efficiency and masked samples",
+                            formatter_class=fmt, epilog=_config_epilog(), description=textwrap.dedent("""\
+                                Report a run's shards: document, sentence and token counts and skips; a histogram
+                                of document lengths as a PNG; the packing efficiency of each sample builder; and a
+                                few samples decoded after the run's objectives prepared them, showing what they
+                                mask. Needs the tokenizer and shards (from `pretrain run`, or `pretrain shards`)."""))
+    p.add_argument("config", help=CONFIG_HELP + "; or a shard directory")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
+    p.add_argument("--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, "
+                   "tokenizer/ beside it)")
+    p.add_argument("--out", help="histogram PNG path (default: inspect/doc_lengths.png beside the shard directory)")
+    p.add_argument("--samples", type=int, default=3, help="decoded samples to show (default: 3)")
+    p.set_defaults(func=cmd_data_inspect)
+
     p = sub.add_parser("export", help="export a checkpoint to a HuggingFace save_pretrained directory",
                        formatter_class=fmt,
                        description="Write config.json, model.safetensors, tokenizer files and a model card, then "
@@ -194,7 +239,14 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("WANDB_MODE", "offline")
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    # key=value overrides may come after options (`train CFG --dry-run a.b=1`): argparse leaves them over
+    stray = [e for e in extra if e.startswith("-") or "=" not in e or not hasattr(args, "overrides")]
+    if stray:
+        parser.error(f"unrecognized arguments: {' '.join(stray)}")
+    if extra:
+        args.overrides = list(args.overrides) + extra
     try:
         return args.func(args)
     except UserError as err:

@@ -52,6 +52,12 @@ class DataConfig:
     """Tokens per training sequence, [CLS] and [SEP] included."""
     loader_workers: int = 0
     """DataLoader worker processes (0 = in the training process)."""
+    tokenizer_sample_docs: int = 0
+    """Train the tokenizer on about this many documents, spread over all corpus files (0 = all)."""
+    max_document_bytes: int = 16777216
+    """Longer documents (e.g. a 100 MB line) are skipped as too_long, or fail with file:line under on_bad_document=error."""
+    packing: str = "full_sentences"
+    """Token-level samples: full_sentences (packed across documents, RoBERTa) or doc_bounded (never cross a document)."""
 
 
 @dataclass
@@ -94,6 +100,8 @@ class TrainConfig:
     """Stop (with a checkpoint) after this much wall-clock time; 0 = no limit."""
     exit_after_steps: int = 0
     """Stop this invocation after this many steps, with a checkpoint (for time-limited jobs); 0 = off."""
+    optimizer: str = "adamw"
+    """adamw, or lamb (layer-wise trust ratio, for large batches)."""
     lr: float = 5e-4
     """Peak learning rate."""
     warmup_steps: int = 100
@@ -112,6 +120,10 @@ class TrainConfig:
     """auto (bf16 where the machine supports it), bf16, fp16 or fp32."""
     zero_stage: int = 0
     """DeepSpeed ZeRO stage (0-3)."""
+    nan_policy: str = "skip"
+    """A step with a NaN/inf loss or gradient: skip (count it; stop after max_skipped_steps) or stop at once."""
+    max_skipped_steps: int = 20
+    """With nan_policy=skip, stop when this many steps have been skipped in a row."""
     seed: int = 1234
     """Seed of initialisation, sample order and masking."""
     log_every: int = 10
@@ -344,6 +356,8 @@ def _check_values(cfg: RunConfig) -> None:
         "data.tokenizer_type": (cfg.data.tokenizer_type, ("wordpiece", "bpe", "unigram")),
         "data.on_bad_document": (cfg.data.on_bad_document, ("skip", "error")),
         "wandb.mode": (cfg.wandb.mode, ("offline", "online", "disabled")),
+        "train.optimizer": (cfg.train.optimizer, ("adamw", "lamb")),
+        "train.nan_policy": (cfg.train.nan_policy, ("skip", "stop")),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

@@ -78,6 +78,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
         "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world_size,
         "gradient_clipping": t.grad_clip,
         "zero_optimization": {"stage": t.zero_stage},
+        "zero_allow_untested_optimizer": True,  # our AdamW/LAMB are torch optimizers with a non-finite guard
         "steps_per_print": 10**9,  # we log ourselves
         "wall_clock_breakdown": False,
     }

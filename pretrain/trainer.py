@@ -30,8 +30,10 @@ from pretrain.config import RunConfig, save_config, to_dict
 from pretrain.distributed import deepspeed_config, init_distributed, resolve_precision
 from pretrain.metrics import MetricsLogger, read_metrics
 from pretrain.model import PretrainingModel
+from pretrain.optim import build_optimizer, build_scheduler
 
 EXIT_PREEMPTED = 75  # SIGTERM: the step finished, a checkpoint was written; run the same command to resume
+EXIT_NONFINITE = 76  # stopped by train.nan_policy: the last good checkpoint is the latest
 
 
 def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
@@ -47,25 +49,6 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens) -> PretrainingModel:
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
     return build_samples(sample_builder_for(objectives), shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
-
-
-def param_groups(model: torch.nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and LayerNorm weights (BERT)."""
-    decay, no_decay = [], []
-    for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
-    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
-
-
-def lr_lambda(warmup_steps: int, max_steps: int):
-    """Linear warmup to the peak, then linear decay to 0 at max_steps."""
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
-    return f
 
 
 class _StopFlag:
@@ -87,12 +70,13 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def _all_ranks_any(flag: bool) -> bool:
+def _all_ranks_any(*flags: bool) -> list[bool]:
+    """Each flag OR-ed over ranks, in one all-reduce, so every rank takes the same decision."""
     if not dist.is_initialized() or dist.get_world_size() == 1:
-        return flag
-    t = torch.tensor([1.0 if flag else 0.0])
+        return [bool(f) for f in flags]
+    t = torch.tensor([1.0 if f else 0.0 for f in flags])
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return bool(t.item())
+    return [bool(v) for v in t.tolist()]
 
 
 def _trim_metrics(run_dir: Path, last_step: int) -> None:
@@ -121,17 +105,17 @@ def train(cfg: RunConfig) -> dict:
     model = build_model(cfg, tokens)
     samples = build_sample_source(cfg, shards, tokens, model.objectives)
     t = cfg.train
-    optimizer = torch.optim.AdamW(param_groups(model, t.weight_decay), lr=t.lr, betas=(t.adam_beta1, t.adam_beta2),
-                                  eps=t.adam_eps)
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(t.warmup_steps, t.max_steps))
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=scheduler,
+    optimizer = build_optimizer(model, t)
+    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t),
                                            config=deepspeed_config(cfg, world))
+    torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
 
     ckpt_root = run_dir / "checkpoints"
-    state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0}
+    state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0, "skipped_steps": 0,
+             "skipped_in_a_row": 0, "world_size": world}
     latest = ckpt.latest_checkpoint(ckpt_root)
     if latest is not None:
-        state = ckpt.load_checkpoint(engine, latest)
+        state = {**state, **ckpt.load_checkpoint(engine, latest), "world_size": world}
     if is_main and latest is not None:
         _trim_metrics(run_dir, state["step"])
     config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
@@ -159,7 +143,7 @@ def train(cfg: RunConfig) -> dict:
     exit_code, reason = 0, "max_steps"
     try:
         while state["step"] < t.max_steps:
-            step_tokens = 0
+            step_tokens, skipped_before = 0, engine.skipped_steps
             for _ in range(t.grad_accum_steps):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
                 loss, metrics = engine(batch)
@@ -180,10 +164,14 @@ def train(cfg: RunConfig) -> dict:
                 state["tokens_seen"] += _sum_ranks(unflushed_tokens)
                 unflushed_tokens = 0
                 elapsed = time.time() - interval_start
-                record = {"step": state["step"], **{k: round(v / interval_steps, 6) for k, v in
-                                                    _mean_ranks(interval_metrics).items()},
-                          "lr": engine.get_lr()[0], "tokens": state["tokens_seen"],
-                          "tokens_per_s": round(tokens_all / max(elapsed, 1e-9), 1)}
+                means = _mean_ranks(interval_metrics)
+                record = {"step": state["step"], "loss": round(means.pop("loss") / interval_steps, 6),
+                          **{k: round(v / interval_steps, 6) for k, v in sorted(means.items())},
+                          "lr": engine.get_lr()[0], "grad_norm": _grad_norm(engine),
+                          "tokens": state["tokens_seen"], "tokens_per_s": round(tokens_all / max(elapsed, 1e-9), 1),
+                          "skipped_steps": state["skipped_steps"]}
+                if resolve_precision(t.precision) == "fp16":
+                    record["loss_scale"] = float(getattr(engine.optimizer, "cur_scale", 0.0))
                 logger.log(record)
                 logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
                 interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
@@ -192,8 +180,23 @@ def train(cfg: RunConfig) -> dict:
 
             ran = state["step"] - start_step
             timed_out = t.max_minutes > 0 and (time.time() - started) / 60 >= t.max_minutes
-            stop_now = _all_ranks_any(bool(stop.signal) or timed_out or
-                                      (t.exit_after_steps > 0 and ran >= t.exit_after_steps))
+            # DeepSpeed skips a step whose gradient norm is not finite (same decision on every rank)
+            skipped = engine.skipped_steps > skipped_before
+            stop_now, nonfinite = _all_ranks_any(
+                bool(stop.signal) or timed_out or (t.exit_after_steps > 0 and ran >= t.exit_after_steps),
+                skipped and resolve_precision(t.precision) != "fp16")  # fp16: loss-scale overflows are routine
+            if nonfinite:
+                state["skipped_steps"] += 1
+                state["skipped_in_a_row"] += 1
+                logger.write(f"warning: step {state['step']} skipped (non-finite loss or gradient); "
+                             f"{state['skipped_steps']} skipped so far")
+                if t.nan_policy == "stop" or state["skipped_in_a_row"] >= t.max_skipped_steps:
+                    logger.write(f"stopping: train.nan_policy={t.nan_policy}, {state['skipped_in_a_row']} "
+                                 "non-finite step(s) in a row; the latest checkpoint is the last good one")
+                    exit_code, reason = EXIT_NONFINITE, "nonfinite"
+                    break
+            else:
+                state["skipped_in_a_row"] = 0
             if stop_now or state["step"] % t.save_every == 0 or state["step"] == t.max_steps:
                 state["tokens_seen"] += _sum_ranks(unflushed_tokens)
                 unflushed_tokens = 0
@@ -212,6 +215,15 @@ def train(cfg: RunConfig) -> dict:
     final = read_metrics(run_dir)[-1] if is_main and read_metrics(run_dir) else {}
     return {"step": state["step"], "tokens_seen": state["tokens_seen"], "exit_code": exit_code, "reason": reason,
             "final_loss": final.get("loss"), "run_dir": str(run_dir), "complete": state["step"] >= t.max_steps}
+
+
+def _grad_norm(engine) -> float | None:
+    """Global gradient norm (before clipping) of the last step, as DeepSpeed computed it."""
+    norm = engine.get_global_grad_norm()
+    if norm is None:
+        return None
+    norm = float(norm)
+    return round(norm, 6) if math.isfinite(norm) else norm
 
 
 def _sum_ranks(value: int) -> int:
