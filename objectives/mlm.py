@@ -1,5 +1,9 @@
 """Masked language modelling (BERT): choose 15% of non-special tokens, replace 80/10/10 [MASK]/random/same.
 
+Options: `whole_word` chooses whole words (every token of a chosen word is predicted); `max_ngram` > 1 chooses
+ALBERT n-grams of whole words with p(n) proportional to 1/n (implies whole words). The 80/10/10 replacement
+stays per token in both, as in Google's whole-word-masking release: a word may come out partly [MASK].
+
 The head projects only the chosen positions onto the vocabulary (sparse head): the dense vocabulary
 projection is most of a small encoder's FLOPs, and 85% of it would be thrown away.
 """
@@ -14,6 +18,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, SpecialTokens, register
+from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
+                                select_word_spans)
+from pretrain.errors import ConfigError
+
+MAX_NGRAM = 3
 
 
 @dataclass
@@ -24,6 +33,19 @@ class MLMOptions(ObjectiveOptions):
     """Of the chosen tokens, the fraction replaced by [MASK]."""
     random_token_prob: float = 0.1
     """Of the chosen tokens, the fraction replaced by a random token (the rest stay unchanged)."""
+    whole_word: bool = False
+    """Choose whole words (from the samples' `word_starts`) and predict all their tokens."""
+    max_ngram: int = 1
+    """> 1: choose n-grams of whole words, n in 1..max_ngram with p(n) proportional to 1/n (ALBERT)."""
+
+    def __post_init__(self):  # fail when the config is read, not in a loader worker
+        check_rates("objectives.mlm", self.mask_prob, self.mask_token_prob, self.random_token_prob)
+        if not 1 <= self.max_ngram <= MAX_NGRAM:
+            raise ConfigError(f"objectives.mlm.max_ngram: must be in 1..{MAX_NGRAM}, got {self.max_ngram}")
+
+    @property
+    def word_level(self) -> bool:
+        return self.whole_word or self.max_ngram > 1
 
 
 def choose_positions(candidates: np.ndarray, rate: float, rng: np.random.Generator) -> np.ndarray:
@@ -39,22 +61,13 @@ def corrupt(input_ids: np.ndarray, positions: np.ndarray, opts: MLMOptions, toke
     """Replace `positions` 80/10/10 and return (corrupted ids [L], labels [L] with -100 elsewhere)."""
     labels = np.full_like(input_ids, IGNORE_INDEX)
     labels[positions] = input_ids[positions]
-    corrupted = input_ids.copy()
-    u = rng.random(len(positions))
-    to_mask = positions[u < opts.mask_token_prob]
-    to_random = positions[(u >= opts.mask_token_prob) & (u < opts.mask_token_prob + opts.random_token_prob)]
-    corrupted[to_mask] = tokens.mask
-    corrupted[to_random] = rng.choice(tokens.replaceable, size=len(to_random))
-    return corrupted, labels
+    u = rng.random(len(positions))  # [M] one draw per token: each token's fate is independent
+    return replace_tokens(input_ids, positions, u, opts.mask_token_prob, opts.random_token_prob, tokens, rng), labels
 
 
 def candidate_positions(sample: dict[str, np.ndarray], tokens: SpecialTokens) -> np.ndarray:
     """Positions that may be masked: never special tokens, never padding."""
-    ids = sample["input_ids"]
-    ok = ~np.isin(ids, tokens.special_ids)
-    if "special_mask" in sample:
-        ok &= ~sample["special_mask"]
-    return np.flatnonzero(ok)
+    return np.flatnonzero(~ineligible_tokens(sample, tokens))
 
 
 class MLMHead(nn.Module):
@@ -96,8 +109,17 @@ class MaskedLM(Objective):
     rewrites_inputs = True
     pad_values = {"mlm_labels": IGNORE_INDEX}
 
+    def __init__(self, options, tokens):
+        super().__init__(options, tokens)
+        self.lengths = SpanLengths.ngram(options.max_ngram)  # [1.0] for single whole words
+
     def prepare(self, sample, rng):
-        positions = choose_positions(candidate_positions(sample, self.tokens), self.options.mask_prob, rng)
+        if self.options.word_level:
+            spans = select_word_spans(sample_word_starts(sample), ineligible_tokens(sample, self.tokens),
+                                      self.options.mask_prob, self.lengths, rng)
+            positions, _ = spans.positions()  # [M] every token of every chosen word
+        else:
+            positions = choose_positions(candidate_positions(sample, self.tokens), self.options.mask_prob, rng)
         sample["input_ids"], sample["mlm_labels"] = corrupt(sample["input_ids"], positions, self.options,
                                                             self.tokens, rng)
         return sample

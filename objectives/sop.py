@@ -1,0 +1,34 @@
+"""Sentence order prediction (ALBERT): are two consecutive segments of one document in order or swapped?
+
+Label `sop_label`, as HF AlbertForPreTraining's sentence_order_label: 0 = A then B (in order),
+1 = B then A (swapped). Both segments come from the same document, so topic gives nothing away.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from objectives.base import ObjectiveOptions, register
+from objectives.sentence_head import SentencePairObjective
+from pretrain.errors import ConfigError
+
+
+@dataclass
+class SOPOptions(ObjectiveOptions):
+    swap_prob: float = 0.5
+    """Probability that the two segments are swapped (label 1)."""
+
+    def __post_init__(self):
+        if not 0.0 <= self.swap_prob <= 1.0:
+            raise ConfigError(f"objectives.sop.swap_prob: must be in [0, 1], got {self.swap_prob}")
+
+
+@register
+class SentenceOrderPrediction(SentencePairObjective):
+    name = "sop"
+    Options = SOPOptions
+    label_key = "sop_label"
+
+    def choose(self, raw, rng):
+        a, b = (raw["_seg_a"], raw["_seg_a_words"]), (raw["_seg_b"], raw["_seg_b_words"])
+        return (b, a, 1) if rng.random() < self.options.swap_prob else (a, b, 0)

@@ -1,0 +1,148 @@
+"""SpanBERT: mask contiguous spans of whole words, and predict each masked token twice: from its own hidden
+state (MLM) and from the span's two boundary tokens plus its position in the span (span boundary objective).
+
+Span lengths in words are Geometric(geometric_p) truncated to 1..max_span and renormalised, as in SpanBERT.
+Spans are drawn until ~mask_prob of the candidate tokens are chosen, with at least one unchosen word between
+spans so both boundaries are unchosen tokens; the first and last token ([CLS], [SEP]) are never in a span, so
+boundaries always exist. The 80/10/10 replacement is decided per span, as in SpanBERT: a whole span becomes
+[MASK], or random tokens, or stays as it is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, register
+from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
+                                select_word_spans)
+from objectives.mlm import MLMHead, masked_lm_loss
+from pretrain.errors import ConfigError
+
+
+@dataclass
+class SpanOptions(ObjectiveOptions):
+    mask_prob: float = 0.15
+    """Fraction of candidate (non-special) tokens chosen for prediction."""
+    geometric_p: float = 0.2
+    """Span lengths in words ~ Geometric(geometric_p) on 1..max_span, renormalised (mean 3.8 at 0.2, 10)."""
+    max_span: int = 10
+    """Longest span, in words."""
+    mask_token_prob: float = 0.8
+    """Of the spans, the fraction replaced by [MASK]."""
+    random_token_prob: float = 0.1
+    """Of the spans, the fraction replaced by random tokens (the rest stay unchanged)."""
+    sbo_weight: float = 1.0
+    """Weight of the span boundary loss inside this objective's loss."""
+    position_embedding_size: int = 200
+    """Relative positions (tokens from the span's start) the SBO can tell apart; later ones share the last."""
+
+    def __post_init__(self):
+        check_rates("objectives.span", self.mask_prob, self.mask_token_prob, self.random_token_prob)
+        if not 0.0 < self.geometric_p <= 1.0:
+            raise ConfigError(f"objectives.span.geometric_p: must be in (0, 1], got {self.geometric_p}")
+        for key in ("max_span", "position_embedding_size"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"objectives.span.{key}: must be >= 1, got {getattr(self, key)}")
+        if self.sbo_weight < 0:
+            raise ConfigError(f"objectives.span.sbo_weight: must be >= 0, got {self.sbo_weight}")
+
+
+class SpanBoundaryHead(nn.Module):
+    """SBO: [h_left; h_right; p_pos] -> Linear -> GELU -> LN -> Linear -> GELU -> LN -> tied decoder.
+
+    The decoder matrix is the word embeddings (the same Parameter as the MLM head's); the SBO keeps its own
+    output bias, as in SpanBERT, since the two predictions see different features.
+    """
+
+    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, max_positions: int):
+        super().__init__()
+        self.position_embeddings = nn.Embedding(max_positions, hidden_size)
+        self.ffn = nn.Sequential(
+            nn.Linear(3 * hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size, eps=layer_norm_eps),
+            nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size, eps=layer_norm_eps))
+        self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
+        self.decoder_weight = word_embeddings.weight  # tied
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.bias)
+
+    def forward(self, left: torch.Tensor, right: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
+        # left, right: [M, H] boundary hidden states; position: [M] -> logits [M, V]
+        x = self.ffn(torch.cat([left, right, self.position_embeddings(position)], dim=-1))
+        return F.linear(x, self.decoder_weight, self.bias)
+
+
+class SpanHead(nn.Module):
+    """`.mlm`: the usual tied MLM head (what `pretrain.export` exports); `.sbo`: the span boundary head."""
+
+    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, max_positions: int):
+        super().__init__()
+        self.mlm = MLMHead(hidden_size, layer_norm_eps, word_embeddings)
+        self.sbo = SpanBoundaryHead(hidden_size, layer_norm_eps, word_embeddings, max_positions)
+
+    def reset_parameters(self) -> None:
+        self.mlm.reset_parameters()
+        self.sbo.reset_parameters()
+
+
+@register
+class SpanMasking(Objective):
+    name = "span"
+    Options = SpanOptions
+    rewrites_inputs = True
+    # span_labels pads with -100 by its name; boundaries/positions of padding are never read (label -100)
+    pad_values = {"span_labels": IGNORE_INDEX, "span_left": 0, "span_right": 0, "span_pos": 0}
+
+    def __init__(self, options, tokens):
+        super().__init__(options, tokens)
+        self.lengths = SpanLengths.geometric(options.geometric_p, options.max_span)
+
+    def prepare(self, sample, rng):
+        o = self.options
+        ids = sample["input_ids"]  # [n]
+        ineligible = ineligible_tokens(sample, self.tokens)  # [n]
+        ineligible[[0, -1]] = True  # so every span has a token on each side (they are [CLS] and [SEP] anyway)
+        spans = select_word_spans(sample_word_starts(sample), ineligible, o.mask_prob, self.lengths, rng,
+                                  separate=True)
+        positions, span_of = spans.positions()  # [M], [M]
+        begin = spans.begin[span_of]  # [M] first token of each target's span
+        labels = np.full_like(ids, IGNORE_INDEX)
+        labels[positions] = ids[positions]
+        left, right, pos = np.zeros((3, len(ids)), np.int64)  # [n] each; 0 where unlabelled
+        left[positions] = begin - 1  # >= 0: token 0 is never in a span
+        right[positions] = spans.end[span_of]  # <= n - 1: the last token is never in a span
+        pos[positions] = np.minimum(positions - begin, o.position_embedding_size - 1)
+        u = rng.random(len(spans.begin))[span_of]  # [M] one draw per span: all its tokens share one fate
+        sample["input_ids"] = replace_tokens(ids, positions, u, o.mask_token_prob, o.random_token_prob, self.tokens,
+                                             rng)
+        sample.update(span_labels=labels, span_left=left, span_right=right, span_pos=pos)
+        return sample
+
+    def build_head(self, model_config, encoder):
+        return SpanHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
+                        self.options.position_embedding_size)
+
+    def loss(self, batch, hidden, model):
+        head = model.heads[self.name]
+        labels = batch["span_labels"]  # [B, L]
+        mlm = masked_lm_loss(head.mlm, hidden, labels)
+        selected = labels != IGNORE_INDEX  # [B, L]
+        if not selected.any():  # masked_lm_loss already returned a connected zero
+            zero = mlm.loss.detach()
+            return ObjectiveOutput(mlm.loss, {**mlm.metrics, "mlm_loss": zero, "sbo_loss": zero,
+                                              "sbo_accuracy": zero})
+        rows = selected.nonzero(as_tuple=True)[0]  # [M] batch row of each target
+        targets = labels[selected]  # [M]
+        left = hidden[rows, batch["span_left"][selected]]  # [M, H]
+        right = hidden[rows, batch["span_right"][selected]]  # [M, H]
+        logits = head.sbo(left, right, batch["span_pos"][selected]).float()  # [M, V], sparse like the MLM head
+        sbo_loss = F.cross_entropy(logits, targets)
+        sbo_accuracy = (logits.argmax(-1) == targets).float().mean()
+        loss = mlm.loss + self.options.sbo_weight * sbo_loss
+        return ObjectiveOutput(loss, {"accuracy": mlm.metrics["accuracy"], "mlm_loss": mlm.loss.detach(),
+                                      "sbo_loss": sbo_loss.detach(), "sbo_accuracy": sbo_accuracy})
