@@ -126,6 +126,8 @@ class TrainConfig:
     """With nan_policy=skip, stop when this many steps have been skipped in a row."""
     seed: int = 1234
     """Seed of initialisation, sample order and masking."""
+    peak_tflops: float = 0.0
+    """Peak TFLOP/s of one device for MFU; 0 = look the device up in a table (unknown on CPUs)."""
     log_every: int = 10
     """Steps between metric lines in metrics.jsonl."""
     save_every: int = 200

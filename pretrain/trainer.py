@@ -28,6 +28,7 @@ from objectives import SpecialTokens, build_objectives, sample_builder_for
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig, save_config, to_dict
 from pretrain.distributed import deepspeed_config, init_distributed, resolve_precision
+from pretrain.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.metrics import MetricsLogger, read_metrics
 from pretrain.model import PretrainingModel
 from pretrain.optim import build_optimizer, build_scheduler
@@ -140,14 +141,19 @@ def train(cfg: RunConfig) -> dict:
     start_step, started = state["step"], time.time()
     interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
     unflushed_tokens = 0  # local tokens not yet summed over ranks into state["tokens_seen"]
+    flops_per_sample, out = None, [None, None]
+    peak = device_peak_tflops(resolve_precision(t.precision), t.peak_tflops)
     exit_code, reason = 0, "max_steps"
     try:
         while state["step"] < t.max_steps:
             step_tokens, skipped_before = 0, engine.skipped_steps
             for _ in range(t.grad_accum_steps):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
-                loss, metrics = engine(batch)
-                engine.backward(loss)
+                if flops_per_sample is None:  # count the first micro-batch's real FLOPs once
+                    flops_per_sample = count_step_flops(lambda: micro_step(engine, batch, out)) / len(batch["input_ids"])
+                else:
+                    micro_step(engine, batch, out)
+                loss, metrics = out
                 engine.step()
                 step_tokens += int(batch["attention_mask"].sum())
                 for key, value in metrics.items():
@@ -169,6 +175,8 @@ def train(cfg: RunConfig) -> dict:
                           **{k: round(v / interval_steps, 6) for k, v in sorted(means.items())},
                           "lr": engine.get_lr()[0], "grad_norm": _grad_norm(engine),
                           "tokens": state["tokens_seen"], "tokens_per_s": round(tokens_all / max(elapsed, 1e-9), 1),
+                          **throughput_metrics(flops_per_sample, interval_steps * global_batch / max(elapsed, 1e-9),
+                                               world, peak),
                           "skipped_steps": state["skipped_steps"]}
                 if resolve_precision(t.precision) == "fp16":
                     record["loss_scale"] = float(getattr(engine.optimizer, "cur_scale", 0.0))
@@ -215,6 +223,12 @@ def train(cfg: RunConfig) -> dict:
     final = read_metrics(run_dir)[-1] if is_main and read_metrics(run_dir) else {}
     return {"step": state["step"], "tokens_seen": state["tokens_seen"], "exit_code": exit_code, "reason": reason,
             "final_loss": final.get("loss"), "run_dir": str(run_dir), "complete": state["step"] >= t.max_steps}
+
+
+def micro_step(engine, batch: dict, out: list) -> None:
+    """Forward and backward of one micro-batch; (loss, metrics) into `out`."""
+    out[0], out[1] = engine(batch)
+    engine.backward(out[0])
 
 
 def _grad_norm(engine) -> float | None:
