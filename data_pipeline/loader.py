@@ -137,4 +137,7 @@ def build_loader(dataset: PretrainDataset, pad_id: int, consumed_samples: int, m
     sampler = StreamBatchSampler(consumed_samples, micro_batch_size, grad_accum_steps, rank, world_size)
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collator(pad_id, dataset.objectives),
                                        num_workers=num_workers, persistent_workers=num_workers > 0,
-                                       prefetch_factor=4 if num_workers > 0 else None)
+                                       prefetch_factor=4 if num_workers > 0 else None,
+                                       # its own generator: making an iterator must not draw from the global
+                                       # torch rng, which is checkpointed for dropout (bitwise resume)
+                                       generator=torch.Generator().manual_seed(0))

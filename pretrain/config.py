@@ -283,10 +283,14 @@ def _parse_scalar(text: str) -> Any:
         return text
 
 
-def _deep_merge(base: dict, extra: dict) -> dict:
+# A preset that names its objectives means exactly those, not those plus its base's.
+REPLACED_BY_PRESET = ("objectives",)
+
+
+def _deep_merge(base: dict, extra: dict, replace: tuple[str, ...] = ()) -> dict:
     out = dict(base)
     for key, value in extra.items():
-        if isinstance(value, dict) and isinstance(out.get(key), dict):
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in replace:
             out[key] = _deep_merge(out[key], value)
         else:
             out[key] = value
@@ -321,7 +325,7 @@ def load_yaml(path: Path) -> dict:
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
         if not base_path.is_file():
             base_path = resolve_preset(base)
-        data = _deep_merge(load_yaml(base_path), data)
+        data = _deep_merge(load_yaml(base_path), data, replace=REPLACED_BY_PRESET)
     return data
 
 

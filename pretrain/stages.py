@@ -80,7 +80,10 @@ def load_checkpoint_model(path: Path):
 
 
 def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool = True) -> Path:
+    """Export the checkpoint to `out` (default <run>/hf); returns the directory a fill-mask demo should load:
+    `out` for BERT, `out`/generator for an ELECTRA (rtd) run, whose `out` holds the discriminator."""
     from pretrain.export import export_pretrained, verify_export
+    from pretrain.export_electra import GENERATOR_DIR, export_electra, verify_electra_export
     from pretrain.metrics import read_metrics
 
     cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(Path(run_or_checkpoint))
@@ -95,6 +98,15 @@ def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool 
         "final_loss": history[-1]["loss"] if history else None,
         "config": {"model": vars(model.config), "train": vars(cfg.train), "data": vars(cfg.data)},
     }
+    if "rtd" in cfg.objectives:
+        export_electra(model, tokens, tokenizer_dir, out, card)
+        if verify:
+            diffs = verify_electra_export(model, out)
+            say(f"export: {out} (ElectraForPreTraining) and {out / GENERATOR_DIR} (ElectraForMaskedLM); "
+                f"transformers loads both; max |logit diff| vs ours {max(diffs.values()):.2e}")
+        else:
+            say(f"export: {out} and {out / GENERATOR_DIR}")
+        return out / GENERATOR_DIR
     export_pretrained(model, tokens, tokenizer_dir, out, card)
     if verify:
         diff = verify_export(model, out)

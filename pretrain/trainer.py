@@ -122,7 +122,8 @@ def train(cfg: RunConfig) -> dict:
     config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
     global_batch = t.micro_batch_size * t.grad_accum_steps * world
-    loader = build_loader(PretrainDataset(samples, engine.module.objectives, t.seed), tokens.pad,
+    dataset = PretrainDataset(samples, engine.module.objectives, t.seed)
+    loader = build_loader(dataset, tokens.pad,
                           state["consumed_samples"], t.micro_batch_size, t.grad_accum_steps, rank, world,
                           cfg.data.loader_workers)
     logger = MetricsLogger(run_dir, to_dict(cfg), t.max_steps, state["step"], cfg.wandb.mode, cfg.wandb.project,
@@ -141,7 +142,7 @@ def train(cfg: RunConfig) -> dict:
     start_step, started = state["step"], time.time()
     interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
     unflushed_tokens = 0  # local tokens not yet summed over ranks into state["tokens_seen"]
-    flops_per_sample, out = None, [None, None]
+    flops_per_sample = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
     peak = device_peak_tflops(resolve_precision(t.precision), t.peak_tflops)
     exit_code, reason = 0, "max_steps"
     try:
@@ -149,11 +150,8 @@ def train(cfg: RunConfig) -> dict:
             step_tokens, skipped_before = 0, engine.skipped_steps
             for _ in range(t.grad_accum_steps):
                 batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
-                if flops_per_sample is None:  # count the first micro-batch's real FLOPs once
-                    flops_per_sample = count_step_flops(lambda: micro_step(engine, batch, out)) / len(batch["input_ids"])
-                else:
-                    micro_step(engine, batch, out)
-                loss, metrics = out
+                loss, metrics = engine(batch)
+                engine.backward(loss)
                 engine.step()
                 step_tokens += int(batch["attention_mask"].sum())
                 for key, value in metrics.items():
@@ -225,10 +223,23 @@ def train(cfg: RunConfig) -> dict:
             "final_loss": final.get("loss"), "run_dir": str(run_dir), "complete": state["step"] >= t.max_steps}
 
 
-def micro_step(engine, batch: dict, out: list) -> None:
-    """Forward and backward of one micro-batch; (loss, metrics) into `out`."""
-    out[0], out[1] = engine(batch)
-    engine.backward(out[0])
+def probe_flops_per_sample(cfg: RunConfig, tokens: SpecialTokens, dataset: PretrainDataset, position: int,
+                           n: int = 2) -> float:
+    """Training FLOPs per sample, counted on a throwaway fp32 CPU copy of the model over `n` real samples.
+
+    A separate model and saved/restored rng keep the run itself untouched (bitwise resume); under ZeRO-3 the
+    engine's own parameters are partitioned anyway.
+    """
+    from data_pipeline.loader import Collator
+
+    rng_state = torch.get_rng_state()
+    try:
+        probe = build_model(cfg, tokens)
+        batch = Collator(tokens.pad, probe.objectives)([dataset[position + i] for i in range(n)])
+        flops = count_step_flops(lambda: probe(batch)[0].backward())
+    finally:
+        torch.set_rng_state(rng_state)
+    return flops / n
 
 
 def _grad_norm(engine) -> float | None:

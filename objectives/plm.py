@@ -1,0 +1,124 @@
+"""Permutation language modelling (XLNet) with two-stream attention.
+
+Each sample draws a random factorization order over its eligible tokens (mlm's candidates: never special,
+padding or [UNK]) and predicts the last 1/K of it. Inputs are not corrupted; instead attention masks make
+each prediction autoregressive in that order:
+
+- content stream h (the ordinary encoder input): position i sees j iff rank[j] <= rank[i] (itself included);
+- query stream g (run only at the targets): target t sees content j iff rank[j] < rank[t]. It starts from a
+  learned vector w + the position and type embeddings of t, never t's word embedding, so t's own token
+  cannot reach t's prediction: not through g (g never sees h_t), nor through any h_j (rank[j] < rank[t]
+  means h_j never saw t either).
+
+Tokens outside the order get fixed ranks:
+- [SEP], [UNK] and other specials: rank -1, context visible to everyone; they see only each other, so they
+  leak nothing.
+- [CLS]: rank n (after every eligible token): it sees the whole sequence and nobody sees it. Its content
+  state is therefore a full bidirectional summary, which is what a sentence-level objective run alongside
+  (nsp / sop read hidden[:, 0]) needs; it is computed from permutation-masked token states, not BERT's.
+- padding: PAD_RANK, and masked out as keys everywhere.
+
+Export: the head is an `MLMHead` tied to the word embeddings (`PLMHead`), so the content encoder + head
+export as `BertForMaskedLM`. Only w, which exists for the query stream, is left out. The head was trained on
+query-stream states, so the export is exact but its fill-mask quality is not that of an MLM-trained model.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch import nn
+
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, register
+from objectives.mlm import MLMHead, candidate_positions, masked_lm_loss
+from pretrain.errors import ConfigError
+
+CONTEXT_RANK = -1
+"""Rank of specials (except [CLS]): visible to every position, seeing only each other."""
+PAD_RANK = np.iinfo(np.int64).max
+"""Rank of padding: after everything (keys are masked by attention_mask anyway)."""
+
+
+@dataclass
+class PLMOptions(ObjectiveOptions):
+    predict_fraction_k: int = 6
+    """Predict the last ceil(n / K) tokens of the factorization order (XLNet's K)."""
+
+    def __post_init__(self):
+        if self.predict_fraction_k < 1:
+            raise ConfigError(f"objectives.plm.predict_fraction_k: must be >= 1, got {self.predict_fraction_k}")
+
+
+class PLMHead(MLMHead):
+    """The tied MLM head applied to the final query stream, plus w, the query stream's content-free input."""
+
+    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, std: float):
+        super().__init__(hidden_size, layer_norm_eps, word_embeddings)
+        self.std = std
+        self.query_embedding = nn.Parameter(torch.empty(hidden_size))  # w [H]
+        self.reset_parameters()
+
+    def reset_parameters(self) -> None:
+        super().reset_parameters()
+        nn.init.normal_(self.query_embedding, std=self.std)  # like a word embedding
+
+
+def factorization(sample: dict[str, np.ndarray], tokens, k: int, rng: np.random.Generator
+                  ) -> tuple[np.ndarray, np.ndarray]:
+    """(rank [n] int64, labels [n]: the original token at targets, -100 elsewhere). See the module doc."""
+    ids = sample["input_ids"]
+    n = len(ids)
+    eligible = candidate_positions(sample, tokens)  # [m] positions
+    rank = np.full(n, CONTEXT_RANK, np.int64)
+    rank[ids == tokens.cls] = n
+    rank[eligible] = rng.permutation(len(eligible))
+    num_targets = math.ceil(len(eligible) / k)
+    targets = eligible[rank[eligible] >= len(eligible) - num_targets]
+    labels = np.full(n, IGNORE_INDEX, np.int64)
+    labels[targets] = ids[targets]
+    return rank, labels
+
+
+@register
+class PermutationLM(Objective):
+    name = "plm"
+    Options = PLMOptions
+    rewrites_inputs = True  # it owns the token-level targets: exclusive with mlm, span, rtd
+    pad_values = {"plm_order": PAD_RANK, "plm_labels": IGNORE_INDEX}
+
+    def prepare(self, sample, rng):
+        sample["plm_order"], sample["plm_labels"] = factorization(sample, self.tokens,
+                                                                  self.options.predict_fraction_k, rng)
+        return sample
+
+    def build_head(self, model_config, encoder):
+        return PLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
+                       model_config.initializer_range)
+
+    def before_encoder(self, batch, model):
+        rank = batch["plm_order"]  # [B, L]
+        labels = batch["plm_labels"]  # [B, L]
+        real = batch["attention_mask"].bool()  # [B, L]
+        content_mask = (rank[:, None, :] <= rank[:, :, None]) & real[:, None, :]  # [B, L query, L key]
+
+        # The query stream runs at the targets only (T = most targets in a row, >= 1 so shapes stay valid):
+        # a stable sort brings each row's targets first, in position order. Rows with fewer targets are
+        # filled with non-target positions, whose gathered label is -100, so the loss ignores them.
+        is_target = labels != IGNORE_INDEX  # [B, L]
+        num_targets = max(1, int(is_target.sum(1).max()))
+        positions = torch.sort((~is_target).to(torch.uint8), dim=1, stable=True).indices[:, :num_targets]  # [B, T]
+        query_rank = rank.gather(1, positions)  # [B, T]
+        query_mask = (rank[:, None, :] < query_rank[:, :, None]) & real[:, None, :]  # [B, T, L], strict: not itself
+
+        types = batch.get("token_type_ids")
+        types = torch.zeros_like(positions) if types is None else types.gather(1, positions)
+        query_stream = model.encoder.embeddings.query_stream(model.heads[self.name].query_embedding, positions, types)
+        return {**batch, "content_mask": content_mask, "query_stream": query_stream, "query_mask": query_mask,
+                "plm_query_positions": positions, "plm_query_labels": labels.gather(1, positions)}
+
+    def loss(self, batch, hidden, model):
+        # Predictions come from the final query stream [B, T, H], never from the content stream `hidden`.
+        return masked_lm_loss(model.heads[self.name], batch["query_hidden"], batch["plm_query_labels"])

@@ -1,0 +1,243 @@
+"""Replaced-token detection (ELECTRA): a small generator fills in masked tokens, the encoder learns to spot them.
+
+Per batch, on the model side (`before_encoder`):
+    masked input  -> generator (shared embeddings -> projection -> small layers -> tied LM head)
+                  -> generator MLM loss at the masked positions, and a token SAMPLED there (no gradient)
+    original ids with the masked positions replaced by the samples -> the discriminator (= the run's encoder)
+    rtd_labels = 1 where the sample differs from the original token, 0 elsewhere, -100 at padding.
+Loss: gen_weight * generator MLM + disc_weight * binary cross-entropy of the discriminator over all
+non-padding tokens (ELECTRA's 1 and 50). Sampling is discrete, so the discriminator loss never reaches the
+generator's own weights; it does update the embeddings both share (that is ELECTRA), unless `disentangled`.
+
+Shapes: B batch, L length, H discriminator width (= embedding width E), Hg generator width, M masked tokens,
+T non-padding tokens, V vocabulary.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass, replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOutput, register
+from objectives.mlm import MLMOptions, candidate_positions, choose_positions, corrupt
+from pretrain.errors import ConfigError
+from pretrain.model import EncoderLayer, Embeddings, attention_bias
+
+
+@dataclass
+class RTDOptions(MLMOptions):
+    # Masking keeps MLM's option names and meaning; the defaults are ELECTRA's: 85% [MASK], 15% left as is,
+    # no random tokens (the generator's samples are the "random" replacements).
+    mask_prob: float = 0.15
+    """Fraction of non-special tokens the generator predicts (and then replaces by a sample)."""
+    mask_token_prob: float = 0.85
+    """Of the chosen tokens, the fraction shown to the generator as [MASK] (the rest as themselves or random)."""
+    random_token_prob: float = 0.0
+    """Of the chosen tokens, the fraction shown to the generator as a random token."""
+    generator_size: float = 1 / 3
+    """Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA: 1/4-1/2)."""
+    generator_layers: int = 0
+    """Generator depth; 0 = as many layers as the encoder."""
+    temperature: float = 1.0
+    """Replacements are sampled from softmax(generator logits / temperature)."""
+    gen_weight: float = 1.0
+    """Weight of the generator MLM loss inside this objective's loss."""
+    disc_weight: float = 50.0
+    """Weight of the discriminator loss inside this objective's loss (ELECTRA: 50)."""
+    disentangled: bool = False
+    """DeBERTa-v3 gradient-disentangled embedding sharing: the encoder reads word embeddings
+    sg(shared) + delta (delta zero-initialised), so replaced-token detection cannot move the shared table."""
+
+    def __post_init__(self):
+        checks = {"mask_prob": 0 < self.mask_prob <= 1, "generator_size": 0 < self.generator_size <= 1,
+                  "generator_layers": self.generator_layers >= 0, "temperature": self.temperature > 0,
+                  "gen_weight": self.gen_weight >= 0, "disc_weight": self.disc_weight >= 0,
+                  "mask_token_prob": 0 <= self.mask_token_prob <= 1,
+                  "random_token_prob": 0 <= self.random_token_prob <= 1 - self.mask_token_prob}
+        bad = [name for name, ok in checks.items() if not ok]
+        if bad:
+            raise ConfigError(f"objectives.rtd.{bad[0]}: value {getattr(self, bad[0])!r} is out of range")
+
+
+def generator_config(cfg, opts: RTDOptions):
+    """The generator's ModelConfig: hidden, intermediate and heads scaled by generator_size, the width
+    rounded to a multiple of the head count so attention splits evenly (256 x 1/3 -> 85, 1 head)."""
+    heads = max(1, round(cfg.num_heads * opts.generator_size))
+    hidden = max(heads, round(cfg.hidden_size * opts.generator_size / heads) * heads)
+    return replace(cfg, hidden_size=hidden, num_heads=heads,
+                   intermediate_size=max(1, round(cfg.intermediate_size * opts.generator_size)),
+                   num_layers=opts.generator_layers or cfg.num_layers)
+
+
+class DisentangledWordEmbedding(nn.Embedding):
+    """Word embeddings for gradient-disentangled sharing (DeBERTa-v3): `weight` is the shared table E
+    (the generator's, tied to its decoder), `delta` is E_delta. The encoder reads E.detach() + E_delta, the
+    generator reads E (inside `generator_view()`), so only the generator's loss trains E.
+
+    It replaces the encoder's nn.Embedding in place (same `weight` Parameter), so Embeddings.forward and
+    the state-dict name of the shared table are unchanged; the delta is `...word_embeddings.delta`."""
+
+    def __init__(self, shared: nn.Embedding):
+        super().__init__(shared.num_embeddings, shared.embedding_dim, padding_idx=shared.padding_idx)
+        self.weight = shared.weight  # the same Parameter: whatever is tied to it stays tied
+        # Zero at start: the encoder begins from the shared table. init_weights only touches `.weight`.
+        self.delta = nn.Parameter(torch.zeros_like(shared.weight))
+        self._generator_view = False
+
+    @contextlib.contextmanager
+    def generator_view(self):
+        self._generator_view = True
+        try:
+            yield
+        finally:
+            self._generator_view = False
+
+    def forward(self, ids: torch.Tensor) -> torch.Tensor:
+        # ids [B, L] -> [B, L, E]
+        if self._generator_view:
+            return super().forward(ids)
+        # Two lookups rather than one into (E + delta): no [V, E] temporary; same values bit for bit.
+        return (F.embedding(ids, self.weight.detach(), self.padding_idx)
+                + F.embedding(ids, self.delta, self.padding_idx))
+
+    def effective_weight(self) -> torch.Tensor:
+        """The table the encoder sees, [V, E]: what an export of the discriminator must carry."""
+        return self.weight + self.delta
+
+
+class GeneratorHead(nn.Module):
+    """ELECTRA's generator predictions: dense Hg -> E, GELU, LayerNorm, decoder tied to the shared word
+    embeddings (+ own bias). Not an MLMHead on purpose: BERT export looks for one, and must not find this."""
+
+    def __init__(self, hidden_size: int, embedding_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.dense = nn.Linear(hidden_size, embedding_size)
+        self.layer_norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
+        self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
+        self.decoder_weight = word_embeddings.weight  # tied: the shared Parameter itself
+
+    def reset_parameters(self) -> None:
+        nn.init.zeros_(self.bias)
+
+    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [..., Hg] -> logits [..., V]
+        return F.linear(self.layer_norm(F.gelu(self.dense(hidden))), self.decoder_weight, self.bias)
+
+
+class Generator(nn.Module):
+    """The small MLM. It has no embeddings of its own: callers pass the encoder's `Embeddings` module
+    (shared, as in ELECTRA), so the shared tables are registered once, under `encoder.embeddings`."""
+
+    def __init__(self, gen_cfg, embedding_size: int, word_embeddings: nn.Embedding):
+        super().__init__()
+        self.config = gen_cfg
+        self.embeddings_project = nn.Linear(embedding_size, gen_cfg.hidden_size)  # E -> Hg
+        self.layers = nn.ModuleList(EncoderLayer(gen_cfg) for _ in range(gen_cfg.num_layers))
+        self.head = GeneratorHead(gen_cfg.hidden_size, embedding_size, gen_cfg.layer_norm_eps, word_embeddings)
+
+    def forward(self, embeddings: Embeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
+                attention_mask: torch.Tensor | None) -> torch.Tensor:
+        # input_ids [B, L] -> generator hidden states [B, L, Hg]
+        word = embeddings.word_embeddings
+        view = word.generator_view() if isinstance(word, DisentangledWordEmbedding) else contextlib.nullcontext()
+        with view:
+            x = self.embeddings_project(embeddings(input_ids, token_type_ids))  # [B, L, E] -> [B, L, Hg]
+        bias = attention_bias(attention_mask, x.dtype)
+        for layer in self.layers:
+            x = layer(x, bias)
+        return x
+
+
+class RTDHead(nn.Module):
+    """model.heads["rtd"]: the generator, and the discriminator's per-token head (HF's
+    ElectraDiscriminatorPredictions: dense H -> H, GELU, dense_prediction H -> 1)."""
+
+    def __init__(self, cfg, opts: RTDOptions, encoder: nn.Module):
+        super().__init__()
+        if opts.disentangled:
+            encoder.embeddings.word_embeddings = DisentangledWordEmbedding(encoder.embeddings.word_embeddings)
+        self.generator = Generator(generator_config(cfg, opts), cfg.hidden_size, encoder.embeddings.word_embeddings)
+        self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
+        self.dense_prediction = nn.Linear(cfg.hidden_size, 1)
+
+    def reset_parameters(self) -> None:
+        self.generator.head.reset_parameters()
+
+    def discriminate(self, hidden: torch.Tensor) -> torch.Tensor:
+        # [..., H] -> logits [...] (> 0: "replaced")
+        return self.dense_prediction(F.gelu(self.dense(hidden))).squeeze(-1)
+
+    def generator_logits(self, embeddings: Embeddings, input_ids, token_type_ids=None, attention_mask=None):
+        """Dense generator MLM logits [B, L, V] (for export checks; training uses the masked rows only)."""
+        return self.generator.head(self.generator(embeddings, input_ids, token_type_ids, attention_mask))
+
+
+@register
+class ReplacedTokenDetection(Objective):
+    name = "rtd"
+    Options = RTDOptions
+    rewrites_inputs = True
+    pad_values = {"rtd_mlm_labels": IGNORE_INDEX}
+
+    def prepare(self, sample, rng):
+        positions = choose_positions(candidate_positions(sample, self.tokens), self.options.mask_prob, rng)
+        sample["input_ids"], sample["rtd_mlm_labels"] = corrupt(sample["input_ids"], positions, self.options,
+                                                                self.tokens, rng)
+        return sample
+
+    def build_head(self, model_config, encoder):
+        return RTDHead(model_config, self.options, encoder)
+
+    def before_encoder(self, batch, model):
+        """Run the generator, keep its loss, and swap input_ids for original-with-samples (+ rtd_labels)."""
+        head: RTDHead = model.heads[self.name]
+        ids, mlm_labels = batch["input_ids"], batch["rtd_mlm_labels"]  # [B, L] each
+        attention_mask = batch.get("attention_mask")
+        masked = mlm_labels != IGNORE_INDEX  # [B, L]
+        original = torch.where(masked, mlm_labels, ids)  # [B, L]
+
+        gen_hidden = head.generator(model.encoder.embeddings, ids, batch.get("token_type_ids"), attention_mask)
+        # Sparse, like mlm's masked_lm_loss; computed here rather than through it because sampling needs the logits.
+        logits = head.generator.head(gen_hidden[masked]).float()  # [M, V]
+        targets = mlm_labels[masked]  # [M]
+        if targets.numel():
+            gen_loss = F.cross_entropy(logits, targets)
+            gen_accuracy = (logits.argmax(-1) == targets).float().mean()
+        else:  # keep the graph connected so every rank runs the same backward
+            gen_loss = gen_hidden.sum() * 0.0
+            gen_accuracy = gen_loss.detach()
+
+        with torch.no_grad():
+            # Torch's default generator (CPU or CUDA per device): checkpoints save and restore both, so a
+            # resumed run draws the same samples. Special tokens are never drawn: the discriminator should
+            # only ever see real text (no [MASK] at pretraining that fine-tuning would not show).
+            scores = logits / self.options.temperature
+            scores[:, list(self.tokens.special_ids)] = float("-inf")
+            sampled = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)  # [M]
+            disc_ids = original.masked_scatter(masked, sampled)  # [B, L]
+            # ELECTRA scores every non-padding token, [CLS]/[SEP] included (they are never replaced: label 0).
+            rtd_labels = (disc_ids != original).long()
+            if attention_mask is not None:
+                rtd_labels.masked_fill_(~attention_mask.bool(), IGNORE_INDEX)
+
+        return {**batch, "input_ids": disc_ids, "rtd_labels": rtd_labels,
+                "_rtd_gen_loss": gen_loss, "_rtd_gen_accuracy": gen_accuracy}
+
+    def loss(self, batch, hidden, model):
+        head: RTDHead = model.heads[self.name]
+        labels = batch["rtd_labels"]  # [B, L]
+        scored = labels != IGNORE_INDEX
+        logits = head.discriminate(hidden[scored]).float()  # [T, H] -> [T]; padding never reaches the head
+        targets = labels[scored].float()  # [T]
+        disc_loss = F.binary_cross_entropy_with_logits(logits, targets)
+        gen_loss = batch["_rtd_gen_loss"]
+        total = self.options.gen_weight * gen_loss + self.options.disc_weight * disc_loss
+        return ObjectiveOutput(total, {
+            "gen_loss": gen_loss.detach(), "gen_accuracy": batch["_rtd_gen_accuracy"],
+            "disc_loss": disc_loss.detach(), "disc_accuracy": ((logits > 0) == targets.bool()).float().mean(),
+            "replaced_fraction": targets.mean(),  # of non-padding tokens: the discriminator's positive rate
+        })

@@ -1,0 +1,208 @@
+"""Permutation LM: targets, masks, no leak of a target's own or later tokens, unchanged standard path, export."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+import transformers
+
+from data_pipeline.loader import Collator
+from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
+from objectives.plm import PAD_RANK
+from pretrain.config import ModelConfig
+from pretrain.errors import ConfigError
+from pretrain.model import PretrainingModel
+
+V = 64
+TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
+CFG = ModelConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
+                  max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+def make_sample(rng, length):
+    ids = rng.integers(5, V, size=length)
+    ids[0], ids[-1], ids[length // 2] = TOKENS.cls, TOKENS.sep, TOKENS.sep
+    ids[3] = TOKENS.unk
+    types = np.zeros(length, np.int64)
+    types[length // 2 + 1:] = 1
+    return {"input_ids": ids, "token_type_ids": types, "special_mask": np.isin(ids, [TOKENS.cls, TOKENS.sep])}
+
+
+def make_batch(plm, lengths=(24, 17), seed=0):
+    rng = np.random.default_rng(seed)
+    samples = [plm.prepare(make_sample(rng, n), rng) for n in lengths]
+    return Collator(TOKENS.pad, [plm])(samples)
+
+
+@pytest.fixture(scope="module")
+def model():
+    torch.manual_seed(0)
+    m = PretrainingModel(CFG, build_objectives({"plm": {}}, TOKENS))
+    with torch.no_grad():  # larger than the init, so that what each position sees shows in the outputs
+        for p in m.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    return m.eval()
+
+
+def two_stream(model, batch):
+    """(content [B, L, H], query-stream logits [B, T, V], target positions [B, T]) for `batch`."""
+    b = model.objectives[0].before_encoder(batch, model)
+    h, g = model.encoder(b["input_ids"], b["token_type_ids"], b["content_mask"], query_stream=b["query_stream"],
+                         query_mask=b["query_mask"])
+    return h, model.heads["plm"](g), b["plm_query_positions"]
+
+
+def test_targets_are_the_last_ceil_n_over_k_of_the_order():
+    (plm,) = build_objectives({"plm": {"predict_fraction_k": 6}}, TOKENS)
+    rng = np.random.default_rng(1)
+    for length in (5, 7, 30, 128):
+        sample = make_sample(rng, length)
+        ids = sample["input_ids"].copy()
+        out = plm.prepare(sample, rng)
+        eligible = ~np.isin(ids, TOKENS.special_ids)
+        n = eligible.sum()
+        rank, labels = out["plm_order"], out["plm_labels"]
+        assert np.array_equal(out["input_ids"], ids)  # inputs are never corrupted
+        assert sorted(rank[eligible]) == list(range(n))  # a permutation of the eligible tokens
+        assert (rank[ids == TOKENS.cls] == length).all() and (rank[~eligible & (ids != TOKENS.cls)] == -1).all()
+        targets = labels != IGNORE_INDEX
+        assert targets.sum() == math.ceil(n / 6) and not targets[~eligible].any()
+        assert (rank[targets] >= n - math.ceil(n / 6)).all()  # exactly the tail of the order
+        assert np.array_equal(labels[targets], ids[targets])
+    batch = make_batch(plm)
+    pad = ~batch["attention_mask"]
+    assert pad.any() and (batch["plm_order"][pad] == PAD_RANK).all() and (batch["plm_labels"][pad] == -100).all()
+
+
+def test_content_and_query_masks(model):
+    plm = model.objectives[0]
+    batch = make_batch(plm)
+    b = plm.before_encoder(batch, model)
+    rank, real = batch["plm_order"], batch["attention_mask"]
+    for r in range(rank.shape[0]):
+        for i in range(rank.shape[1]):
+            expected = [bool(rank[r, j] <= rank[r, i] and real[r, j]) for j in range(rank.shape[1])]
+            assert b["content_mask"][r, i].tolist() == expected
+        for t, pos in enumerate(b["plm_query_positions"][r].tolist()):
+            expected = [bool(rank[r, j] < rank[r, pos] and real[r, j]) for j in range(rank.shape[1])]
+            assert b["query_mask"][r, t].tolist() == expected
+    assert (b["plm_query_labels"] != -100).sum() == (batch["plm_labels"] != -100).sum()
+
+
+def test_content_stream_sees_only_earlier_in_the_order(model):
+    batch = make_batch(model.objectives[0])
+    rank = batch["plm_order"][0]
+    i = int(torch.nonzero(rank == 5)[0])  # a position with some tokens before it in the order, most after
+    later = (rank > rank[i]) & batch["attention_mask"][0]
+    earlier = (rank < rank[i]) & (rank >= 0)
+    h = two_stream(model, batch)[0][0, i]
+
+    def with_changed(where):
+        changed = dict(batch, input_ids=batch["input_ids"].clone())
+        changed["input_ids"][0, where] = 5 + (changed["input_ids"][0, where] - 4) % (V - 5)  # another real token
+        return two_stream(model, changed)[0][0, i]
+
+    torch.testing.assert_close(with_changed(later), h, atol=1e-6, rtol=0)
+    assert (with_changed(earlier) - h).abs().max() > 1e-3
+
+    # [CLS] ranks after everything: its content state (what nsp / sop read) sees the whole sequence.
+    last = int(torch.nonzero(rank == rank[(rank >= 0) & (rank < int(rank[0]))].max())[0])
+    changed = dict(batch, input_ids=batch["input_ids"].clone())
+    changed["input_ids"][0, last] = 5 + (changed["input_ids"][0, last] - 4) % (V - 5)
+    assert (two_stream(model, changed)[0][0, 0] - two_stream(model, batch)[0][0, 0]).abs().max() > 1e-3
+
+
+@pytest.mark.parametrize("row", [0, 1])
+def test_no_leak_of_own_or_later_tokens_to_a_prediction(model, row):
+    batch = make_batch(model.objectives[0])
+    rank, real = batch["plm_order"][row], batch["attention_mask"][row]
+    _, logits, positions = two_stream(model, batch)
+    checked = 0
+    for q, t in enumerate(positions[row].tolist()):
+        if batch["plm_labels"][row, t] == IGNORE_INDEX:
+            continue  # filler of a row with fewer targets
+
+        def logits_with_changed(where):
+            changed = dict(batch, input_ids=batch["input_ids"].clone())
+            changed["input_ids"][row, where] = 5 + (changed["input_ids"][row, where] - 4) % (V - 5)
+            return two_stream(model, changed)[1][row, q]
+
+        own = torch.zeros_like(real)
+        own[t] = True
+        later = (rank > rank[t]) & real  # other targets after t, and [CLS]
+        earlier = (rank < rank[t]) & (rank >= 0)
+        torch.testing.assert_close(logits_with_changed(own), logits[row, q], atol=1e-6, rtol=0)
+        torch.testing.assert_close(logits_with_changed(later), logits[row, q], atol=1e-6, rtol=0)
+        assert (logits_with_changed(earlier) - logits[row, q]).abs().max() > 1e-3  # the test is not vacuous
+        checked += 1
+    assert checked >= 2
+
+
+def _reference_encoder(enc, ids, types, mask):
+    """The encoder's math before two-stream support, written out: the standard path must match it bit for bit."""
+    x = enc.embeddings(ids, types)
+    bias = torch.zeros(mask.shape).masked_fill_(~mask.bool(), torch.finfo(torch.float32).min)[:, None, None, :]
+    for layer in enc.layers:
+        B, L, H = x.shape
+        att = layer.attention
+        q, k, v = att.qkv(x).view(B, L, 3, att.num_heads, H // att.num_heads).permute(2, 0, 3, 1, 4)
+        y = att.out(F.scaled_dot_product_attention(q, k, v, attn_mask=bias).transpose(1, 2).reshape(B, L, H))
+        x = layer.attn_norm(x + y)
+        x = layer.ffn_norm(x + layer.ffn_out(F.gelu(layer.ffn_in(x))))
+    return x
+
+
+@torch.no_grad()
+def test_standard_path_unchanged_and_streams_share_the_layer_math(model):
+    batch = make_batch(model.objectives[0])
+    ids, types, mask = batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]
+    plain = model.encoder(ids, types, mask)
+    assert torch.equal(plain, _reference_encoder(model.encoder, ids, types, mask))
+    # A per-query mask that only repeats the key mask means the same attention.
+    L = ids.shape[1]
+    torch.testing.assert_close(model.encoder(ids, types, mask[:, None, :].expand(-1, L, -1)), plain)
+    # A query stream does not disturb the content stream, and a query stream that starts as the content
+    # embeddings under the same mask follows it exactly: one block math for both streams.
+    h, g = model.encoder(ids, types, mask, query_stream=model.encoder.embeddings(ids, types),
+                         query_mask=mask[:, None, :].expand(-1, L, -1))
+    assert torch.equal(h, plain)
+    torch.testing.assert_close(g, plain, atol=1e-5, rtol=1e-5)
+
+
+def test_training_reduces_the_loss():
+    torch.manual_seed(0)
+    m = PretrainingModel(CFG, build_objectives({"plm": {"predict_fraction_k": 2}}, TOKENS)).train()
+    batch = make_batch(m.objectives[0], lengths=(24, 20, 16, 24))
+    opt = torch.optim.AdamW(m.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(15):
+        loss, metrics = m(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert {"plm/loss", "plm/accuracy", "loss"} <= metrics.keys()
+    assert m.heads["plm"].query_embedding.grad.abs().sum() > 0  # w is trained
+    assert losses[-1] < 0.7 * losses[0], losses
+
+
+def test_plm_is_exclusive_with_other_token_objectives():
+    with pytest.raises(ConfigError, match="plm"):
+        build_objectives({"plm": {}, "mlm": {}}, TOKENS)
+    with pytest.raises(ConfigError, match="predict_fraction_k"):
+        build_objectives({"plm": {"predict_fraction_k": 0}}, TOKENS)
+
+
+def test_export_as_bert_for_masked_lm(model, tmp_path):
+    from pretrain.export import export_pretrained, lm_head_name, verify_export
+
+    assert lm_head_name(model) == "heads.plm"
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"[unused{i}]" for i in range(V - 5)]
+    tok_dir = tmp_path / "tokenizer"
+    transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(str(tok_dir))
+    out = export_pretrained(model, TOKENS, tok_dir, tmp_path / "hf", {"objectives": ["plm"]})
+    assert verify_export(model, out, atol=1e-4) <= 1e-4

@@ -1,0 +1,249 @@
+"""ELECTRA replaced-token detection: labels, sampling, gradient flow (plain and disentangled), loss weights,
+HF export parity of discriminator and generator, and that training reduces the loss."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from data_pipeline.loader import collate
+from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
+from objectives.rtd import DisentangledWordEmbedding, generator_config
+from pretrain.config import ModelConfig
+from pretrain.errors import ConfigError, UserError
+from pretrain.export_electra import (export_electra, from_hf_electra_state_dicts, to_hf_electra_state_dicts,
+                                     verify_electra_export)
+from pretrain.model import PretrainingModel
+
+VOCAB = 128
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
+CARD = {"objectives": {"rtd": {"disc_weight": 50.0}}, "corpus": "data/us-speeches.public-domain.jsonl",
+        "tokens_seen": 123456, "steps": 789, "final_loss": 4.2512, "run_name": "tiny-electra"}
+# 3 heads of 16; generator_size 1/3 -> width 16, 1 head, intermediate 32. No dropout: deterministic checks.
+CFG = ModelConfig(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, intermediate_size=96,
+                  max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is fastest, and intra-op threads crawl on a busy machine (10x seen)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokens() -> SpecialTokens:
+    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=VOCAB, replaceable=np.arange(5, VOCAB))
+
+
+def make_model(tokens, seed=0, randomize=False, **options) -> PretrainingModel:
+    torch.manual_seed(seed)
+    model = PretrainingModel(CFG, build_objectives({"rtd": options}, tokens))
+    if randomize:  # zero biases / unit LayerNorms / zero delta would hide a swapped or dropped tensor
+        with torch.no_grad():
+            for p in model.parameters():
+                p.copy_(torch.randn_like(p) * 0.5)
+    return model
+
+
+def make_batch(tokens, objective, seed=0, lengths=(20, 14, 9, 20)) -> dict[str, torch.Tensor]:
+    """Packed-like samples [CLS] words [SEP] of different lengths (so the batch has padding), prepared by rtd."""
+    rng = np.random.default_rng(seed)
+    samples = []
+    for n in lengths:
+        ids = np.concatenate([[tokens.cls], rng.integers(5, VOCAB, n - 2), [tokens.sep]]).astype(np.int64)
+        samples.append(objective.prepare({"input_ids": ids, "token_type_ids": np.zeros(n, np.int64)}, rng))
+    return collate(samples, tokens.pad, objective.pad_values)
+
+
+def test_generator_config_and_options():
+    opts = build_objectives({"rtd": {}}, SpecialTokens(0, 1, 2, 3, 4, VOCAB))[0].options
+    assert (opts.mask_prob, opts.mask_token_prob, opts.random_token_prob) == (0.15, 0.85, 0.0)
+    assert (opts.gen_weight, opts.disc_weight, opts.temperature, opts.disentangled) == (1.0, 50.0, 1.0, False)
+    gen = generator_config(CFG, opts)
+    assert (gen.hidden_size, gen.num_heads, gen.intermediate_size, gen.num_layers) == (16, 1, 32, 2)
+    big = generator_config(ModelConfig(hidden_size=768, num_heads=12, intermediate_size=3072), opts)
+    assert (big.hidden_size, big.num_heads, big.intermediate_size) == (256, 4, 1024)
+    with pytest.raises(ConfigError, match="temperature"):
+        build_objectives({"rtd": {"temperature": 0}}, SpecialTokens(0, 1, 2, 3, 4, VOCAB))
+
+
+def test_labels_mark_exactly_the_replaced_tokens(tokens):
+    model = make_model(tokens).eval()
+    rtd = model.objectives[0]
+    # A generator that always proposes token 7: replaced = masked positions whose original is not 7.
+    with torch.no_grad():
+        model.heads["rtd"].generator.head.bias[7] = 1e4
+    batch = make_batch(tokens, rtd)
+    labels = batch["rtd_mlm_labels"]
+    masked = labels != IGNORE_INDEX
+    labels[masked.nonzero()[0].unbind()] = 7  # one masked original IS 7: sampled == original there -> label 0
+    original = torch.where(masked, labels, batch["input_ids"])
+    out = rtd.before_encoder(batch, model)
+
+    assert torch.equal(out["input_ids"][masked], torch.full((int(masked.sum()),), 7))
+    assert torch.equal(out["input_ids"][~masked], original[~masked])  # untouched outside the masked positions
+    real = batch["attention_mask"]
+    expected = (out["input_ids"] != original).long().masked_fill(~real, IGNORE_INDEX)
+    assert torch.equal(out["rtd_labels"], expected)
+    assert (out["rtd_labels"][real] == 1).sum() == masked.sum() - 1 and (out["rtd_labels"][~real] == -100).all()
+    assert torch.equal(batch["input_ids"], make_batch(tokens, rtd)["input_ids"])  # caller's batch not mutated
+
+
+def test_samples_only_at_masked_positions_never_special(tokens):
+    model = make_model(tokens, seed=1)
+    rtd = model.objectives[0]
+    batch = make_batch(tokens, rtd, seed=3, lengths=(40, 33, 25, 40))
+    masked = batch["rtd_mlm_labels"] != IGNORE_INDEX
+    original = torch.where(masked, batch["rtd_mlm_labels"], batch["input_ids"])
+    torch.manual_seed(5)
+    out = rtd.before_encoder(batch, model)
+    changed = out["input_ids"] != original
+    assert changed.any() and not (changed & ~masked).any()
+    assert not torch.isin(out["input_ids"][masked], torch.tensor(tokens.special_ids)).any()
+    assert not (out["input_ids"] == tokens.mask).any()  # the discriminator never sees [MASK]
+    torch.manual_seed(5)  # sampling uses torch's global RNG, which checkpoints save: same state, same samples
+    assert torch.equal(rtd.before_encoder(batch, model)["input_ids"], out["input_ids"])
+
+
+def _grads(model, batch):
+    model.zero_grad(set_to_none=True)
+    loss, metrics = model(batch)
+    loss.backward()
+    return {name: p.grad for name, p in model.named_parameters()}, metrics
+
+
+def _is_zero(grad) -> bool:
+    return grad is None or not grad.abs().sum()
+
+
+def test_discriminator_loss_does_not_reach_the_generator(tokens):
+    model = make_model(tokens, gen_weight=0.0)  # the discriminator loss alone
+    batch = make_batch(tokens, model.objectives[0])
+    grads, _ = _grads(model, batch)
+    generator_only = [n for n in grads if n.startswith("heads.rtd.generator.") and n != "heads.rtd.generator.head.decoder_weight"]
+    assert len(generator_only) > 10 and all(_is_zero(grads[n]) for n in generator_only), \
+        [n for n in generator_only if not _is_zero(grads[n])]
+    # ... but it does train the shared embeddings (ELECTRA) and the discriminator
+    for name in ("encoder.embeddings.word_embeddings.weight", "encoder.layers.0.attention.qkv.weight",
+                 "heads.rtd.dense_prediction.weight"):
+        assert not _is_zero(grads[name]), name
+    # Sanity: with the generator loss on, the generator does learn.
+    model.objectives[0].options.gen_weight = 1.0
+    grads, _ = _grads(model, batch)
+    assert all(not _is_zero(grads[n]) for n in generator_only if ".layers." in n and n.endswith("weight"))
+
+
+def test_disentangled_shared_embeddings_get_no_discriminator_gradient(tokens):
+    model = make_model(tokens, gen_weight=0.0, disentangled=True)
+    word = model.encoder.embeddings.word_embeddings
+    assert isinstance(word, DisentangledWordEmbedding) and not word.delta.abs().sum()  # zero-initialised
+    assert model.heads["rtd"].generator.head.decoder_weight is word.weight  # still tied to the shared table
+    batch = make_batch(tokens, model.objectives[0])
+    grads, _ = _grads(model, batch)
+    assert _is_zero(grads["encoder.embeddings.word_embeddings.weight"])
+    assert not _is_zero(grads["encoder.embeddings.word_embeddings.delta"])
+    model.objectives[0].options.gen_weight = 1.0  # the generator's loss still trains the shared table
+    grads, _ = _grads(model, batch)
+    assert not _is_zero(grads["encoder.embeddings.word_embeddings.weight"])
+
+
+def test_total_is_gen_plus_50_disc(tokens):
+    model = make_model(tokens)
+    loss, metrics = model(make_batch(tokens, model.objectives[0]))
+    expected = metrics["rtd/gen_loss"] + 50.0 * metrics["rtd/disc_loss"]
+    assert torch.allclose(loss.detach(), expected) and torch.allclose(metrics["rtd/loss"], expected)
+    for key in ("gen_accuracy", "disc_accuracy", "replaced_fraction"):
+        assert 0.0 <= metrics[f"rtd/{key}"] <= 1.0, key
+    assert 0.0 < metrics["rtd/replaced_fraction"] < 0.3  # ~15% masked, nearly all replaced at init
+
+
+def test_training_reduces_the_loss(tokens):
+    model = make_model(tokens, seed=2)
+    batch = make_batch(tokens, model.objectives[0], seed=4)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    losses = []
+    for _ in range(12):
+        loss, _ = model(batch)
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert np.mean(losses[-3:]) < 0.8 * np.mean(losses[:3]), losses
+
+
+# ----------------------------------------------------------------------------------------------
+# Export
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    chars = sorted(set("".join(WORDS)))
+    vocab = SPECIALS + WORDS + chars + [f"##{c}" for c in chars]
+    vocab += [f"[unused{i}]" for i in range(VOCAB - len(vocab))]
+    path = tmp_path_factory.mktemp("tokenizer")
+    transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(str(path))
+    return path
+
+
+@pytest.mark.parametrize("disentangled", [False, True])
+def test_export_matches_transformers(tokens, tokenizer_dir, tmp_path, disentangled):
+    model = make_model(tokens, randomize=True, disentangled=disentangled).eval()
+    out = export_electra(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    diffs = verify_electra_export(model, out, atol=1e-4)  # padded batch; raises on missing/unexpected keys
+    assert max(diffs.values()) <= 1e-4, diffs
+
+    disc_cfg = json.loads((out / "config.json").read_text())
+    gen_cfg = json.loads((out / "generator" / "config.json").read_text())
+    assert disc_cfg["architectures"] == ["ElectraForPreTraining"] and gen_cfg["architectures"] == ["ElectraForMaskedLM"]
+    assert (disc_cfg["embedding_size"], disc_cfg["hidden_size"]) == (48, 48)
+    assert (gen_cfg["embedding_size"], gen_cfg["hidden_size"], gen_cfg["num_attention_heads"]) == (48, 16, 1)
+    assert disc_cfg["hidden_act"] == gen_cfg["hidden_act"] == "gelu"
+    for where in (out, out / "generator"):
+        assert {"model.safetensors", "README.md", "tokenizer_config.json"} <= {p.name for p in where.iterdir()}
+    disc_card, gen_card = (out / "README.md").read_text(), (out / "generator" / "README.md").read_text()
+    assert "ElectraForPreTraining" in disc_card and "fill-mask" not in disc_card and "- electra\n" in disc_card
+    assert "ElectraForMaskedLM" in gen_card and "pipeline_tag: fill-mask" in gen_card and "789" in gen_card
+
+    # HF -> ours -> HF: the weight maps invert (delta recovered as the difference of the two word tables)
+    disc_sd, gen_sd = load_file(out / "model.safetensors"), load_file(out / "generator" / "model.safetensors")
+    assert "generator_lm_head.weight" not in gen_sd  # tied: transformers re-ties it on load
+    fresh = make_model(tokens, seed=9, disentangled=disentangled)
+    fresh.load_state_dict(from_hf_electra_state_dicts(disc_sd, gen_sd, fresh), strict=True)
+    again_disc, again_gen = to_hf_electra_state_dicts(fresh)
+    for ref, again in ((disc_sd, again_disc), (gen_sd, again_gen)):
+        assert ref.keys() == again.keys()
+        for name in ref:
+            assert torch.allclose(ref[name], again[name], atol=1e-6), name
+
+
+def test_fill_mask_on_the_generator_and_bert_export_refuses(tokens, tokenizer_dir, tmp_path):
+    from pretrain.export import export_pretrained
+
+    model = make_model(tokens).eval()
+    out = export_electra(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    fill = transformers.pipeline("fill-mask", model=str(out / "generator"))
+    assert len(fill(f"the people of the {fill.tokenizer.mask_token} states", top_k=3)) == 3
+    with pytest.raises(UserError, match="token-prediction"):  # the generator head is not a BERT MLM head
+        export_pretrained(model, tokens, tokenizer_dir, tmp_path / "bert", CARD)
+
+
+def test_stage_export_dispatches_on_rtd(tokens, tokenizer_dir, tmp_path, monkeypatch):
+    from pretrain import stages
+    from pretrain.config import build_config
+
+    cfg = build_config({"output_dir": str(tmp_path), "name": "electra", "objectives": {"rtd": {}}})
+    model = make_model(tokens).eval()
+    monkeypatch.setattr(stages, "load_checkpoint_model",
+                        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}))
+    demo_dir = stages.stage_export(tmp_path / "electra")
+    assert demo_dir == cfg.hf_dir / "generator"
+    assert json.loads((cfg.hf_dir / "config.json").read_text())["architectures"] == ["ElectraForPreTraining"]
