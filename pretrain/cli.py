@@ -132,6 +132,49 @@ def cmd_objectives(args) -> int:
     return 0
 
 
+def cmd_eval(args) -> int:
+    import json
+
+    from pretrain.evaluate import evaluate_mlm, format_eval
+
+    result = evaluate_mlm(Path(args.target), args.shards, args.corpus, args.max_samples, args.max_seq_len,
+                          args.batch_size)
+    print(format_eval(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    print(json.dumps(result))
+    return 0
+
+
+def cmd_finetune(args) -> int:
+    import json
+
+    from pretrain.finetune import finetune, format_finetune
+
+    seeds = list(range(1, args.seeds + 1)) if args.seed_list is None else args.seed_list
+    result = finetune(Path(args.model_dir), Path(args.task_dir), seeds, args.mode, args.epochs, args.lr,
+                      args.batch_size, args.max_seq_len, args.task_type, args.pooling, args.max_train,
+                      args.random_init)
+    print(format_finetune(result))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1))
+    return 0
+
+
+def cmd_ablate(args) -> int:
+    import shlex
+
+    from pretrain.ablate import load_ablation, print_commands, run_ablation
+
+    ablation = load_ablation(args.config, args.overrides)
+    if args.print_commands:
+        print("\n".join(print_commands(ablation)))
+        return 0
+    command = " ".join(shlex.quote(a) for a in ["pretrain", "ablate", args.config, *args.overrides])
+    run_ablation(ablation, command)
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -224,6 +267,59 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
     p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
     p.set_defaults(func=cmd_export)
+
+    p = sub.add_parser("eval", help="masked-token accuracy and perplexity of a checkpoint or exported model",
+                       formatter_class=fmt, description=textwrap.dedent("""\
+                           Score a run / checkpoint directory, or an exported HuggingFace directory, on held-out
+                           shards: BERT masking (15%, 80/10/10) drawn from a fixed seed, so every model sees the
+                           same masks. Perplexity = exp(mean cross-entropy over the masked tokens)."""))
+    p.add_argument("target", help="run directory, checkpoint directory, or exported HF directory")
+    p.add_argument("--shards", help="held-out shard directory built with the model's tokenizer")
+    p.add_argument("--corpus", nargs="+", help="held-out corpus file(s): shards are built with the model's "
+                   "tokenizer (cached beside the target)")
+    p.add_argument("--max-samples", type=int, default=0, help="evaluate at most N sequences (default: all)")
+    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
+    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: 32)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.set_defaults(func=cmd_eval)
+
+    p = sub.add_parser("finetune", help="downstream scores on a GLUE-format TSV task, over several seeds",
+                       formatter_class=fmt, description=textwrap.dedent("""\
+                           Fine-tune (--mode full) or linearly probe a frozen encoder (--mode probe) from a HF
+                           directory on TASK_DIR/train.tsv, score on TASK_DIR/dev.tsv. Columns: sentence, or
+                           sentence1 and sentence2; and label (ints/strings: classification; floats: regression).
+                           Reports accuracy (and MCC for two classes) or Pearson/Spearman, mean +- std over seeds."""))
+    p.add_argument("model_dir", help="exported HuggingFace directory (BERT, ELECTRA, any *ForSequenceClassification)")
+    p.add_argument("task_dir", help="directory with train.tsv and dev.tsv")
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds, 1..N (default: 3)")
+    p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
+    p.add_argument("--mode", default="full", choices=["full", "probe"], help="full fine-tuning, or a linear probe "
+                   "on frozen features (default: full)")
+    p.add_argument("--epochs", type=int, help="epochs (default: 3 full, 20 probe)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: 32 full, 64 probe)")
+    p.add_argument("--max-seq-len", type=int, default=128, help="truncate inputs to this many tokens (default: 128)")
+    p.add_argument("--task-type", default="auto", choices=["auto", "classification", "regression"],
+                   help="default: inferred from the labels")
+    p.add_argument("--pooling", default="mean", choices=["mean", "cls"], help="probe features (default: mean)")
+    p.add_argument("--max-train", type=int, default=0, help="use a fixed subset of N training examples (0 = all)")
+    p.add_argument("--random-init", action="store_true", help="same config, random weights (a no-pretraining "
+                   "baseline)")
+    p.add_argument("--json", help="also write the result to this JSON file")
+    p.set_defaults(func=cmd_finetune)
+
+    p = sub.add_parser("ablate", help="compare objectives at an equal budget: train, evaluate, report",
+                       formatter_class=fmt, description=textwrap.dedent("""\
+                           Train every arm of an ablation config (see configs/ablation-tiny.yaml) on the same
+                           tokenizer, shards, encoder and seed at a budget matched in tokens, FLOPs or time;
+                           export each, score it downstream, and write <output_dir>/report.md with plots.
+                           Re-running skips finished arms and resumes an interrupted one from its checkpoint.
+                           Overrides address the ablation file: budget.amount=1e6 run.train.lr=1e-3."""))
+    p.add_argument("config", help="ablation config file (or a preset name in configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the ablation config")
+    p.add_argument("--print-commands", action="store_true", help="write each arm's config and print launch "
+                   "commands for a cluster instead of running")
+    p.set_defaults(func=cmd_ablate)
 
     p = sub.add_parser("config", help="print the resolved config", formatter_class=fmt, epilog=_config_epilog())
     add_config_args(p)

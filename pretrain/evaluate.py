@@ -1,0 +1,134 @@
+"""`pretrain eval`: masked-token accuracy, loss and perplexity on held-out shards.
+
+The target is a run or checkpoint directory (our model, its tied token-prediction head) or an exported
+HuggingFace directory (`AutoModelForMaskedLM`; for an ELECTRA export, its generator). Masking is BERT's 15%
+80/10/10, drawn from a fixed seed per sample, so two models evaluated on the same shards see the very same
+masks and their numbers are comparable. Perplexity is exp(mean cross-entropy over masked tokens), i.e. a
+masked-LM pseudo-perplexity, not a left-to-right one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from objectives.base import IGNORE_INDEX
+from pretrain.errors import UserError
+
+EVAL_SEED = 20240607  # fixed, independent of any run's seed: every model is scored on the same masks
+
+
+def _is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and not (path / "trainer_state.json").is_file()
+
+
+def load_target(target: Path) -> tuple[Callable, Path, str]:
+    """(logits_fn(input_ids, token_type_ids, attention_mask) -> [B, L, V], tokenizer dir, description)."""
+    target = Path(target)
+    if not target.exists():
+        raise UserError(f"'{target}' not found: expected a run, checkpoint or exported HuggingFace directory")
+    if _is_hf_dir(target):
+        from transformers import AutoConfig, AutoModelForMaskedLM
+
+        config = json.loads((target / "config.json").read_text())
+        model_dir = target
+        # An ELECTRA export keeps the discriminator at the top and the masked-LM generator below it
+        if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():
+            model_dir = target / "generator"
+        try:
+            AutoConfig.from_pretrained(str(model_dir))
+            model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+        except (OSError, ValueError) as err:
+            raise UserError(f"{model_dir}: cannot load a masked-LM model with transformers ({err})") from None
+
+        def logits_fn(ids, types, mask):
+            return model(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).logits
+
+        return logits_fn, target, f"{model_dir} ({type(model).__name__})"
+
+    from pretrain.export import lm_head_name
+    from pretrain.stages import load_checkpoint_model
+
+    cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
+    head = model.get_submodule(lm_head_name(model))  # raises a UserError without a token-prediction head
+
+    def logits_fn(ids, types, mask):
+        return head(model.encoder(ids, types, mask))
+
+    return logits_fn, tokenizer_dir, f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})"
+
+
+def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path) -> Path:
+    """Held-out shards: given, or built once from `corpus` with the model's tokenizer (cached by content)."""
+    if shards:
+        return Path(shards)
+    if not corpus:
+        raise UserError("give held-out data: --shards DIR (built with the model's tokenizer) or --corpus FILE")
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.shards import build_shards
+    from data_pipeline.tokenizer import tokenizer_hash
+
+    files = expand_inputs(corpus)
+    key = hashlib.sha256(json.dumps([sorted(map(str, files)), tokenizer_hash(tokenizer_dir)]).encode()).hexdigest()
+    out = cache_root / f"eval-shards-{key[:12]}"
+    build_shards(files, tokenizer_dir, out, num_workers=0)  # a cache hit when it exists
+    return out
+
+
+@torch.no_grad()
+def evaluate_mlm(target: Path, shards: str | None = None, corpus: list[str] | None = None,
+                 max_samples: int = 0, max_seq_len: int = 128, batch_size: int = 32,
+                 mask_prob: float = 0.15, seed: int = EVAL_SEED) -> dict:
+    """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards."""
+    from data_pipeline.loader import collate
+    from data_pipeline.samples import PackedSequences
+    from data_pipeline.shards import ShardSet
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+    from objectives.mlm import MaskedLM, MLMOptions
+
+    torch.manual_seed(seed)
+    logits_fn, tokenizer_dir, description = load_target(target)
+    cache_root = Path(target) if not _is_hf_dir(Path(target)) else Path(target).parent
+    shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
+    tokens = special_tokens(load_tokenizer(tokenizer_dir))
+    shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
+    samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep)
+    n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
+    if n == 0:
+        raise UserError(f"{shard_dir}: no samples of {max_seq_len} tokens to evaluate on")
+    masker = MaskedLM(MLMOptions(mask_prob=mask_prob), tokens)
+
+    total_loss, correct, count = 0.0, 0, 0
+    for start in tqdm(range(0, n, batch_size), desc="eval", unit="batch", file=sys.stderr, mininterval=1.0):
+        # mask of sample i depends only on (seed, i): the same for every model and batch size
+        batch = collate([masker.prepare(dict(samples[i]), np.random.default_rng([seed, i]))
+                         for i in range(start, min(start + batch_size, n))], tokens.pad, masker.pad_values)
+        labels = batch["mlm_labels"]
+        logits = logits_fn(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        selected = labels != IGNORE_INDEX
+        logits, targets = logits[selected], labels[selected]
+        total_loss += float(F.cross_entropy(logits, targets, reduction="sum"))
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += int(targets.numel())
+    loss = total_loss / max(count, 1)
+    return {"target": str(target), "model": description, "shards": str(shard_dir), "samples": n,
+            "masked_tokens": count, "accuracy": correct / max(count, 1), "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)), "mask_prob": mask_prob, "seed": seed}
+
+
+def format_eval(result: dict) -> str:
+    rows = [("model", result["model"]), ("shards", result["shards"]),
+            ("samples", f"{result['samples']:,} ({result['masked_tokens']:,} masked tokens)"),
+            ("masked-token accuracy", f"{result['accuracy']:.4f}"), ("loss (mean CE)", f"{result['loss']:.4f}"),
+            ("perplexity", f"{result['perplexity']:.2f}")]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

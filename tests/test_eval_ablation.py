@@ -1,0 +1,192 @@
+"""Evaluation, downstream fine-tuning and the ablation runner, on tiny data made here.
+
+The end-to-end ablation (slow) trains two pretrained arms and the no-pretraining baseline through the CLI
+(each arm in its own `pretrain train` process), exports, probes a tiny sentence-pair task, writes the
+report, and is then re-run to check that finished arms are skipped.
+"""
+
+import json
+import math
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain.errors import UserError
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
+WORDS = ("river stone cloud apple night music paper window garden silver engine forest letter market bridge "
+         "candle winter summer doctor island").split()
+
+
+def make_pair_task(directory: Path, n_train: int = 48, n_dev: int = 24, seed: int = 0) -> Path:
+    """Do two short sentences share a word? Label 1 if they do (half the examples), 0 otherwise."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        rows = ["sentence1\tsentence2\tlabel"]
+        for i in range(n):
+            a = rng.sample(WORDS, 3)
+            rest = [w for w in WORDS if w not in a]
+            b = rng.sample(rest, 3)
+            if i % 2:
+                b[rng.randrange(3)] = rng.choice(a)
+            rows.append(f"the {' '.join(a)} .\tthe {' '.join(b)} .\t{i % 2}")
+        (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return directory
+
+
+def pretrain(*args, cwd, check_rc=0):
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
+    env.pop("RANK", None)
+    proc = subprocess.run([sys.executable, "-m", "pretrain.cli", *map(str, args)], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+    if check_rc is not None:
+        assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-4000:]}"
+    return proc
+
+
+def ablation_args(tmp: Path, corpus: Path, task: Path, *extra) -> list[str]:
+    import objectives
+
+    arms = "{mlm: {objectives: {mlm: {}}}, none: {pretrain: false}"
+    if "span" in objectives.REGISTRY:  # a third arm with another objective, when it is there
+        arms += ", span: {objectives: {span: {}}}"
+    arms += "}"
+    return ["ablate", ROOT / "configs" / "ablation-tiny.yaml", f"output_dir={tmp / 'abl'}",
+            f"run.data.corpus=[{corpus}]", f"eval.tasks=[{task}]", f"arms={arms}", "budget.amount=1536",
+            "eval.epochs=3", "launch.threads=1", *extra]
+
+
+@pytest.fixture(scope="module")
+def ablation(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("ablation")
+    corpus = tmp / "corpus.jsonl"
+    corpus.write_text("\n".join(CORPUS.read_text().splitlines()[:20]) + "\n")
+    task = make_pair_task(tmp / "pairs")
+    proc = pretrain(*ablation_args(tmp, corpus, task), cwd=ROOT)
+    return {"dir": tmp / "abl", "corpus": corpus, "task": task, "proc": proc, "tmp": tmp}
+
+
+@pytest.mark.slow
+def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
+    out = ablation["dir"]
+    results = json.loads((out / "results.json").read_text())
+    trained = {k: v for k, v in results.items() if v["pretraining"]["steps"]}
+    assert "none" in results and results["none"]["pretraining"]["tokens_seen"] == 0
+    assert set(trained) >= {"mlm"}
+    # budget kind tokens: every pretrained arm ran the same steps and consumed the same tokens
+    assert {v["pretraining"]["steps"] for v in trained.values()} == {1536 // (8 * 64)}
+    assert len({v["pretraining"]["token_slots"] for v in trained.values()}) == 1
+    assert len({v["pretraining"]["tokens_seen"] for v in trained.values()}) == 1  # packed arms: same samples
+    for name, v in results.items():
+        (ds,) = v["downstream"].values()
+        assert ds["pair"] and len(ds["per_seed"]) == 2 and 0 <= ds["summary"]["accuracy"]["mean"] <= 1
+        assert (out / "arms" / name / "hf" / "config.json").is_file()
+        assert (out / "configs" / f"{name}.yaml").is_file()
+    report = (out / "report.md").read_text()
+    assert report.startswith("# ") and "pretrain ablate" in report and "What this budget can and cannot show" in report
+    assert "| mlm |" in report and "| none |" in report and " ± " in report
+    for png in ("loss_curves.png", "downstream.png"):
+        assert (out / png).read_bytes()[:4] == b"\x89PNG"
+
+    # the same command again: nothing retrained or re-evaluated, fast
+    again = pretrain(*ablation_args(ablation["tmp"], ablation["corpus"], ablation["task"]), cwd=ROOT)
+    assert again.stdout.count("finished earlier, skipped") == len(results)
+    assert "training (" not in again.stdout
+
+
+@pytest.mark.slow
+def test_flops_budget_is_equal_within_one_step(ablation):
+    from pretrain.ablate import apply_budget, load_ablation, measure_step_flops
+
+    tmp = ablation["tmp"]
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"),
+                       [str(a) for a in ablation_args(tmp, ablation["corpus"], ablation["task"],
+                                                      "budget.kind=flops", "budget.amount=2e10")[2:]])
+    spent, per_step = {}, {}
+    for arm in ab.arms:
+        if arm.pretrain:
+            plan = apply_budget(ab, arm, measure_step_flops(arm.cfg))  # reuses the data built by the fixture
+            spent[arm.name] = plan["max_steps"] * plan["flops_per_step"]
+            per_step[arm.name] = plan["flops_per_step"]
+            assert spent[arm.name] <= 2e10 < spent[arm.name] + per_step[arm.name]
+    assert max(spent.values()) - min(spent.values()) <= max(per_step.values())
+
+
+@pytest.mark.slow
+def test_eval_on_a_run_gives_accuracy_and_perplexity(ablation):
+    run = ablation["dir"] / "arms" / "mlm"
+    proc = pretrain("eval", run, "--corpus", ablation["corpus"], "--max-samples", 8, "--max-seq-len", 64, cwd=ROOT)
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert 0 <= result["accuracy"] <= 1 and math.isfinite(result["perplexity"]) and result["masked_tokens"] > 0
+    assert "perplexity" in proc.stdout
+    # the exported directory, scored on the same shards with the same masks, gives the same numbers
+    from pretrain.evaluate import evaluate_mlm
+
+    exported = evaluate_mlm(run / "hf", shards=result["shards"], max_samples=8, max_seq_len=64)
+    assert exported["masked_tokens"] == result["masked_tokens"]
+    assert exported["loss"] == pytest.approx(result["loss"], rel=1e-3)
+
+
+@pytest.mark.slow
+def test_finetune_pair_task_two_seeds(ablation, capsys):
+    from pretrain.cli import main
+    from pretrain.finetune import finetune
+
+    model = ablation["dir"] / "arms" / "none" / "hf"
+    result = finetune(model, ablation["task"], [1, 2], mode="full", epochs=1, batch_size=16, max_seq_len=32)
+    assert result["pair"] and result["kind"] == "classification" and len(result["per_seed"]) == 2
+    for metric in ("accuracy", "mcc"):
+        assert set(result["summary"][metric]) == {"mean", "std"} and result["summary"][metric]["std"] >= 0
+    assert main(["finetune", str(model), str(ablation["task"]), "--seeds", "2", "--mode", "probe", "--epochs", "2"]) == 0
+    printed = capsys.readouterr().out
+    assert "accuracy" in printed and "+-" in printed and "seeds [1, 2]" in printed
+
+
+def test_malformed_tsv_names_file_and_line(tmp_path):
+    from pretrain.finetune import load_task
+
+    task = make_pair_task(tmp_path / "t", n_train=4, n_dev=2)
+    lines = (task / "train.tsv").read_text().splitlines()
+    lines[2] = "only one field"
+    (task / "train.tsv").write_text("\n".join(lines) + "\n")
+    with pytest.raises(UserError, match=r"train\.tsv:3: 1 tab-separated field"):
+        load_task(task)
+
+
+def test_label_types_and_metrics(tmp_path):
+    from pretrain.finetune import load_task, matthews_corr, task_metrics
+
+    d = tmp_path / "reg"
+    d.mkdir()
+    for split in ("train", "dev"):
+        (d / f"{split}.tsv").write_text("sentence\tlabel\na b\t0.5\nc d\t1.25\ne f\t3\n")
+    task = load_task(d)
+    assert task.kind == "regression" and not task.pair
+    import numpy as np
+
+    m = task_metrics(task, np.array([0.4, 1.3, 2.9]), np.array([0.5, 1.25, 3.0]))
+    assert m["pearson"] > 0.99 and m["spearman"] == pytest.approx(1.0)
+    assert matthews_corr(np.array([1, 0, 1, 0]), np.array([1, 0, 1, 0])) == pytest.approx(1.0)
+    assert matthews_corr(np.array([1, 0, 1, 0]), np.array([1, 1, 1, 1])) == 0.0
+
+
+def test_ablation_config_errors_name_the_key(tmp_path):
+    from pretrain.ablate import load_ablation
+    from pretrain.errors import ConfigError
+
+    cfg = str(ROOT / "configs" / "ablation-tiny.yaml")
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    with pytest.raises(ConfigError, match="budget.kind"):
+        load_ablation(cfg, [task, "budget.kind=steps"])
+    with pytest.raises(ConfigError, match="arms.mlm.*train.lrr"):
+        load_ablation(cfg, [task, "arms.mlm.train.lrr=1"])
+    with pytest.raises(ConfigError, match="not the encoder"):
+        load_ablation(cfg, [task, "arms.mlm.model.hidden_size=128"])
+    with pytest.raises(ConfigError, match="eval.tasks.*nowhere"):
+        load_ablation(cfg, ["eval.tasks=[nowhere]"])
