@@ -86,6 +86,28 @@ class ModelConfig:
     """Std of the normal initialisation of weights."""
     pad_token_id: int = 0
     """Id of [PAD]; set from the tokenizer."""
+    norm_placement: str = "post"
+    """post (BERT: LayerNorm after each residual) or pre (LayerNorm before each sublayer, plus a final one)."""
+    position_embedding: str = "learned"
+    """learned absolute positions (BERT) or rope (rotary, applied to queries and keys)."""
+    rope_theta: float = 10000.0
+    """RoPE base."""
+    activation: str = "gelu"
+    """Feed-forward activation: gelu, or geglu (gated; the input projection is twice as wide)."""
+    use_bias: bool = True
+    """Biases in linear layers and LayerNorms (ModernBERT drops them)."""
+    embedding_size: int = 0
+    """ALBERT's factorized embeddings: token embeddings of this width projected up to hidden_size (0 = hidden_size)."""
+    share_layers: bool = False
+    """ALBERT's cross-layer parameter sharing: one set of layer weights applied num_layers times."""
+    unpadded: bool = False
+    """Run the encoder on the real tokens only (variable-length packing with cumulative lengths), no compute on padding."""
+    compile: bool = False
+    """torch.compile the encoder."""
+    activation_checkpointing: bool = False
+    """Recompute each layer's activations in the backward pass to save memory."""
+    init_from: str = ""
+    """A local HuggingFace checkpoint directory (bert, roberta, albert, electra, modernbert) to start from."""
 
 
 @dataclass
@@ -363,6 +385,9 @@ def _check_values(cfg: RunConfig) -> None:
         "data.on_bad_document": (cfg.data.on_bad_document, ("skip", "error")),
         "wandb.mode": (cfg.wandb.mode, ("offline", "online", "disabled")),
         "train.optimizer": (cfg.train.optimizer, ("adamw", "lamb")),
+        "model.norm_placement": (cfg.model.norm_placement, ("post", "pre")),
+        "model.position_embedding": (cfg.model.position_embedding, ("learned", "rope")),
+        "model.activation": (cfg.model.activation, ("gelu", "geglu")),
         "train.nan_policy": (cfg.train.nan_policy, ("skip", "stop")),
     }
     for key, (value, allowed) in choices.items():
