@@ -1,7 +1,14 @@
-"""Streaming corpus readers: JSON Lines (optionally gzipped) and blank-line-separated plain text.
+"""Streaming corpus readers: JSON Lines and plain text (optionally gzip or zstd), Parquet, Arrow and
+directories written by `datasets.Dataset.save_to_disk`.
 
-Files are read as bytes and decoded line by line, so one bad line is reported (or skipped) with its
-file:line instead of failing a whole file, and no file is ever held in memory at once.
+Nothing is ever held in memory whole:
+- line formats are read with a bounded `readline`, so a document is at most `max_document_bytes` in memory,
+  even a 100 MB line with no newline (its excess is read in fixed blocks and thrown away);
+- Parquet is read one record batch of the text column at a time;
+- Arrow files (datasets' on-disk format) are memory-mapped and read one record batch at a time.
+
+One bad record is reported (or skipped and counted) with its file:line, or file:row for columnar files,
+instead of failing a whole file.
 """
 
 from __future__ import annotations
@@ -9,6 +16,8 @@ from __future__ import annotations
 import collections
 import glob
 import gzip
+import io
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -17,8 +26,20 @@ from typing import BinaryIO, Iterable, Iterator
 
 from pretrain.errors import DataError
 
-CORPUS_SUFFIXES = (".jsonl", ".json", ".jsonl.gz", ".txt")
+COMPRESSION = (".gz", ".zst", ".zstd")
+LINE_SUFFIXES = (".jsonl", ".json", ".txt")
+COLUMNAR_SUFFIXES = (".parquet", ".arrow")
+# A bare ".zst" is read as JSON Lines: that is what compressed dumps (the Pile, RedPajama...) contain.
+CORPUS_SUFFIXES = (LINE_SUFFIXES + tuple(s + c for s in LINE_SUFFIXES for c in COMPRESSION)
+                   + COLUMNAR_SUFFIXES + (".zst",))
 ON_BAD = ("skip", "error")
+DEFAULT_MAX_DOCUMENT_BYTES = 16 << 20
+"""A longer document is almost always a dump (logs, base64, a table) rather than prose, and tokenizing
+it holds ~100 bytes per token in a shard worker; 16 MiB still admits whole books."""
+
+_BLOCK = 1 << 20  # bytes read at a time when discarding the rest of an over-long line
+_BATCH_ROWS = 1024  # Parquet rows per record batch: bounded memory, little per-batch overhead
+DATASET_MARKERS = ("state.json", "dataset_info.json")
 
 
 @dataclass
@@ -27,7 +48,15 @@ class Document:
     source: str
     """Path of the file it came from."""
     line: int
-    """1-based line of the JSON Lines record, or the first line of a plain-text document."""
+    """1-based line of the JSON Lines record, first line of a plain-text document, or 1-based row of a
+    Parquet/Arrow table."""
+
+
+# ---------------------------------------------------------------------------------------------- inputs
+
+def is_dataset_dir(path: Path) -> bool:
+    """A directory written by `Dataset.save_to_disk` (state.json + dataset_info.json + *.arrow)."""
+    return path.is_dir() and all((path / m).is_file() for m in DATASET_MARKERS)
 
 
 def _is_corpus_file(path: Path) -> bool:
@@ -35,7 +64,11 @@ def _is_corpus_file(path: Path) -> bool:
 
 
 def expand_inputs(paths: Iterable[str]) -> list[Path]:
-    """Files named by `paths` (files, directories searched recursively, or globs): sorted and unique."""
+    """Inputs named by `paths` (files, directories searched recursively, or globs): sorted and unique.
+
+    A `datasets` save_to_disk directory is one input (read through its state.json), never its arrow
+    files one by one.
+    """
     paths = [str(p) for p in paths]
     found: set[Path] = set()
     for entry in paths:
@@ -51,38 +84,150 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
                 raise DataError(f"corpus path '{entry}' not found")
             found.update(_files_under(p) if p.is_dir() else [p])
     if not found:
-        raise DataError(f"no corpus files ({', '.join('*' + s for s in CORPUS_SUFFIXES)}) found in: "
-                        f"{', '.join(paths) or '(no inputs)'}")
+        raise DataError(f"no corpus files ({', '.join('*' + s for s in CORPUS_SUFFIXES)} or a datasets "
+                        f"save_to_disk directory) found in: {', '.join(paths) or '(no inputs)'}")
     return sorted(found)
 
 
 def _files_under(directory: Path) -> list[Path]:
-    return [p for p in directory.rglob("*") if _is_corpus_file(p)]
+    if (directory / "dataset_dict.json").is_file():
+        splits = sorted(p.name for p in directory.iterdir() if is_dataset_dir(p))
+        raise DataError(f"{directory} is a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); name one "
+                        f"split directory, e.g. {directory / (splits[0] if splits else 'train')}")
+    if is_dataset_dir(directory):
+        return [directory]
+    out: list[Path] = []
+    for root, dirs, files in os.walk(directory):
+        here = Path(root)
+        for d in dirs:
+            if (here / d / "dataset_dict.json").is_file():
+                _files_under(here / d)  # raises: which split to read is the user's choice
+        # A dataset directory below is one input: do not descend into it and pick up its arrow files.
+        datasets_here = [d for d in dirs if is_dataset_dir(here / d)]
+        out += [here / d for d in datasets_here]
+        dirs[:] = sorted(d for d in dirs if d not in datasets_here)
+        out += [here / f for f in files if _is_corpus_file(here / f)]
+    return out
 
 
-def _open_binary(path: Path) -> BinaryIO:
-    return gzip.open(path, "rb") if path.name.endswith(".gz") else open(path, "rb")
+def input_fingerprint(path: Path) -> list:
+    """[path, bytes, mtime_ns] of an input (for a dataset directory, of each of its arrow files): what a
+    cache of anything derived from the corpus is keyed on."""
+    files = _dataset_arrow_files(path) if path.is_dir() else [path]
+    return [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
 
 
-def _is_jsonl(path: Path) -> bool:
-    # .json is read as JSON Lines too: one object per line (a single top-level array is not supported).
-    return path.name.endswith((".jsonl", ".json", ".jsonl.gz", ".json.gz"))
-
+# ---------------------------------------------------------------------------------------------- documents
 
 def iter_documents(paths: Iterable[str], text_field: str = "text", on_bad: str = "skip",
-                   skipped: collections.Counter | None = None) -> Iterator[Document]:
-    """Documents of every corpus file, in `expand_inputs` order.
+                   skipped: collections.Counter | None = None,
+                   max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Document]:
+    """Documents of every input, in `expand_inputs` order.
 
-    Bad input (invalid UTF-8 or JSON, a record without `text_field`) raises DataError naming file:line when
-    on_bad="error" and is counted in `skipped[reason]` when on_bad="skip". Empty documents are always
-    skipped and counted as "empty".
+    Bad input (invalid UTF-8 or JSON, a record without `text_field`, a document over `max_document_bytes`)
+    raises DataError naming file:line when on_bad="error" and is counted in `skipped[reason]` when
+    on_bad="skip". Empty documents are always skipped and counted as "empty". A Parquet/Arrow input without
+    a `text_field` column is always an error: the whole file would be skipped.
     """
     if on_bad not in ON_BAD:
         raise DataError(f"on_bad_document: '{on_bad}' is not one of {', '.join(ON_BAD)}")
+    if max_document_bytes < 1:
+        raise DataError(f"max_document_bytes must be >= 1, got {max_document_bytes}")
     skipped = collections.Counter() if skipped is None else skipped
     for path in expand_inputs(paths):
-        reader = _iter_jsonl if _is_jsonl(path) else _iter_text
-        yield from reader(path, text_field, on_bad, skipped)
+        yield from _reader_for(path)(path, text_field, on_bad, skipped, max_document_bytes)
+
+
+def iter_documents_sample(paths: Iterable[str], max_docs: int, **kwargs) -> Iterator[Document]:
+    """About `max_docs` documents spread over every input: the first ceil(max_docs / inputs) of each.
+
+    A corpus is often several sources in sorted files; a plain prefix would see only the first of them.
+    Each input is opened in turn and read only as far as its quota, so this stays cheap on a huge corpus.
+    """
+    files = expand_inputs(paths)
+    quota = -(-max_docs // len(files))
+    count = 0
+    for path in files:
+        take = min(quota, max_docs - count)
+        if take <= 0:
+            return
+        for doc in itertools.islice(iter_documents([str(path)], **kwargs), take):
+            count += 1
+            yield doc
+
+
+def _reader_for(path: Path):
+    if path.is_dir():
+        return _iter_dataset_dir
+    name = path.name
+    if name.endswith(".parquet"):
+        return _iter_parquet
+    if name.endswith(".arrow"):
+        return _iter_arrow
+    inner = name
+    for c in COMPRESSION:
+        if inner.endswith(c):
+            inner = inner[: -len(c)]
+            break
+    return _iter_text if inner.endswith(".txt") else _iter_jsonl  # .json, .jsonl, and a bare .zst
+
+
+def _open_binary(path: Path) -> BinaryIO:
+    if path.name.endswith(".gz"):
+        return gzip.open(path, "rb")
+    if path.name.endswith((".zst", ".zstd")):
+        try:
+            import zstandard
+        except ImportError:
+            raise DataError(f"{path}: reading .zst needs the 'zstandard' package (pip install zstandard)") from None
+        # BufferedReader gives readline(limit) on top of the raw decompressing reader.
+        return io.BufferedReader(_ZstdRaw(path, zstandard), _BLOCK)
+    return open(path, "rb")
+
+
+class _ZstdRaw(io.RawIOBase):
+    """Streaming zstd decompression that notices a truncated file.
+
+    zstandard's own stream_reader ends quietly at a cut-off frame, which would silently drop the rest of a
+    corpus file; here, input ending inside a frame raises EOFError. Concatenated frames are read in turn.
+    """
+
+    def __init__(self, path: Path, zstandard):
+        super().__init__()
+        self._zstd = zstandard
+        self._file = open(path, "rb")
+        self._dec = zstandard.ZstdDecompressor().decompressobj()
+        self._out = memoryview(b"")
+        self._in_frame = False  # input consumed since the last complete frame
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, buffer) -> int:
+        while not len(self._out):
+            if self._dec.eof:  # a frame ended: the rest of the input starts the next one
+                rest = self._dec.unused_data
+                self._dec = self._zstd.ZstdDecompressor().decompressobj()
+                self._in_frame = False
+                if rest:
+                    self._in_frame = True
+                    self._out = memoryview(self._dec.decompress(rest))
+                    continue
+            chunk = self._file.read(1 << 17)
+            if not chunk:
+                if self._in_frame and not self._dec.eof:
+                    raise EOFError("compressed data ends inside a zstd frame")
+                return 0
+            self._in_frame = True
+            self._out = memoryview(self._dec.decompress(chunk))
+        n = min(len(buffer), len(self._out))
+        buffer[:n] = self._out[:n]
+        self._out = self._out[n:]
+        return n
+
+    def close(self) -> None:
+        self._file.close()
+        super().close()
 
 
 def _bad(reason: str, message: str, on_bad: str, skipped: collections.Counter) -> None:
@@ -100,12 +245,42 @@ def _decode(raw: bytes, where: str, on_bad: str, skipped: collections.Counter) -
         return None
 
 
-def _iter_jsonl(path: Path, text_field: str, on_bad: str, skipped: collections.Counter) -> Iterator[Document]:
+def _too_long(where: str, size: str, limit: int, on_bad: str, skipped: collections.Counter) -> None:
+    _bad("too_long", f"{where}: document of {size} exceeds max_document_bytes={limit} "
+         f"(raise data.max_document_bytes, or on_bad_document=skip skips it)", on_bad, skipped)
+
+
+def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
+    """(1-based line number, bytes) of each line, or (line number, size) for a line longer than `limit`.
+
+    An over-long line is consumed in blocks and never held whole: memory stays O(limit).
+    """
+    for lineno in itertools.count(1):
+        raw = f.readline(limit + 1)
+        if not raw:
+            return
+        if len(raw) <= limit or raw.endswith(b"\n") and len(raw) == limit + 1:
+            yield lineno, raw
+            continue
+        size = len(raw)
+        while not raw.endswith(b"\n"):
+            raw = f.readline(_BLOCK)
+            if not raw:
+                break
+            size += len(raw)
+        yield lineno, size
+
+
+def _iter_jsonl(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
+                limit: int) -> Iterator[Document]:
     with _open_binary(path) as f:
-        for lineno, raw in enumerate(f, 1):
+        for lineno, raw in _read_guarded(path, _lines(f, limit)):
+            where = f"{path}:{lineno}"
+            if isinstance(raw, int):
+                _too_long(where, f"{raw} bytes (one line)", limit, on_bad, skipped)
+                continue
             if not raw.strip():
                 continue  # blank lines are not records
-            where = f"{path}:{lineno}"
             line = _decode(raw, where, on_bad, skipped)
             if line is None:
                 continue
@@ -130,27 +305,163 @@ def _iter_jsonl(path: Path, text_field: str, on_bad: str, skipped: collections.C
             yield Document(text, str(path), lineno)
 
 
-def _iter_text(path: Path, text_field: str, on_bad: str, skipped: collections.Counter) -> Iterator[Document]:
-    """Plain text: a document is a run of non-blank lines; a line of bad UTF-8 drops its whole document."""
+def _read_guarded(path: Path, lines: Iterator) -> Iterator:
+    """`lines`, with a corrupt compressed stream reported as a DataError naming the file (never skipped:
+    everything after the damage is lost, which a count would hide)."""
+    lineno = 0
+    try:
+        for item in lines:
+            lineno = item[0]
+            yield item
+    except (EOFError, OSError, gzip.BadGzipFile) as e:
+        raise DataError(f"{path}: cannot decompress after line {lineno} ({e}); the file is truncated or "
+                        f"corrupt") from e
+    except Exception as e:  # zstandard.ZstdError does not derive from OSError
+        if type(e).__module__.startswith("zstandard") or type(e).__name__ == "ZstdError":
+            raise DataError(f"{path}: cannot decompress after line {lineno} ({e}); the file is truncated or "
+                            f"corrupt") from e
+        raise
+
+
+def _iter_text(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
+               limit: int) -> Iterator[Document]:
+    """Plain text: a document is a run of non-blank lines; a line of bad UTF-8 drops its whole document,
+    and so does reaching `limit` bytes (counted once per document)."""
     lines: list[str] = []
     first = 0
+    size = 0
     bad = False
     with _open_binary(path) as f:
-        for lineno, raw in enumerate(f, 1):
-            if not raw.strip():
+        for lineno, raw in _read_guarded(path, _lines(f, limit)):
+            if not isinstance(raw, int) and not raw.strip():
                 if lines and not bad:
                     yield Document("".join(lines).rstrip("\r\n"), str(path), first)
-                lines, bad = [], False
+                lines, bad, size = [], False, 0
                 continue
             if not lines and not bad:
                 first = lineno
+            if bad:
+                continue
+            size += raw if isinstance(raw, int) else len(raw)
+            if size > limit:
+                _too_long(f"{path}:{first}", f"more than {limit} bytes (lines {first}-{lineno} and on)",
+                          limit, on_bad, skipped)
+                lines, bad = [], True
+                continue
             line = _decode(raw, f"{path}:{lineno}", on_bad, skipped)
             if line is None:
-                bad = True
-            elif not bad:
+                lines, bad = [], True
+            else:
                 lines.append(line)
     if lines and not bad:
         yield Document("".join(lines).rstrip("\r\n"), str(path), first)
+
+
+# ---------------------------------------------------------------------------------------------- columnar
+
+def _text_column(path: Path, schema, text_field: str):
+    """Index of `text_field` in an Arrow schema; a missing or non-text column is a DataError."""
+    import pyarrow as pa
+
+    if text_field not in schema.names:
+        raise DataError(f"{path}: no column '{text_field}' (columns: {', '.join(schema.names) or 'none'}); "
+                        f"set data.text_field")
+    typ = schema.field(text_field).type
+    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
+            or pa.types.is_large_binary(typ) or getattr(pa.types, "is_string_view", lambda t: False)(typ)):
+        raise DataError(f"{path}: column '{text_field}' is {typ}, not text; set data.text_field")
+    return schema.get_field_index(text_field)
+
+
+def _rows(path: Path, batches: Iterable, text_field: str, on_bad: str, skipped: collections.Counter,
+          limit: int, first_row: int = 1) -> Iterator[Document]:
+    """Documents of an iterable of single-column record batches; row numbers start at `first_row`."""
+    row = first_row - 1
+    for batch in batches:
+        for value in batch.column(0).to_pylist():
+            row += 1
+            where = f"{path}: row {row}"
+            if value is None:
+                _bad("missing_field", f"{where}: '{text_field}' is null", on_bad, skipped)
+                continue
+            if isinstance(value, bytes):  # binary columns: decode (and report) like a line
+                if len(value) > limit:
+                    _too_long(where, f"{len(value)} bytes", limit, on_bad, skipped)
+                    continue
+                value = _decode(value, where, on_bad, skipped)
+                if value is None:
+                    continue
+            elif len(value) > limit // 4 and len(value.encode("utf-8")) > limit:  # chars <= bytes <= 4 * chars
+                _too_long(where, f"{len(value.encode('utf-8'))} bytes", limit, on_bad, skipped)
+                continue
+            if not value.strip():
+                skipped["empty"] += 1
+                continue
+            yield Document(value, str(path), row)
+
+
+def _iter_parquet(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
+                  limit: int) -> Iterator[Document]:
+    import pyarrow.parquet as pq
+
+    try:
+        pf = pq.ParquetFile(path, memory_map=True)
+    except Exception as e:  # pyarrow raises ArrowInvalid/OSError for anything that is not Parquet
+        raise DataError(f"{path}: not a readable Parquet file ({e})") from e
+    _text_column(path, pf.schema_arrow, text_field)
+    try:
+        yield from _rows(path, pf.iter_batches(batch_size=_BATCH_ROWS, columns=[text_field]), text_field, on_bad,
+                         skipped, limit)
+    except OSError as e:  # pyarrow errors derive from it: a corrupt page mid-file
+        raise DataError(f"{path}: cannot read ({e}); the file is truncated or corrupt") from e
+
+
+def _arrow_batches(path: Path, text_field: str):
+    """Memory-mapped record batches of the text column of an Arrow IPC file (stream or file format)."""
+    import pyarrow as pa
+
+    source = pa.memory_map(str(path))
+    try:
+        reader = pa.ipc.open_stream(source)  # datasets writes the streaming format
+    except pa.ArrowInvalid:
+        source.seek(0)
+        try:
+            f = pa.ipc.open_file(source)
+        except pa.ArrowInvalid as e:
+            raise DataError(f"{path}: not an Arrow IPC file ({e})") from e
+        reader = (f.get_batch(i) for i in range(f.num_record_batches))
+        schema = f.schema
+    else:
+        schema = reader.schema
+    index = _text_column(path, schema, text_field)
+    try:
+        for batch in reader:
+            yield batch.select([index])  # zero-copy: other columns are never touched
+    except OSError as e:
+        raise DataError(f"{path}: cannot read ({e}); the file is truncated or corrupt") from e
+
+
+def _iter_arrow(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
+                limit: int) -> Iterator[Document]:
+    yield from _rows(path, _arrow_batches(path, text_field), text_field, on_bad, skipped, limit)
+
+
+def _dataset_arrow_files(directory: Path) -> list[Path]:
+    try:
+        state = json.loads((directory / "state.json").read_text())
+        files = [directory / f["filename"] for f in state["_data_files"]]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise DataError(f"{directory / 'state.json'}: not a datasets save_to_disk state ({e})") from e
+    for f in files:
+        if not f.is_file():
+            raise DataError(f"{directory}: state.json lists {f.name}, which is missing")
+    return files
+
+
+def _iter_dataset_dir(directory: Path, text_field: str, on_bad: str, skipped: collections.Counter,
+                      limit: int) -> Iterator[Document]:
+    for f in _dataset_arrow_files(directory):
+        yield from _iter_arrow(f, text_field, on_bad, skipped, limit)
 
 
 def describe_inputs(paths: Iterable[str]) -> str:

@@ -1,9 +1,15 @@
-"""Training samples from shards: RoBERTa FULL-SENTENCES packing.
+"""Training samples from shards: RoBERTa FULL-SENTENCES and DOC-SENTENCES packing.
 
-The stream is every document followed by one [SEP], in shard order. Sample i is
+FULL-SENTENCES (`PackedSequences`, builder "packed", data.packing=full_sentences): the stream is every document followed by one [SEP], in shard order. Sample i is
 [CLS] + stream[i*C : (i+1)*C] + [SEP] with C = max_seq_len - 2, so a sample may span documents and every
 corpus token is seen exactly once per epoch. A final partial chunk shorter than max_seq_len // 4 is
 dropped. Random access is O(log D) via searchsorted, with no per-token Python loop.
+
+DOC-SENTENCES (`DocPackedSequences`, builder "doc_packed", data.packing=doc_bounded): no sample crosses a
+document boundary. Each document is cut greedily into chunks of whole sentences of at most C tokens; a
+sentence longer than C is cut at C tokens. A short document is one short sample of its own: packing several
+whole documents together would put them in one attention window, which is what this mode exists to avoid
+(RoBERTa's DOC-SENTENCES). The cost is padding, which `pretrain data inspect` reports as packing efficiency.
 """
 
 from __future__ import annotations
@@ -63,10 +69,90 @@ class PackedSequences:
                 "word_starts": word_starts, "special_mask": special}
 
 
+class DocPackedSequences:
+    """Map-style dataset of document-bounded samples [CLS] chunk [SEP], chunk within one document."""
+
+    def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int):
+        if max_seq_len < 3:
+            raise ValueError(f"max_seq_len must be >= 3 for [CLS] x [SEP], got {max_seq_len}")
+        self.shards = shards
+        self.max_seq_len = max_seq_len
+        self.cls_id, self.sep_id = int(cls_id), int(sep_id)
+        self.chunk = max_seq_len - 2
+        # Chunks tile every document, and documents tile the token space, so chunk i is simply
+        # [starts[i], starts[i+1]): one int64 per sample.
+        self._starts = doc_chunk_starts(shards.doc_offsets(), shards.sent_offsets(), self.chunk)  # [N+1]
+
+    def __len__(self) -> int:
+        return len(self._starts) - 1
+
+    def chunk_lengths(self) -> np.ndarray:
+        """[N] tokens of each sample's chunk ([CLS] and [SEP] not counted)."""
+        return np.diff(self._starts)
+
+    def __getitem__(self, index: int) -> dict[str, np.ndarray]:
+        if not -len(self) <= index < len(self):
+            raise IndexError(f"sample {index} outside [0, {len(self)})")
+        index %= len(self)
+        lo, hi = int(self._starts[index]), int(self._starts[index + 1])
+        ids, words = self.shards.read_span(lo, hi - lo)
+        n = len(ids) + 2
+        input_ids = np.empty(n, np.int64)  # [n]
+        input_ids[0], input_ids[1:-1], input_ids[-1] = self.cls_id, ids, self.sep_id
+        special = np.zeros(n, bool)  # [n]
+        special[0] = special[-1] = True
+        word_starts = np.ones(n, bool)  # [n]
+        word_starts[1:-1] = words
+        return {"input_ids": input_ids, "token_type_ids": np.zeros(n, np.int64),
+                "word_starts": word_starts, "special_mask": special}
+
+
+def doc_chunk_starts(doc_offsets: np.ndarray, sent_offsets: np.ndarray, chunk: int) -> np.ndarray:
+    """[N+1] global token offsets of greedy whole-sentence chunks of at most `chunk` tokens per document.
+
+    doc_offsets [D+1] and sent_offsets [S+1] are global token offsets (document starts are sentence starts).
+    Vectorized over documents: round k cuts the k-th chunk of every document still open, so the number of
+    numpy passes is the chunk count of the longest document, not the number of samples.
+    """
+    pos = doc_offsets[:-1].astype(np.int64)  # [D] where each open document's next chunk starts
+    end = doc_offsets[1:].astype(np.int64)  # [D]
+    cuts = [pos.copy()]
+    active = np.flatnonzero(pos < end)
+    while len(active):
+        p, e = pos[active], end[active]
+        target = np.minimum(p + chunk, e)
+        # The last sentence boundary at or before target; if it is not past p, the sentence is longer than
+        # a chunk and is cut at target.
+        b = sent_offsets[np.searchsorted(sent_offsets, target, "right") - 1]
+        b = np.where(b > p, b, target)
+        pos[active] = b
+        cuts.append(b[b < e])  # document ends are already in `cuts` as the next document's start
+        active = active[b < e]
+    cuts.append(doc_offsets[-1:])
+    return np.unique(np.concatenate(cuts))
+
+
+PACKING = {"full_sentences": "packed", "doc_bounded": "doc_packed"}
+"""data.packing -> the sample builder that token-level objectives use."""
+
+
+def builder_kind(objective_kind: str, packing: str = "full_sentences") -> str:
+    """The builder to use: segment pairs when the objectives need them, else the configured packing."""
+    if packing not in PACKING:
+        raise ValueError(f"data.packing: '{packing}' is not one of {', '.join(PACKING)}")
+    return PACKING[packing] if objective_kind == "packed" else objective_kind
+
+
 def build_samples(kind: str, shards: ShardSet, max_seq_len: int, tokens, seed: int):
-    """The sample builder a run's objectives asked for (see `objectives.sample_builder_for`)."""
-    if kind == "packed":
+    """The sample builder a run's objectives asked for (see `objectives.sample_builder_for`, `builder_kind`).
+
+    "packed" (or "full_sentences") = FULL-SENTENCES; "doc_packed" (or "doc_bounded") = DOC-SENTENCES;
+    "pairs" = segment pairs for NSP/SOP.
+    """
+    if kind in ("packed", "full_sentences"):
         return PackedSequences(shards, max_seq_len, tokens.cls, tokens.sep)
+    if kind in ("doc_packed", "doc_bounded"):
+        return DocPackedSequences(shards, max_seq_len, tokens.cls, tokens.sep)
     if kind == "pairs":
         from data_pipeline.pairs import SegmentPairs
 

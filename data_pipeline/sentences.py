@@ -9,6 +9,9 @@ from __future__ import annotations
 
 import re
 
+SPLITTER_VERSION = 1
+"""Bump when a change here changes any split: shard caches are keyed on it."""
+
 # Lowercased words whose final period does not end a sentence.
 ABBREVIATIONS = frozenset("""
 mr. mrs. ms. messrs. dr. prof. st. jr. sr. rev. hon. gen. col. capt. lt. sgt. gov. sen. rep. pres.

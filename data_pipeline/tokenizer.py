@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from pretrain.errors import DataError
-from data_pipeline.readers import describe_inputs, iter_documents
+from data_pipeline.readers import DEFAULT_MAX_DOCUMENT_BYTES, describe_inputs, iter_documents, iter_documents_sample
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -114,8 +114,13 @@ def _training_text(documents) -> Iterator[str]:
 def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "wordpiece", vocab_size: int = 8192,
                     lowercase: bool = True, strip_accents: bool = True, min_frequency: int = 2,
                     text_field: str = "text", sample_docs: int = 0, show_progress: bool = True,
-                    on_bad: str = "skip") -> PreTrainedTokenizerFast:
-    """Train a tokenizer on the corpus (streamed; the first `sample_docs` documents if > 0) into `out_dir`.
+                    on_bad: str = "skip", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
+                    ) -> PreTrainedTokenizerFast:
+    """Train a tokenizer on the corpus, streamed, into `out_dir`.
+
+    sample_docs > 0 trains on about that many documents spread over all inputs (the first
+    ceil(sample_docs / inputs) of each): a vocabulary converges long before a large corpus ends, and only
+    the sampled part of each file is read. Memory is the trainer's word counts, not the corpus.
 
     The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and renamed into place.
     """
@@ -123,9 +128,8 @@ def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "w
     from transformers import PreTrainedTokenizerFast
 
     tok, trainer_cls, options = _build(kind, lowercase, strip_accents)
-    docs = iter_documents(paths, text_field=text_field, on_bad=on_bad)
-    if sample_docs > 0:
-        docs = itertools.islice(docs, sample_docs)
+    read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
+    docs = iter_documents_sample(paths, sample_docs, **read) if sample_docs > 0 else iter_documents(paths, **read)
     first = next(docs, None)
     if first is None:
         raise DataError(f"empty corpus: no usable documents in {describe_inputs(paths)}")

@@ -42,7 +42,8 @@ def cmd_tokenizer(args) -> int:
 
     tok = train_tokenizer(expand_inputs(args.corpus), Path(args.out), kind=args.type, vocab_size=args.vocab_size,
                           lowercase=not args.cased, strip_accents=not args.keep_accents,
-                          min_frequency=args.min_frequency, text_field=args.text_field, sample_docs=args.sample_docs)
+                          min_frequency=args.min_frequency, text_field=args.text_field, sample_docs=args.sample_docs,
+                          on_bad=args.on_bad, max_document_bytes=args.max_document_bytes)
     print(f"tokenizer ({args.type}, {len(tok)} tokens) saved to {args.out}")
     return 0
 
@@ -53,7 +54,8 @@ def cmd_shards(args) -> int:
 
     manifest = build_shards(expand_inputs(args.corpus), Path(args.tokenizer), Path(args.out),
                             text_field=args.text_field, num_workers=args.workers,
-                            docs_per_shard=args.docs_per_shard, on_bad=args.on_bad)
+                            docs_per_shard=args.docs_per_shard, on_bad=args.on_bad,
+                            max_document_bytes=args.max_document_bytes)
     c = manifest["counts"]
     print(f"{c['documents']} documents, {c['tokens']} tokens in {len(manifest['shards'])} shard(s) at {args.out}; "
           f"skipped: {c.get('skipped') or 'none'}")
@@ -175,6 +177,14 @@ def cmd_ablate(args) -> int:
     return 0
 
 
+def add_bad_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--on-bad", default="skip", choices=["skip", "error"],
+                   help="bad documents (invalid UTF-8, bad JSON, missing field, too long): skip and count, or stop "
+                        "naming file and line (default: skip)")
+    p.add_argument("--max-document-bytes", type=int, default=16 << 20,
+                   help="longer documents (e.g. a huge line with no newline) count as bad (default: 16 MiB)")
+
+
 def build_parser() -> argparse.ArgumentParser:
     fmt = argparse.RawDescriptionHelpFormatter
     parser = argparse.ArgumentParser(
@@ -223,7 +233,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     p.add_argument("--keep-accents", action="store_true", help="keep accents (default: strip them)")
     p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
-    p.add_argument("--sample-docs", type=int, default=0, help="train on the first N documents only (0 = all)")
+    p.add_argument("--sample-docs", type=int, default=0, help="train on about N documents, an equal share from the "
+                   "start of each input file (0 = all)")
+    add_bad_input_args(p)
     p.set_defaults(func=cmd_tokenizer)
 
     p = sub.add_parser("shards", help="tokenize a corpus into verified memory-mapped shards", formatter_class=fmt,
@@ -237,9 +249,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "(default: all cores)")
     p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per shard (default: 2000)")
     p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
-    p.add_argument("--on-bad", default="skip", choices=["skip", "error"],
-                   help="bad documents (invalid UTF-8, bad JSON, missing field): skip and count, or stop "
-                        "(default: skip)")
+    add_bad_input_args(p)
     p.set_defaults(func=cmd_shards)
 
     p = sub.add_parser("data", help="look at the data a run will train on (`pretrain data inspect`)")

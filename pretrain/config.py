@@ -383,6 +383,7 @@ def _check_values(cfg: RunConfig) -> None:
         "train.precision": (cfg.train.precision, ("auto", "bf16", "fp16", "fp32")),
         "data.tokenizer_type": (cfg.data.tokenizer_type, ("wordpiece", "bpe", "unigram")),
         "data.on_bad_document": (cfg.data.on_bad_document, ("skip", "error")),
+        "data.packing": (cfg.data.packing, ("full_sentences", "doc_bounded")),
         "wandb.mode": (cfg.wandb.mode, ("offline", "online", "disabled")),
         "train.optimizer": (cfg.train.optimizer, ("adamw", "lamb")),
         "model.norm_placement": (cfg.model.norm_placement, ("post", "pre")),

@@ -34,7 +34,8 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
     say(f"tokenizer: training {d.tokenizer_type} (vocab {d.vocab_size}) on {', '.join(d.corpus)}")
     train_tokenizer(files, out, kind=d.tokenizer_type, vocab_size=d.vocab_size,
                     lowercase=d.lowercase, strip_accents=d.strip_accents, min_frequency=d.min_frequency,
-                    text_field=d.text_field)
+                    text_field=d.text_field, sample_docs=d.tokenizer_sample_docs,
+                    max_document_bytes=d.max_document_bytes)
     return out
 
 
@@ -44,7 +45,8 @@ def stage_shards(cfg: RunConfig) -> dict:
 
     d = cfg.data
     manifest = build_shards(expand_inputs(d.corpus), cfg.tokenizer_dir, cfg.shards_dir, text_field=d.text_field,
-                            num_workers=d.num_workers, docs_per_shard=d.docs_per_shard, on_bad=d.on_bad_document)
+                            num_workers=d.num_workers, docs_per_shard=d.docs_per_shard, on_bad=d.on_bad_document,
+                            max_document_bytes=d.max_document_bytes)
     c = manifest["counts"]
     skipped = ", ".join(f"{n} {why}" for why, n in c.get("skipped", {}).items() if n) or "none"
     say(f"shards: {c['documents']} documents, {c['sentences']} sentences, {c['tokens']} tokens in "

@@ -21,7 +21,7 @@ import torch.distributed as dist
 import yaml
 
 from data_pipeline.loader import PretrainDataset, build_loader
-from data_pipeline.samples import build_samples
+from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
 from objectives import SpecialTokens, build_objectives, sample_builder_for
@@ -49,7 +49,8 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens) -> PretrainingModel:
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
-    return build_samples(sample_builder_for(objectives), shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
+    kind = builder_kind(sample_builder_for(objectives), cfg.data.packing)
+    return build_samples(kind, shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
 
 
 class _StopFlag:

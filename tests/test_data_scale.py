@@ -1,0 +1,337 @@
+"""Tests of the data pipeline at scale: more input formats, bad input, resumable shard builds (a real
+kill -9), cache keys, document-bounded packing, multi-worker/multi-rank loading and `pretrain data inspect`."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import tracemalloc
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipeline import shards as shards_mod
+from data_pipeline.readers import expand_inputs, iter_documents, iter_documents_sample
+from data_pipeline.samples import DocPackedSequences, build_samples, builder_kind, doc_chunk_starts
+from data_pipeline.shards import ShardSet, build_key, build_shards
+from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash, train_tokenizer
+from pretrain.errors import DataError
+from test_data_pipeline import make_docs, write_jsonl
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_jsonl(tmp_path_factory.mktemp("corpus") / "docs.jsonl", make_docs(400, seed=1))
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory, corpus):
+    out = tmp_path_factory.mktemp("tok") / "wordpiece"
+    train_tokenizer([str(corpus)], out, vocab_size=256, show_progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def shard_dir(tmp_path_factory, corpus, tok_dir):
+    out = tmp_path_factory.mktemp("shards") / "shards"
+    build_shards([str(corpus)], tok_dir, out, num_workers=0, docs_per_shard=90, show_progress=False)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- readers
+
+def test_zstd_parquet_arrow_and_datasets_dir(tmp_path):
+    import datasets
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+    import zstandard
+
+    docs = make_docs(12, seed=2)
+    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
+        "".join(json.dumps({"text": d}) + "\n" for d in docs[:3]).encode()))
+    pq.write_table(pa.table({"id": list(range(4)), "body": docs[3:7]}), tmp_path / "b.parquet", row_group_size=2)
+    datasets.disable_progress_bars()
+    datasets.Dataset.from_dict({"body": docs[7:12]}).save_to_disk(str(tmp_path / "c_ds"))
+
+    got = list(iter_documents([str(tmp_path / "a.jsonl.zst")]))
+    assert [d.text for d in got] == docs[:3] and got[2].line == 3
+    got = list(iter_documents([str(tmp_path)], text_field="body", on_bad="skip"))
+    # the zstd file has no 'body' field: 3 counted skips; then 4 Parquet rows and the dataset's 5 rows
+    assert [d.text for d in got] == docs[3:12]
+    assert got[5].line == 2 and got[5].source.endswith(".arrow")  # row numbers are per arrow file
+    assert expand_inputs([str(tmp_path)]) == [tmp_path / "a.jsonl.zst", tmp_path / "b.parquet", tmp_path / "c_ds"]
+
+    with pytest.raises(DataError, match=r"b\.parquet: no column 'text' \(columns: id, body\); set data.text_field"):
+        list(iter_documents([str(tmp_path / "b.parquet")]))
+    with pytest.raises(DataError, match=r"c_ds.*data-00000-of-00001\.arrow: no column 'text'"):
+        list(iter_documents([str(tmp_path / "c_ds")]))
+
+    datasets.DatasetDict({"train": datasets.Dataset.from_dict({"text": ["x"]})}).save_to_disk(str(tmp_path / "dd"))
+    with pytest.raises(DataError, match=r"DatasetDict \(splits: train\); name one split directory"):
+        expand_inputs([str(tmp_path / "dd")])
+    assert [d.text for d in iter_documents([str(tmp_path / "dd" / "train")])] == ["x"]
+
+
+def test_parquet_null_and_corrupt_zstd_named(tmp_path):
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({"text": ["one", None, "  ", "four"]}), tmp_path / "n.parquet")
+    skipped = collections.Counter()
+    assert [d.line for d in iter_documents([str(tmp_path / "n.parquet")], skipped=skipped)] == [1, 4]
+    assert skipped == {"missing_field": 1, "empty": 1}
+    with pytest.raises(DataError, match=r"n\.parquet: row 2: 'text' is null"):
+        list(iter_documents([str(tmp_path / "n.parquet")], on_bad="error"))
+
+    import zstandard
+
+    blob = zstandard.ZstdCompressor().compress(b"".join(b'{"text": "doc %d"}\n' % i for i in range(5000)))
+    (tmp_path / "t.jsonl.zst").write_bytes(blob[: len(blob) // 2])
+    with pytest.raises(DataError, match=r"t\.jsonl\.zst: cannot decompress after line \d+.*truncated or corrupt"):
+        list(iter_documents([str(tmp_path / "t.jsonl.zst")]))
+
+
+@pytest.mark.parametrize("fmt", ["jsonl", "txt"])
+def test_huge_line_bounded_memory(tmp_path, fmt):
+    """A 16 MiB line without a newline, limit 1 MiB: skipped and counted (or an error naming file:line),
+    never read whole (memory is a few times the limit, not the line), and the documents after it come through."""
+    huge = "x" * (16 << 20)
+    path = tmp_path / f"big.{fmt}"
+    if fmt == "jsonl":
+        path.write_text(json.dumps({"text": "before"}) + "\n" + json.dumps({"text": huge}) + "\n"
+                        + json.dumps({"text": "after"}))
+    else:
+        path.write_text("before\n\n" + huge + "\nmore of it\n\nafter")
+    skipped = collections.Counter()
+    tracemalloc.start()
+    docs = [d.text for d in iter_documents([str(path)], skipped=skipped, max_document_bytes=1 << 20)]
+    peak = tracemalloc.get_traced_memory()[1]
+    tracemalloc.stop()
+    assert docs == ["before", "after"] and skipped == {"too_long": 1}
+    assert peak < 5 << 20, f"peak {peak} bytes: the long line was held whole"
+    with pytest.raises(DataError, match=rf"{path}:\d: document of .* exceeds max_document_bytes=1048576"):
+        list(iter_documents([str(path)], on_bad="error", max_document_bytes=1 << 20))
+
+
+def test_tokenizer_sample_spreads_over_files(tmp_path):
+    for name in "abc":
+        write_jsonl(tmp_path / f"{name}.jsonl", [f"{name} document {i}." for i in range(50)])
+    got = [Path(d.source).stem for d in iter_documents_sample([str(tmp_path)], 9)]
+    assert got == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
+
+
+def test_word_fast_path_matches_encode_batch(tok_dir):
+    """The distinct-word path gives exactly the ids and word starts of encode_batch + word_ids."""
+    spaces = "".join(chr(c) for c in range(0x3100) if chr(c).isspace()) + "\u200b\u180e\ufeff"
+    texts = make_docs(40, seed=3) + [
+        "Caf\u00e9 na\u00efve \u00c9COLE  two  spaces\ttab \u4e2d\u6587 x\u200by [MASK]word e\u0301 \u0130stanbul "
+        "\U0001F600!!! hello,world foo-bar's (x) unbelievably", "  \u00a0 leading"
+    ] + [f"ab{c}cd ef{c}{c}gh." for c in spaces]
+    results = []
+    for fast in (True, False):
+        shards_mod._worker.clear()
+        shards_mod._init_worker(str(tok_dir / "tokenizer.json"), "/tmp", "uint16", 1, fast)
+        assert (shards_mod._worker["continuation"] is not None) == fast
+        parts = [shards_mod._encode_slice(texts[i:i + 7]) for i in range(0, len(texts), 7)]
+        results.append([np.concatenate([p[k] for p in parts]) for k in range(4)])
+    shards_mod._worker.clear()
+    for fast, slow in zip(*results):
+        assert fast.tolist() == slow.tolist()
+
+
+# ---------------------------------------------------------------------------------------------- shards
+
+def test_cache_key_covers_inputs_tokenizer_and_settings(tmp_path, corpus, tok_dir):
+    settings = dict(format_version=1, splitter_version=1, text_field="text", docs_per_shard=10, on_bad="skip",
+                    max_document_bytes=1 << 20)
+    key, _ = build_key([str(corpus)], "t" * 64, settings)
+    assert build_key([str(corpus)], "t" * 64, dict(settings))[0] == key
+    for change in ({"docs_per_shard": 11}, {"text_field": "body"}, {"on_bad": "error"},
+                   {"max_document_bytes": 2 << 20}, {"splitter_version": 2}):
+        assert build_key([str(corpus)], "t" * 64, {**settings, **change})[0] != key, change
+    assert build_key([str(corpus)], "u" * 64, settings)[0] != key
+    copy = tmp_path / "docs.jsonl"
+    copy.write_bytes(corpus.read_bytes())
+    assert build_key([str(copy)], "t" * 64, settings)[0] != key  # another path (and mtime)
+    os.utime(copy, ns=(1, 1))
+    key_copy = build_key([str(copy)], "t" * 64, settings)[0]
+    os.utime(copy, ns=(2, 2))
+    assert build_key([str(copy)], "t" * 64, settings)[0] != key_copy  # touched
+
+
+def test_stale_partial_build_is_cleared_and_setting_change_rebuilds(tmp_path, corpus, tok_dir):
+    out = tmp_path / "s"
+    out.mkdir()
+    (out / "build.json").write_text(json.dumps({"cache_key": "0" * 64}))
+    (out / "shard_00007.tokens.bin").write_bytes(b"stale")
+    (out / "shard_00007.done.json").write_text("{}")
+    m = build_shards([str(corpus)], tok_dir, out, num_workers=0, docs_per_shard=200, show_progress=False)
+    assert not (out / "shard_00007.tokens.bin").exists() and not (out / "shard_00007.done.json").exists()
+    assert not (out / "build.json").exists() and not list(out.glob("*.done.json"))
+    assert [s["name"] for s in m["shards"]] == ["shard_00000", "shard_00001"]
+    m2 = build_shards([str(corpus)], tok_dir, out, num_workers=0, docs_per_shard=150, show_progress=False)
+    assert m2["cache_key"] != m["cache_key"] and len(m2["shards"]) == 3
+    assert sorted(p.name for p in out.glob("shard_*.tokens.bin")) == [f"shard_0000{i}.tokens.bin" for i in range(3)]
+
+
+def test_kill_9_mid_build_then_resume_matches_uninterrupted(tmp_path, tok_dir):
+    corpus = write_jsonl(tmp_path / "big.jsonl", make_docs(6000, seed=4))
+    args = dict(num_workers=2, docs_per_shard=25, show_progress=False)
+    out = tmp_path / "killed"
+    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_pipeline.shards import build_shards; "
+              f"build_shards([{str(corpus)!r}], {str(tok_dir)!r}, {str(out)!r}, **{args!r})")
+    proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(list(out.glob("*.done.json"))) < 4 and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(proc.pid, signal.SIGKILL)  # the builder and its pool workers, as an OOM killer or scancel would
+    proc.wait()
+    assert proc.returncode == -signal.SIGKILL, "the build finished before it could be killed: make it bigger"
+    assert not (out / "manifest.json").exists()
+    with pytest.raises(DataError, match="no manifest.json"):
+        ShardSet(out)
+    done_before = {p.name.split(".")[0] for p in out.glob("*.done.json")}
+    mtimes = {n: (out / f"{n}.tokens.bin").stat().st_mtime_ns for n in done_before}
+    assert 4 <= len(done_before) < 240
+
+    resumed = build_shards([str(corpus)], tok_dir, out, **args)
+    for n, mtime in mtimes.items():  # finished shards were not tokenized again
+        assert (out / f"{n}.tokens.bin").stat().st_mtime_ns == mtime
+    clean = build_shards([str(corpus)], tok_dir, tmp_path / "clean", **args)
+    assert resumed["shards"] == clean["shards"] and resumed["counts"] == clean["counts"]
+    assert resumed["cache_key"] == clean["cache_key"]
+    assert not (out / ".tmp").exists() and not list(out.glob("*.done.json")) and not (out / "build.json").exists()
+    ShardSet(out, verify=True)
+
+
+def test_damaged_done_shard_is_redone_and_bit_flip_named(tmp_path, corpus, tok_dir):
+    out = tmp_path / "s"
+    args = dict(num_workers=0, docs_per_shard=100, show_progress=False)
+    build_shards([str(corpus)], tok_dir, out, **args)
+    good = (out / "shard_00001.tokens.bin").read_bytes()
+    # Simulate a crash after shard 1 was recorded, then a damaged file: the re-run must redo shard 1 only.
+    manifest = json.loads((out / "manifest.json").read_text())
+    (out / "manifest.json").unlink()
+    (out / "build.json").write_text(json.dumps({"cache_key": manifest["cache_key"]}))
+    for i, s in enumerate(manifest["shards"]):
+        (out / f"{s['name']}.done.json").write_text(json.dumps(
+            {**s, "index": i, "dropped_docs": 0, "input_docs": s["documents"]}))
+    (out / "shard_00001.tokens.bin").write_bytes(good[:-2])
+    build_shards([str(corpus)], tok_dir, out, **args)
+    assert (out / "shard_00001.tokens.bin").read_bytes() == good
+
+    flipped = bytearray(good)
+    flipped[3] ^= 0x10
+    (out / "shard_00001.tokens.bin").write_bytes(bytes(flipped))
+    with pytest.raises(DataError, match=r"checksum mismatch in .*shard_00001\.tokens\.bin"):
+        ShardSet(out, verify=True, expected_tokenizer_hash=tokenizer_hash(tok_dir))
+
+
+# ---------------------------------------------------------------------------------------------- samples
+
+def test_doc_packed_never_crosses_a_document(shard_dir, tok_dir):
+    shards = ShardSet(shard_dir)
+    tokens = special_tokens(load_tokenizer(tok_dir))
+    for L in (12, 40, 128):
+        ds = build_samples(builder_kind("packed", "doc_bounded"), shards, L, tokens, seed=0)
+        assert isinstance(ds, DocPackedSequences)
+        starts, docs, sents = ds._starts, shards.doc_offsets(), shards.sent_offsets()
+        assert starts[0] == 0 and starts[-1] == shards.num_tokens and np.all(np.diff(starts) > 0)
+        assert set(docs.tolist()) <= set(starts.tolist())  # every document starts a sample
+        doc_of_first = np.searchsorted(docs, starts[:-1], "right") - 1
+        doc_of_last = np.searchsorted(docs, starts[1:] - 1, "right") - 1
+        assert np.array_equal(doc_of_first, doc_of_last)  # ... and no sample spans two
+        assert ds.chunk_lengths().max() <= L - 2
+        # A cut inside a document is at a sentence boundary unless that sentence alone exceeds a chunk.
+        inner = np.setdiff1d(starts, docs)
+        off_sentence = np.setdiff1d(inner, sents)
+        sent_lens = np.diff(sents)
+        owner = np.searchsorted(sents, off_sentence, "right") - 1
+        assert np.all(sent_lens[owner] > L - 2)
+        for i in (0, len(ds) // 2, len(ds) - 1):
+            s = ds[i]
+            lo, hi = starts[i], starts[i + 1]
+            assert s["input_ids"][1:-1].tolist() == shards.read_span(int(lo), int(hi - lo))[0].tolist()
+            assert s["input_ids"][0] == tokens.cls and s["input_ids"][-1] == tokens.sep
+            assert s["special_mask"].tolist() == [True] + [False] * int(hi - lo) + [True]
+    with pytest.raises(ValueError, match="data.packing"):
+        builder_kind("packed", "nope")
+    assert builder_kind("pairs", "doc_bounded") == "pairs"
+
+
+def test_doc_chunk_starts_long_sentence():
+    docs = np.array([0, 3, 25, 30])
+    sents = np.array([0, 3, 5, 22, 25, 30])  # document 1 has a 17-token sentence
+    assert doc_chunk_starts(docs, sents, 6).tolist() == [0, 3, 5, 11, 17, 22, 25, 30]
+
+
+# ---------------------------------------------------------------------------------------------- loader
+
+def _batches(loader, n):
+    it = iter(loader)
+    return [next(it) for _ in range(n)]
+
+
+def _same(a, b):
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch_equal(a[k], b[k]), k
+
+
+def torch_equal(x, y):
+    import torch
+
+    return x.shape == y.shape and bool(torch.equal(x, y))
+
+
+def test_loader_workers_resume_and_world_size(shard_dir, tok_dir):
+    from data_pipeline.loader import PretrainDataset, build_loader
+    from objectives import build_objectives
+
+    tokens = special_tokens(load_tokenizer(tok_dir))
+    objectives = build_objectives({"mlm": {}}, tokens)
+    ds = PretrainDataset(build_samples("packed", ShardSet(shard_dir), 32, tokens, 7), objectives, seed=7)
+    # start 2 batches before the end of epoch 0, so the batches cross into epoch 1 (a new order and masks)
+    first = (len(ds) // 8 - 2) * 8
+    ref = _batches(build_loader(ds, tokens.pad, first, 8, 1, 0, 1, num_workers=0), 6)
+    multi = _batches(build_loader(ds, tokens.pad, first, 8, 1, 0, 1, num_workers=2), 6)
+    for a, b in zip(ref, multi):
+        _same(a, b)
+    assert ref[0]["mlm_labels"].ne(-100).any()
+    # resume 3 steps later (in epoch 1): O(1), the same next batches
+    for a, b in zip(ref[3:], _batches(build_loader(ds, tokens.pad, first + 24, 8, 1, 0, 1, num_workers=2), 3)):
+        _same(a, b)
+    # 2 ranks x micro 2 x accum 2 == 1 rank x micro 8: each step's union of micro-batches is the same samples
+    ranks = [_batches(build_loader(ds, tokens.pad, first, 2, 2, r, 2, num_workers=0), 8) for r in range(2)]
+    for step in range(4):
+        parts = [ranks[r][step * 2 + a] for a in range(2) for r in range(2)]  # micro-step a, rank r order
+        # widths differ (each micro-batch pads to its own longest sample): compare the real tokens
+        got = sorted(tuple(row[m].tolist()) for p in parts for row, m in zip(p["input_ids"], p["attention_mask"]))
+        want = sorted(tuple(row[m].tolist()) for row, m in zip(ref[step]["input_ids"], ref[step]["attention_mask"]))
+        assert got == want and sum(len(p["input_ids"]) for p in parts) == 8
+
+
+# ---------------------------------------------------------------------------------------------- inspect
+
+def test_data_inspect_cli(tmp_path, shard_dir, tok_dir, capsys):
+    from pretrain.cli import main
+
+    png = tmp_path / "hist.png"
+    rc = main(["data", "inspect", "tiny", f"data.shards={shard_dir}", f"data.tokenizer={tok_dir}",
+               "data.max_seq_len=32", "--out", str(png), "--samples", "2"])
+    out = capsys.readouterr().out
+    assert rc == 0 and png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
+    counts = json.loads((shard_dir / "manifest.json").read_text())["counts"]
+    assert f"tokens {counts['tokens']:,}" in out and f"documents  {counts['documents']:,}" in out
+    assert "* packed" in out and "doc_packed" in out and str(png) in out
+    assert out.count("position ") == 2 and "[MASK](" in out
+    rc = main(["data", "inspect", str(tmp_path)])
+    assert rc == 2 and "not a shard directory" in capsys.readouterr().err
