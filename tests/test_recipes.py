@@ -33,7 +33,7 @@ def test_recipe_overfits_a_tiny_repeated_corpus(recipe, repeated_corpus, tmp_pat
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
     overrides = [f"output_dir={tmp_path}", f"name={recipe}", f"data.corpus=[{repeated_corpus}]",
-                 "data.vocab_size=512", "data.max_seq_len=64", "data.num_workers=1",
+                 "data.vocab_size=1024", "data.max_seq_len=64", "data.num_workers=1",
                  "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.intermediate_size=128",
                  "model.max_position_embeddings=128", "model.hidden_dropout=0", "model.attention_dropout=0",
                  "train.micro_batch_size=16", "train.max_steps=200", "train.max_minutes=0", "train.lr=3e-3",
