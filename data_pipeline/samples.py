@@ -19,8 +19,8 @@ import numpy as np
 from data_pipeline.shards import ShardSet
 
 
-class PackedSequences:
-    """Map-style dataset of packed samples: dicts of numpy arrays, all [n] with n <= max_seq_len."""
+class _Chunks:
+    """What both packings share: [CLS] + up to max_seq_len - 2 tokens + [SEP] per sample."""
 
     def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int):
         if max_seq_len < 3:
@@ -29,6 +29,13 @@ class PackedSequences:
         self.max_seq_len = max_seq_len
         self.cls_id, self.sep_id = int(cls_id), int(sep_id)
         self.chunk = max_seq_len - 2
+
+
+class PackedSequences(_Chunks):
+    """Map-style dataset of packed samples: dicts of numpy arrays, all [n] with n <= max_seq_len."""
+
+    def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int):
+        super().__init__(shards, max_seq_len, cls_id, sep_id)
         offsets = shards.doc_offsets()  # [D+1]
         # Stream position of the [SEP] closing document d: its tokens end there, shifted by the d earlier SEPs.
         self._sep_pos = offsets[1:] + np.arange(shards.num_docs, dtype=np.int64)  # [D]
@@ -69,16 +76,11 @@ class PackedSequences:
                 "word_starts": word_starts, "special_mask": special}
 
 
-class DocPackedSequences:
+class DocPackedSequences(_Chunks):
     """Map-style dataset of document-bounded samples [CLS] chunk [SEP], chunk within one document."""
 
     def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int):
-        if max_seq_len < 3:
-            raise ValueError(f"max_seq_len must be >= 3 for [CLS] x [SEP], got {max_seq_len}")
-        self.shards = shards
-        self.max_seq_len = max_seq_len
-        self.cls_id, self.sep_id = int(cls_id), int(sep_id)
-        self.chunk = max_seq_len - 2
+        super().__init__(shards, max_seq_len, cls_id, sep_id)
         # Chunks tile every document, and documents tile the token space, so chunk i is simply
         # [starts[i], starts[i+1]): one int64 per sample.
         self._starts = doc_chunk_starts(shards.doc_offsets(), shards.sent_offsets(), self.chunk)  # [N+1]
