@@ -71,12 +71,17 @@ def candidate_positions(sample: dict[str, np.ndarray], tokens: SpecialTokens) ->
 
 
 class MLMHead(nn.Module):
-    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ own bias)."""
+    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ own bias).
 
-    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding):
+    The dense layer maps H to the embedding width E of the tied table (ALBERT's head: dense H -> E, LN(E),
+    decoder E -> V); E = H unless the encoder factorizes its embeddings. `bias=False` drops the dense and
+    LayerNorm biases (ModernBERT's head; the decoder keeps its own)."""
+
+    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, bias: bool = True):
         super().__init__()
-        self.dense = nn.Linear(hidden_size, hidden_size)
-        self.layer_norm = nn.LayerNorm(hidden_size, eps=layer_norm_eps)
+        width = word_embeddings.embedding_dim  # E
+        self.dense = nn.Linear(hidden_size, width, bias=bias)
+        self.layer_norm = nn.LayerNorm(width, eps=layer_norm_eps, bias=bias)
         self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
         self.decoder_weight = word_embeddings.weight  # tied: the same Parameter (ZeRO-3 gathers it here too)
 
@@ -84,7 +89,7 @@ class MLMHead(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [M, H] -> logits [M, V]
+        # hidden: [M, H] -> [M, E] -> logits [M, V]
         x = self.layer_norm(F.gelu(self.dense(hidden)))
         return F.linear(x, self.decoder_weight, self.bias)
 
@@ -125,7 +130,8 @@ class MaskedLM(Objective):
         return sample
 
     def build_head(self, model_config, encoder):
-        return MLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings)
+        return MLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
+                       bias=model_config.use_bias)
 
     def loss(self, batch, hidden, model):
         return masked_lm_loss(model.heads[self.name], hidden, batch["mlm_labels"])

@@ -1,0 +1,226 @@
+"""Training throughput of our full step (forward, backward, AdamW step) vs transformers' BertForPreTraining.
+
+Both models get the same config, the same batch (random ids, 15% of the real tokens masked with labels, a
+random NSP label per row), the same precision and the same optimizer (torch AdamW, fused where the device
+has it), and do the same work: MLM + NSP (ours: the `mlm` and `nsp` objectives; HF: attn_implementation
+"sdpa"). The variants of one shape are built side by side in ONE process and timed in alternation (one timed
+run = --steps steps of each variant in turn, --repeats times), so load from other jobs hits them alike;
+the tables report medians over the runs and ratios of medians.
+
+Shapes: mini (4 layers, 256 wide, 4 heads, 1024 FFN, batch 32), base (12/768/12/3072, batch 8), padding (mini
+with ~40% of every batch padding: our padded vs our unpadded encoder). Sequence length 128, vocabulary 30522.
+
+    python benchmarks/train_throughput.py                       # CPU: all shapes, fp32 and bf16 autocast
+    python benchmarks/train_throughput.py --shapes mini --precision bf16 --compile
+    python benchmarks/train_throughput.py --device cuda         # GPU: bf16, with TFLOP/s and MFU
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import statistics
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from objectives import IGNORE_INDEX, SpecialTokens, build_objectives  # noqa: E402
+from pretrain.config import ModelConfig  # noqa: E402
+from pretrain.flops import count_step_flops, device_peak_tflops  # noqa: E402
+from pretrain.model import PretrainingModel  # noqa: E402
+
+VOCAB, SEQ, MASK_ID, CLS_ID, SEP_ID = 30522, 128, 103, 101, 102
+SHAPES = {  # layers, hidden, heads, intermediate, batch
+    "mini": (4, 256, 4, 1024, 32),
+    "base": (12, 768, 12, 3072, 8),
+    "padding": (4, 256, 4, 1024, 32),
+}
+
+
+def make_batch(batch: int, pad_fraction: float, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
+    """[B, L] ids with [CLS]/[SEP], two segments, ~pad_fraction right padding, 15% of real tokens masked."""
+    rng = np.random.default_rng(seed)
+    if pad_fraction:  # lengths uniform around (1 - pad_fraction) * L, one row full so L stays the width
+        mean = (1 - pad_fraction) * SEQ
+        lengths = rng.integers(int(2 * mean - SEQ), SEQ + 1, size=batch)
+        lengths[0] = SEQ
+    else:
+        lengths = np.full(batch, SEQ)
+    ids = np.zeros((batch, SEQ), np.int64)
+    types = np.zeros((batch, SEQ), np.int64)
+    mask = np.zeros((batch, SEQ), np.int64)
+    labels = np.full((batch, SEQ), IGNORE_INDEX, np.int64)
+    for row, n in enumerate(lengths):
+        ids[row, :n] = rng.integers(1000, VOCAB, size=n)
+        ids[row, 0], ids[row, n // 2], ids[row, n - 1] = CLS_ID, SEP_ID, SEP_ID
+        types[row, n // 2 + 1:n] = 1
+        mask[row, :n] = 1
+        chosen = rng.choice(np.arange(1, n - 1), size=max(1, round(0.15 * (n - 2))), replace=False)
+        labels[row, chosen] = ids[row, chosen]
+        ids[row, chosen] = MASK_ID
+    out = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "mlm_labels": labels,
+           "nsp_label": rng.integers(0, 2, size=batch)}
+    return {k: torch.as_tensor(v, device=device) for k, v in out.items()}
+
+
+class Ours:
+    def __init__(self, cfg: ModelConfig, device: str):
+        tokens = SpecialTokens(pad=0, unk=100, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID, vocab_size=VOCAB)
+        self.model = PretrainingModel(cfg, build_objectives({"nsp": {}, "mlm": {}}, tokens)).to(device).train()
+
+    def loss(self, batch):
+        return self.model(batch)[0]
+
+
+class HF:
+    def __init__(self, cfg: ModelConfig, device: str):
+        import transformers
+
+        config = transformers.BertConfig(
+            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, hidden_act="gelu",
+            hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
+            max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
+            layer_norm_eps=cfg.layer_norm_eps, pad_token_id=0)
+        self.model = transformers.BertForPreTraining._from_config(config, attn_implementation="sdpa")
+        self.model.to(device).train()
+
+    def loss(self, batch):
+        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
+                          token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
+                          next_sentence_label=batch["nsp_label"]).loss
+
+
+@dataclass
+class Variant:
+    name: str
+    runner: object
+    optimizer: torch.optim.Optimizer
+    autocast: contextlib.AbstractContextManager | None
+    batch: dict
+    times: list
+
+    def step(self):
+        ctx = torch.autocast(self.batch["input_ids"].device.type, dtype=torch.bfloat16) if self.autocast else \
+            contextlib.nullcontext()
+        with ctx:
+            loss = self.runner.loss(self.batch)
+        loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss
+
+
+def make_optimizer(model, device):
+    # Same optimizer for both sides: AdamW, fused kernels where torch has them (CPU and CUDA do for fp32).
+    return torch.optim.AdamW(model.parameters(), lr=1e-4, weight_decay=0.01, fused=True)
+
+
+def sync(device):
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def bench_shape(shape: str, precision: str, args) -> list[dict]:
+    layers, hidden, heads, inter, batch_size = SHAPES[shape]
+    if args.batch:
+        batch_size = args.batch
+    base_cfg = ModelConfig(vocab_size=VOCAB, hidden_size=hidden, num_layers=layers, num_heads=heads,
+                           intermediate_size=inter, max_position_embeddings=512)
+    pad = 0.4 if shape == "padding" else 0.0
+    batch = make_batch(batch_size, pad, args.device)
+    bf16 = precision == "bf16"
+    specs = []
+    if shape == "padding":
+        specs += [("ours padded", Ours, dict()), ("ours unpadded", Ours, dict(unpadded=True))]
+    else:
+        specs += [("HF BertForPreTraining", HF, None), ("ours", Ours, dict())]
+    if args.compile:
+        extra = dict(unpadded=True) if shape == "padding" else dict()
+        specs.append(("ours + compile", Ours, dict(extra, compile=True)))
+    variants = []
+    for name, cls, options in specs:
+        torch.manual_seed(0)
+        cfg = base_cfg if options is None else ModelConfig(**{**base_cfg.__dict__, **options})
+        runner = cls(cfg, args.device)
+        variants.append(Variant(name, runner, make_optimizer(runner.model, args.device), bf16, batch, []))
+    for v in variants:  # warm-up (allocator, oneDNN primitives, compilation)
+        for _ in range(args.warmup):
+            v.step()
+    flops = {}
+    if args.device == "cuda":
+        for v in variants:
+            if "compile" not in v.name:
+                flops[v.name] = count_step_flops(lambda: v.step())
+    for _ in range(args.repeats):
+        for v in variants:
+            sync(args.device)
+            start = time.perf_counter()
+            for _ in range(args.steps):
+                v.step()
+            sync(args.device)
+            v.times.append((time.perf_counter() - start) / args.steps)
+    real_tokens = int(batch["attention_mask"].sum())
+    reference = statistics.median(variants[0].times)
+    peak = device_peak_tflops(precision) if args.device == "cuda" else None
+    rows = []
+    for v in variants:
+        t = statistics.median(v.times)
+        row = {"shape": shape, "precision": precision, "variant": v.name, "batch": batch_size,
+               "step_s": t, "tokens_s": batch_size * SEQ / t, "real_tokens_s": real_tokens / t,
+               "ratio": reference / t, "spread": (min(v.times), max(v.times))}
+        if v.name in flops:
+            row["tflops"] = flops[v.name] / t / 1e12
+            row["mfu"] = row["tflops"] / peak if peak else None
+        rows.append(row)
+    del variants
+    return rows
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--shapes", default="mini,base,padding")
+    parser.add_argument("--precision", default=None, help="fp32, bf16 or both (default: both on CPU, bf16 on CUDA)")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=0, help="override the shape's batch size")
+    parser.add_argument("--steps", type=int, default=2, help="steps per timed run")
+    parser.add_argument("--repeats", type=int, default=5, help="alternated timed runs per variant")
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--compile", action="store_true", help="also time our model with model.compile=true")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    precisions = (args.precision or ("bf16" if args.device == "cuda" else "both"))
+    precisions = ["fp32", "bf16"] if precisions == "both" else [precisions]
+    command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    rows = []
+    for shape in args.shapes.split(","):
+        for precision in precisions:
+            rows += bench_shape(shape, precision, args)
+            print(f"done {shape} {precision}", file=sys.stderr, flush=True)
+    load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
+    print(f"\n`{command}`  \ntorch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, "
+          f"load average at the end {load[0]:.2f}; ratio = median step time of the shape's first row / this row's\n")
+    gpu = args.device == "cuda"
+    print("| shape | precision | variant | batch | step (ms, median) | tokens/s | real tokens/s | ratio |"
+          + (" TFLOP/s | MFU |" if gpu else ""))
+    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
+    for r in rows:
+        line = (f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | {1000 * r['step_s']:.0f} "
+                f"({1000 * r['spread'][0]:.0f}-{1000 * r['spread'][1]:.0f}) | {r['tokens_s']:,.0f} | "
+                f"{r['real_tokens_s']:,.0f} | {r['ratio']:.2f}x |")
+        if gpu:
+            mfu = r.get("mfu")
+            line += f" {r.get('tflops', float('nan')):.1f} | {'' if mfu is None else f'{100 * mfu:.1f}%'} |"
+        print(line)
+
+
+if __name__ == "__main__":
+    main()
