@@ -176,6 +176,14 @@ class RTDHead(nn.Module):
         return self.generator.head(self.generator(embeddings, input_ids, token_type_ids, attention_mask))
 
 
+def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
+    """One draw per row of probs [M, V] by inverting the CDF: one uniform per row instead of the V random
+    numbers torch.multinomial spends per row on CPU (the same distribution, several times faster)."""
+    cdf = probs.cumsum(dim=-1)  # [M, V]
+    u = torch.rand(probs.shape[0], 1, device=probs.device, dtype=cdf.dtype) * cdf[:, -1:]  # [M, 1]
+    return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
+
+
 @register
 class ReplacedTokenDetection(Objective):
     name = "rtd"
@@ -217,7 +225,7 @@ class ReplacedTokenDetection(Objective):
             # only ever see real text (no [MASK] at pretraining that fine-tuning would not show).
             scores = logits / self.options.temperature
             scores[:, list(self.tokens.special_ids)] = float("-inf")
-            sampled = torch.multinomial(torch.softmax(scores, dim=-1), 1).squeeze(1)  # [M]
+            sampled = sample_categorical(torch.softmax(scores.float(), dim=-1))  # [M]
             disc_ids = original.masked_scatter(masked, sampled)  # [B, L]
             # ELECTRA scores every non-padding token, [CLS]/[SEP] included (they are never replaced: label 0).
             rtd_labels = (disc_ids != original).long()

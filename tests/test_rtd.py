@@ -247,3 +247,14 @@ def test_stage_export_dispatches_on_rtd(tokens, tokenizer_dir, tmp_path, monkeyp
     demo_dir = stages.stage_export(tmp_path / "electra")
     assert demo_dir == cfg.hf_dir / "generator"
     assert json.loads((cfg.hf_dir / "config.json").read_text())["architectures"] == ["ElectraForPreTraining"]
+
+
+def test_categorical_sampler_matches_the_distribution():
+    from objectives.rtd import sample_categorical
+
+    torch.manual_seed(0)
+    probs = torch.tensor([[0.5, 0.0, 0.3, 0.2]]).repeat(40000, 1)
+    draws = sample_categorical(probs)
+    freq = torch.bincount(draws, minlength=4).float() / len(draws)
+    assert freq[1] == 0  # a zero-probability token (e.g. [MASK]) is never drawn
+    assert torch.allclose(freq, probs[0], atol=0.01), freq
