@@ -99,7 +99,8 @@ def cmd_run(args) -> int:
 def cmd_export(args) -> int:
     from pretrain.stages import fill_mask_demo, stage_export
 
-    out = stage_export(Path(args.run_or_checkpoint), Path(args.out) if args.out else None, verify=not args.no_verify)
+    out = stage_export(Path(args.run_or_checkpoint), Path(args.out) if args.out else None, verify=not args.no_verify,
+                       arch=args.arch, push_to_hub=args.push_to_hub)
     if args.demo:
         fill_mask_demo(out)
     return 0
@@ -276,6 +277,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", help="output directory (default: <run_dir>/hf)")
     p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
     p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
+    p.add_argument("--arch", choices=["bert", "roberta", "albert", "modernbert", "electra"],
+                   help="HF architecture to write (default: the one the model options match: bert, or albert with "
+                        "embedding_size/share_layers, modernbert with pre-LN+rope+geglu+no bias, electra for rtd; "
+                        "roberta only on request). Options with no HF equivalent are an error")
+    p.add_argument("--push-to-hub", metavar="REPO",
+                   help="upload the export to this Hub model repo (created if missing); needs HF_TOKEN or a stored "
+                        "`hf auth login` token, checked before anything is exported")
     p.set_defaults(func=cmd_export)
 
     p = sub.add_parser("eval", help="masked-token accuracy and perplexity of a checkpoint or exported model",

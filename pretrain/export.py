@@ -1,13 +1,17 @@
-"""Export a trained encoder + MLM head as a HuggingFace `BertForMaskedLM` directory, and check it.
+"""Export a trained model as a complete HuggingFace `save_pretrained` directory, and check it.
 
-The checkpoint layout `save_pretrained` writes for BERT in transformers 5.x:
-- config.json with architectures ["BertForMaskedLM"] and tie_word_embeddings true;
-- model.safetensors WITHOUT `cls.predictions.decoder.weight` / `.bias`: both are tied on load
-  (to the word embeddings and to `cls.predictions.bias`) and `save_pretrained` drops them, so we do too;
-- no `bert.embeddings.position_ids` / `token_type_ids`: they are non-persistent buffers;
-- no pooler: `BertForMaskedLM` builds `BertModel(add_pooling_layer=False)`.
+Which architecture is written follows from the model's options and heads (`hf_interop.select_architecture`):
+bert (BertForPreTraining with an nsp head, else BertForMaskedLM), roberta (--arch roberta), albert, modernbert;
+ELECTRA (rtd) runs go through `export_electra`. Weight names come from the one table per architecture in
+`pretrain.hf_interop`, used in both directions.
 
-Every name correspondence lives in `_weight_map`, used in both directions.
+The layout `save_pretrained` writes, which we reproduce (transformers 5.x):
+- config.json with the class in `architectures` and tie_word_embeddings true;
+- model.safetensors WITHOUT the tied decoder (`cls.predictions.decoder.*`, `lm_head.decoder.*`, ...): HF
+  re-ties it on load (to the word embeddings and to the head's bias) and `save_pretrained` drops it, so do we;
+- no `*.embeddings.position_ids` / `token_type_ids`: they are non-persistent buffers;
+- a pooler only in the *ForPreTraining classes (the *ForMaskedLM ones build their base model without one);
+- the tokenizer files of the run, and README.md (model card).
 """
 
 from __future__ import annotations
@@ -25,134 +29,65 @@ from safetensors.torch import save_file
 from torch import nn
 
 from objectives.base import SpecialTokens
+from pretrain import hf_interop as hf
 from pretrain.config import ModelConfig
 from pretrain.errors import UserError
+from pretrain.hf_interop import Target
 
-
-# Keys HF may carry that hold no information of their own: the tied decoder (a copy of the word
-# embeddings and of cls.predictions.bias) and non-persistent buffers older versions saved.
-_TIED_DECODER = {"cls.predictions.decoder.weight": "bert.embeddings.word_embeddings.weight",
-                 "cls.predictions.decoder.bias": "cls.predictions.bias"}
-_HF_BUFFERS = ("bert.embeddings.position_ids", "bert.embeddings.token_type_ids")
+_ARCH_TITLE = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT", "electra": "ELECTRA",
+               "modernbert": "ModernBERT"}
 
 
 class ExportError(RuntimeError):
     """The exported directory does not reproduce the model: a bug in the export, not a user mistake."""
 
 
-def hf_bert_config(model_cfg: ModelConfig, tokens: SpecialTokens) -> Any:
-    """The `BertConfig` of our encoder. HF's "gelu" is `nn.functional.gelu` (exact erf form), as ours."""
-    import transformers
+class _ConfigOnly:
+    """Stands in for a model where only its config is read (BERT's HF config needs nothing else)."""
 
-    if model_cfg.vocab_size != tokens.vocab_size:
-        raise UserError(f"model.vocab_size {model_cfg.vocab_size} != tokenizer vocabulary size {tokens.vocab_size}")
-    return transformers.BertConfig(
-        architectures=["BertForMaskedLM"],
-        vocab_size=model_cfg.vocab_size,
-        hidden_size=model_cfg.hidden_size,
-        num_hidden_layers=model_cfg.num_layers,
-        num_attention_heads=model_cfg.num_heads,
-        intermediate_size=model_cfg.intermediate_size,
-        hidden_act="gelu",
-        hidden_dropout_prob=model_cfg.hidden_dropout,
-        attention_probs_dropout_prob=model_cfg.attention_dropout,
-        max_position_embeddings=model_cfg.max_position_embeddings,
-        type_vocab_size=model_cfg.type_vocab_size,
-        initializer_range=model_cfg.initializer_range,
-        layer_norm_eps=model_cfg.layer_norm_eps,
-        pad_token_id=tokens.pad,
-        # transformers 5 only has absolute positions and ignores this; 4.x readers consult it.
-        position_embedding_type="absolute",
-        tie_word_embeddings=True,
-        is_decoder=False,
-        use_cache=False,
-    )
+    def __init__(self, config: ModelConfig):
+        self.config = config
+
+
+def hf_bert_config(model_cfg: ModelConfig, tokens: SpecialTokens) -> Any:
+    """The `BertConfig` of an encoder + MLM head (BertForMaskedLM)."""
+    return hf.hf_config(_ConfigOnly(model_cfg), Target("bert", "BertForMaskedLM"), tokens)
 
 
 # ----------------------------------------------------------------------------------------------
-# The weight map
+# BERT's names (the tables of every architecture live in pretrain.hf_interop)
 
 
 def lm_head_name(model: nn.Module) -> str:
     """Dotted name of the token-prediction head tied to the encoder's word embeddings, wherever the
-    objective keeps it (heads.mlm, heads.span.mlm, heads.plm, ...): the head BertForMaskedLM gets."""
-    from objectives.mlm import MLMHead
-
-    tied = model.encoder.embeddings.word_embeddings.weight
-    for name, module in model.named_modules():
-        if isinstance(module, MLMHead) and module.decoder_weight is tied and name.startswith("heads."):
-            return name
-    raise UserError(f"BertForMaskedLM export needs a token-prediction objective (mlm, span, plm); this model "
-                    f"has heads {sorted(model.heads) or 'none'}")
-
-
-def _weight_map(num_layers: int, head: str) -> list[tuple[str, tuple[str, ...]]]:
-    """(our name, HF names). One HF name: a rename. Several: our tensor is their concatenation on dim 0
-    (the fused qkv Linear stacks q, k, v along its output dimension, in that order)."""
-    pairs: list[tuple[str, tuple[str, ...]]] = []
-
-    def linear_or_norm(ours: str, *hf: str) -> None:
-        for param in ("weight", "bias"):
-            pairs.append((f"{ours}.{param}", tuple(f"{h}.{param}" for h in hf)))
-
-    emb, hf_emb = "encoder.embeddings", "bert.embeddings"
-    for table in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
-        pairs.append((f"{emb}.{table}.weight", (f"{hf_emb}.{table}.weight",)))
-    linear_or_norm(f"{emb}.layer_norm", f"{hf_emb}.LayerNorm")
-
-    for i in range(num_layers):
-        ours, hf = f"encoder.layers.{i}", f"bert.encoder.layer.{i}"
-        linear_or_norm(f"{ours}.attention.qkv", *(f"{hf}.attention.self.{p}" for p in ("query", "key", "value")))
-        linear_or_norm(f"{ours}.attention.out", f"{hf}.attention.output.dense")
-        linear_or_norm(f"{ours}.attn_norm", f"{hf}.attention.output.LayerNorm")
-        linear_or_norm(f"{ours}.ffn_in", f"{hf}.intermediate.dense")
-        linear_or_norm(f"{ours}.ffn_out", f"{hf}.output.dense")
-        linear_or_norm(f"{ours}.ffn_norm", f"{hf}.output.LayerNorm")
-
-    linear_or_norm(f"{head}.dense", "cls.predictions.transform.dense")
-    linear_or_norm(f"{head}.layer_norm", "cls.predictions.transform.LayerNorm")
-    pairs.append((f"{head}.bias", ("cls.predictions.bias",)))
-    # heads.mlm.decoder_weight is the word-embedding Parameter itself (tied), so it has no entry.
-    return pairs
-
-
-def _check_exportable(model: nn.Module) -> str:
-    return lm_head_name(model)  # raises when there is no tied token-prediction head
+    objective keeps it (heads.mlm, heads.span.mlm, heads.plm, ...): the head a *ForMaskedLM export gets."""
+    name = hf.lm_head_name(model)
+    if name is None:
+        raise UserError(f"BertForMaskedLM export needs a token-prediction objective (mlm, span, plm); this model "
+                        f"has heads {sorted(model.heads) or 'none'}")
+    return name
 
 
 def to_hf_bert_state_dict(model: nn.Module) -> dict[str, torch.Tensor]:
-    """Our `PretrainingModel` weights under `BertForMaskedLM` names: fp32, CPU, contiguous, unshared."""
-    head = _check_exportable(model)
-    ours = model.state_dict()
-    out: dict[str, torch.Tensor] = {}
-    for name, hf_names in _weight_map(model.config.num_layers, head):
-        for hf_name, part in zip(hf_names, ours[name].chunk(len(hf_names), dim=0)):
-            # clone: chunks are views of one storage, and safetensors refuses shared tensors
-            out[hf_name] = part.detach().to("cpu", torch.float32).contiguous().clone()
-    return out
+    """Our model under BERT names: BertForMaskedLM's, + pooler and seq_relationship when it has an nsp head."""
+    lm_head_name(model)  # raises when there is no tied token-prediction head
+    return hf.to_hf_state_dict(model, "bert")
 
 
 def from_hf_bert_state_dict(hf_sd: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-    """The inverse of `to_hf_bert_state_dict`: a state dict `model.load_state_dict` accepts (strict)."""
-    head = _check_exportable(model)
-    pairs = _weight_map(model.config.num_layers, head)
-    known = {h for _, hf_names in pairs for h in hf_names}
-    missing = sorted(known - hf_sd.keys())
-    unexpected = sorted(hf_sd.keys() - known - _TIED_DECODER.keys() - set(_HF_BUFFERS))
-    if missing or unexpected:
-        raise UserError(f"not a BertForMaskedLM state dict of {model.config.num_layers} layers: "
-                        f"missing {missing[:5]}, unexpected {unexpected[:5]}")
+    """The inverse of `to_hf_bert_state_dict`: a state dict `model.load_state_dict` accepts (strict).
+    Every tensor of the table must be there, and nothing else (tied decoder and buffers aside)."""
+    lm_head_name(model)
+    state, absent, unused = hf.from_hf_state_dict(hf_sd, model, "bert", "BERT state dict")
+    if absent or unused:
+        raise UserError(f"not a BERT state dict of this model ({model.config.num_layers} layers): missing "
+                        f"{sorted(h for link in absent for h in link.hf)[:5]}, unexpected {unused[:5]}")
     # A checkpoint may carry the decoder explicitly; we can only represent it tied.
-    for copy_name, source in _TIED_DECODER.items():
+    for copy_name, source in (("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
+                              ("cls.predictions.decoder.bias", "cls.predictions.bias")):
         if copy_name in hf_sd and not torch.equal(hf_sd[copy_name], hf_sd[source]):
             raise UserError(f"{copy_name} differs from {source}: an untied decoder cannot be imported")
-
-    ref = model.state_dict()
-    out = {}
-    for name, hf_names in pairs:
-        out[name] = torch.cat([hf_sd[h] for h in hf_names], dim=0).to(ref[name].dtype)
-    out[f"{head}.decoder_weight"] = out["encoder.embeddings.word_embeddings.weight"]
-    return out
+    return state
 
 
 # ----------------------------------------------------------------------------------------------
@@ -168,7 +103,13 @@ def _fmt_int(value: Any) -> str:
     return f"{value:,}" if isinstance(value, int) else str(value)
 
 
-def model_card(model_cfg: ModelConfig, num_params: int, card: dict) -> str:
+def intro_line(arch: str, hf_class: str, init_from: bool) -> str:
+    how = "pretrained further from a HuggingFace checkpoint" if init_from else "pretrained from scratch"
+    return f"A {_ARCH_TITLE.get(arch, arch)} encoder {how}, exported as `{hf_class}`."
+
+
+def model_card(model_cfg: ModelConfig, num_params: int, card: dict, hf_class: str = "BertForMaskedLM",
+               arch: str = "bert") -> str:
     """README.md: YAML front matter for the Hub, then what was trained, on what, for how long."""
     objectives = card.get("objectives") or ["unknown"]
     if isinstance(objectives, dict):  # {name: options}: list each with its options
@@ -178,7 +119,7 @@ def model_card(model_cfg: ModelConfig, num_params: int, card: dict) -> str:
     else:
         described = list(map(str, objectives))
     front: dict[str, Any] = {"library_name": "transformers", "pipeline_tag": "fill-mask", "language": ["en"],
-                             "tags": ["bert", "fill-mask", "pretraining", *map(str, objectives)]}
+                             "tags": [arch, "fill-mask", "pretraining", *map(str, objectives)]}
     if card.get("license"):  # never claim a license nobody chose
         front["license"] = card["license"]
     final_loss = card.get("final_loss")
@@ -193,9 +134,11 @@ def model_card(model_cfg: ModelConfig, num_params: int, card: dict) -> str:
     lines = [
         "---", yaml.safe_dump(front, sort_keys=False).strip(), "---", "",
         f"# {name}", "",
-        "A BERT encoder pretrained from scratch, exported as `BertForMaskedLM`.", "",
+        intro_line(arch, hf_class, bool(card.get("init_from"))), "",
+        *([f"Notes: {'; '.join(card['notes'])}.", ""] if card.get("notes") else []),
         "## Training", "",
         f"- Objective(s): {'; '.join(described)}",
+        *([f"- Initialised from: {card['init_from']} (`model.init_from`)"] if card.get("init_from") else []),
         f"- Data: {corpus}",
         f"- Data provenance: {_card_value(card, 'provenance')}",
         f"- Tokens seen: {_fmt_int(_card_value(card, 'tokens_seen'))}",
@@ -232,27 +175,24 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
         shutil.rmtree(old)
 
 
-def export_pretrained(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str | Path, out_dir: str | Path,
-                      card: dict) -> Path:
-    """Write a `from_pretrained`-loadable directory (config, safetensors, tokenizer, README); returns it."""
-    tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
-    if not tokenizer_dir.is_dir() or not any(tokenizer_dir.iterdir()):
-        raise UserError(f"tokenizer directory {tokenizer_dir} is missing or empty")
-    config = hf_bert_config(model.config, tokens)
-    state = to_hf_bert_state_dict(model)
-
+def write_hf_dir(out_dir: Path, parts: list[tuple[str, Any, dict[str, torch.Tensor], str]],
+                 tokenizer_dir: Path) -> Path:
+    """Write each part (subdirectory, HF config, HF state dict, README text) with the tokenizer files into a
+    temporary directory, then swap it into place: at every instant out_dir is the old or the new export."""
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / (".tmp-" + out_dir.name)
     if tmp.exists():  # left by an export that crashed
         shutil.rmtree(tmp)
     tmp.mkdir()
     try:
-        for item in tokenizer_dir.iterdir():
-            (shutil.copytree if item.is_dir() else shutil.copy2)(item, tmp / item.name)
-        config.save_pretrained(tmp)  # writes config.json
-        save_file(state, tmp / "model.safetensors", metadata={"format": "pt"})  # "pt": what HF's loader expects
-        num_params = sum(t.numel() for t in state.values())  # tied decoder not in `state`: counted once
-        (tmp / "README.md").write_text(model_card(model.config, num_params, card))
+        for sub, config, state, readme in parts:
+            where = tmp / sub
+            where.mkdir(exist_ok=True)
+            for item in tokenizer_dir.iterdir():
+                (shutil.copytree if item.is_dir() else shutil.copy2)(item, where / item.name)
+            config.save_pretrained(where)  # writes config.json
+            save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # "pt": what HF's loader expects
+            (where / "README.md").write_text(readme)
         _replace_dir(tmp, out_dir)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
@@ -260,17 +200,44 @@ def export_pretrained(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: st
     return out_dir
 
 
+def check_tokenizer_dir(tokenizer_dir: str | Path) -> Path:
+    tokenizer_dir = Path(tokenizer_dir)
+    if not tokenizer_dir.is_dir() or not any(tokenizer_dir.iterdir()):
+        raise UserError(f"tokenizer directory {tokenizer_dir} is missing or empty")
+    return tokenizer_dir
+
+
+def export_pretrained(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str | Path, out_dir: str | Path,
+                      card: dict, arch: str | None = None) -> Path:
+    """Write a `from_pretrained`-loadable directory (config, safetensors, tokenizer, README) of the HF class
+    `select_architecture` picks for this model (`arch` forces bert / roberta / albert / modernbert); returns
+    it. ELECTRA (rtd) runs: `pretrain.export_electra.export_electra`."""
+    tokenizer_dir, out_dir = check_tokenizer_dir(tokenizer_dir), Path(out_dir)
+    target = hf.select_architecture(model, arch)
+    if target.arch == "electra":
+        raise UserError("export_pretrained needs a token-prediction head (mlm, span, plm); an rtd (ELECTRA) run "
+                        "is exported by export_electra, as `pretrain export` does")
+    config = hf.hf_config(model, target, tokens)
+    state = hf.to_hf_state_dict(model, target.arch)
+    num_params = sum(t.numel() for t in state.values())  # tied decoder not in `state`: counted once
+    card = {**card, "notes": list(card.get("notes") or []) + list(target.notes)}
+    readme = model_card(model.config, num_params, card, target.hf_class, target.arch)
+    return write_hf_dir(out_dir, [("", config, state, readme)], tokenizer_dir)
+
+
 # ----------------------------------------------------------------------------------------------
 # Verification
 
 
 def _probe_batch(cfg: ModelConfig, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A fixed batch of 3 x L: random ids, both token types, and rows with trailing padding."""
+    """A fixed batch of 3 x L: random ids (never the pad id at a real token: RoBERTa numbers positions by
+    counting non-pad tokens), both token types, and rows with trailing padding."""
     gen = torch.Generator().manual_seed(seed)
     length = min(16, cfg.max_position_embeddings)
     ids = torch.randint(0, cfg.vocab_size, (3, length), generator=gen)
+    ids[ids == cfg.pad_token_id] = (cfg.pad_token_id + 1) % cfg.vocab_size
     types = torch.zeros_like(ids)
-    types[:, length // 2:] = min(1, cfg.type_vocab_size - 1)
+    types[:, length // 2:] = min(1, max(cfg.type_vocab_size, 1) - 1)
     mask = torch.ones_like(ids)
     mask[1, length - 5:] = 0
     mask[2, length // 3:] = 0
@@ -278,19 +245,28 @@ def _probe_batch(cfg: ModelConfig, seed: int = 0) -> tuple[torch.Tensor, torch.T
     return ids, types, mask
 
 
-@torch.no_grad()
-def verify_export(model: nn.Module, out_dir: str | Path, atol: float = 1e-4) -> float:
-    """Load `out_dir` with transformers, compare its logits with ours in fp32; return the max abs diff."""
+def load_hf(path: str | Path, hf_class: str | None = None) -> nn.Module:
+    """transformers' class for the export in `path` (config.json's architectures[0] by default), fp32, eval;
+    missing or unexpected weights are an ExportError."""
     import transformers
 
-    hf, info = transformers.AutoModelForMaskedLM.from_pretrained(str(out_dir), output_loading_info=True,
-                                                                 dtype=torch.float32)
+    path = Path(path)
+    hf_class = hf_class or json.loads((path / "config.json").read_text())["architectures"][0]
+    model, info = getattr(transformers, hf_class).from_pretrained(str(path), output_loading_info=True,
+                                                                   dtype=torch.float32)
     problems = {k: sorted(v) for k, v in info.items() if v and k != "error_msgs"}
     if problems or info.get("error_msgs"):
-        raise ExportError(f"{out_dir}: transformers loaded the export with problems: {problems} "
+        raise ExportError(f"{path}: transformers loaded the export with problems: {problems} "
                           f"{info.get('error_msgs') or ''}")
-    hf.eval()
+    return model.eval()
 
+
+@torch.no_grad()
+def compare_with_hf(model: nn.Module, hf_model: nn.Module, arch: str) -> dict[str, float]:
+    """Max abs differences between ours and `hf_model` on the probe batch (with padding), fp32:
+    "hidden" (last hidden state of the base model), "logits" (MLM), and "nsp"/"sop" logits where both have
+    that head. Padded positions are compared too (both models mask keys only), except for RoBERTa, which
+    gives padding its own position id: there real tokens only."""
     # Compare in fp32 without changing the caller's model: copy it only if a cast is needed.
     ours = model if all(p.dtype == torch.float32 for p in model.parameters()) else copy.deepcopy(model).float()
     was_training = ours.training
@@ -298,12 +274,41 @@ def verify_export(model: nn.Module, out_dir: str | Path, atol: float = 1e-4) -> 
     try:
         device = next(ours.parameters()).device
         ids, types, mask = _probe_batch(ours.config)
-        expected = ours.get_submodule(lm_head_name(ours))(ours.encoder(ids.to(device), types.to(device), mask.to(device))).cpu()
+        uses_types = arch != "modernbert"  # ModernBERT has no token types (ours are then all type 0)
+        our_types = types if uses_types else torch.zeros_like(types)
+        hidden = ours.encoder(ids.to(device), our_types.to(device), mask.to(device))
+        expected = {"hidden": hidden.cpu(), "logits": ours.get_submodule(lm_head_name(ours))(hidden).cpu()}
+        for sentence in ("nsp", "sop"):
+            if sentence in ours.heads:
+                expected[sentence] = ours.heads[sentence](hidden).cpu()
     finally:
         ours.train(was_training)
-    got = hf(input_ids=ids, token_type_ids=types, attention_mask=mask).logits
-    # Padded positions included: both models mask keys only, so their outputs must agree there too.
-    diff = (got - expected).abs().max().item()
-    if not diff <= atol:  # `not <=` also catches NaN
-        raise ExportError(f"{out_dir}: HF logits differ from ours by {diff:.3g} (> {atol:g})")
-    return diff
+    kwargs = {"input_ids": ids, "attention_mask": mask, **({"token_type_ids": types} if uses_types else {})}
+    base = getattr(hf_model, hf_model.base_model_prefix)
+    out = hf_model(**kwargs)
+    got = {"hidden": base(**kwargs).last_hidden_state,
+           "logits": out.prediction_logits if hasattr(out, "prediction_logits") else out.logits}
+    if getattr(out, "seq_relationship_logits", None) is not None and "nsp" in expected:
+        got["nsp"] = out.seq_relationship_logits
+    if getattr(out, "sop_logits", None) is not None and "sop" in expected:
+        got["sop"] = out.sop_logits
+    real = mask.bool() if arch == "roberta" else torch.ones_like(mask, dtype=torch.bool)
+    diffs = {}
+    for key, value in got.items():
+        if value.shape != expected[key].shape:
+            raise ExportError(f"{key}: HF shape {tuple(value.shape)} != ours {tuple(expected[key].shape)}")
+        a, b = (value[real], expected[key][real]) if value.dim() == 3 else (value, expected[key])
+        diffs[key] = (a - b).abs().max().item()
+    return diffs
+
+
+def verify_export(model: nn.Module, out_dir: str | Path, atol: float = 1e-4) -> float:
+    """Load `out_dir` with transformers, compare its hidden states and logits with ours in fp32; return the
+    max abs difference (ExportError above `atol`)."""
+    out_dir = Path(out_dir)
+    config = json.loads((out_dir / "config.json").read_text())
+    diffs = compare_with_hf(model, load_hf(out_dir), config["model_type"])
+    worst = max(diffs.values())
+    if not worst <= atol:  # `not <=` also catches NaN
+        raise ExportError(f"{out_dir}: HF outputs differ from ours by {diffs} (> {atol:g})")
+    return worst

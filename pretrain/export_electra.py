@@ -8,26 +8,25 @@ Layout, as `save_pretrained` writes it in transformers 5.x:
 The embeddings appear in both files (HF has no cross-model sharing); in disentangled mode the discriminator's
 word table is the effective one, shared + delta, and the generator's the shared one.
 
-The encoder layers' names are those of `pretrain.export._weight_map` with `bert.` read as `electra.`: one
-table per model below, each used in both directions.
+The encoder's names are BERT's with `bert.` read as `electra.` (`hf_interop.bert_body`): one table per model
+below, each used in both directions by `hf_interop.to_hf` / `from_hf`.
 """
 
 from __future__ import annotations
 
 import copy
-import shutil
 from pathlib import Path
 from typing import Any
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 
 from objectives.base import SpecialTokens
 from objectives.rtd import DisentangledWordEmbedding, RTDHead
 from pretrain.config import ModelConfig
 from pretrain.errors import UserError
-from pretrain.export import ExportError, _probe_batch, _replace_dir, _weight_map, model_card
+from pretrain.export import ExportError, _probe_batch, intro_line, model_card, write_hf_dir
+from pretrain.hf_interop import Link, Table, bert_body, from_hf, to_hf
 
 HEAD = "heads.rtd"
 WORD = "encoder.embeddings.word_embeddings.weight"
@@ -36,7 +35,6 @@ GENERATOR_DIR = "generator"
 _HF_BUFFERS = ("electra.embeddings.position_ids", "electra.embeddings.token_type_ids")
 _TIED = {"generator_lm_head.weight": "electra.embeddings.word_embeddings.weight"}
 
-Pairs = list[tuple[str, tuple[str, ...]]]
 
 
 def rtd_head(model: nn.Module) -> RTDHead:
@@ -51,8 +49,9 @@ def hf_electra_config(model_cfg: ModelConfig, body: ModelConfig, tokens: Special
     HF's "gelu" (GELUActivation, erf form) is our F.gelu; the generator head's GELU is hard-wired in HF."""
     import transformers
 
-    if model_cfg.vocab_size != tokens.vocab_size:
-        raise UserError(f"model.vocab_size {model_cfg.vocab_size} != tokenizer vocabulary size {tokens.vocab_size}")
+    if tokens.vocab_size > model_cfg.vocab_size:  # smaller is fine: checkpoints often pad their tables
+        raise UserError(f"tokenizer vocabulary ({tokens.vocab_size}) is larger than model.vocab_size "
+                        f"({model_cfg.vocab_size})")
     return transformers.ElectraConfig(
         architectures=[architecture],
         vocab_size=model_cfg.vocab_size,
@@ -79,46 +78,35 @@ def hf_electra_config(model_cfg: ModelConfig, body: ModelConfig, tokens: Special
 # The weight maps
 
 
-def _linear_or_norm(ours: str, hf: str) -> Pairs:
-    return [(f"{ours}.{p}", (f"{hf}.{p}",)) for p in ("weight", "bias")]
+def _linear_or_norm(ours: str, hf: str) -> Table:
+    return [Link(f"{ours}.{p}", (f"{hf}.{p}",)) for p in ("weight", "bias")]
 
 
-def _body_pairs(num_layers: int, our_layers: str) -> Pairs:
-    """Embeddings + encoder layers: BERT's map with bert.* read as electra.*, our layers under `our_layers`."""
-    pairs = []
-    for ours, hf in _weight_map(num_layers, head=HEAD):
-        if not hf[0].startswith("bert."):
-            continue  # BERT's MLM head: ELECTRA's heads are mapped below
-        if ours.startswith("encoder.layers."):
-            ours = our_layers + ours[len("encoder.layers"):]
-        pairs.append((ours, tuple("electra." + h[len("bert."):] for h in hf)))
-    return pairs
+def _body(num_layers: int, our_layers: str) -> Table:
+    """Embeddings + encoder layers: BERT's body under electra.*, our layers under `our_layers`."""
+    table = []
+    for link in bert_body(num_layers, "electra"):
+        if link.ours.startswith("encoder.layers."):
+            link = link._replace(ours=our_layers + link.ours[len("encoder.layers"):])
+        table.append(link)
+    return table
 
 
-def discriminator_weight_map(num_layers: int) -> Pairs:
-    """(our name, ElectraForPreTraining names); several names = our tensor is their concatenation on dim 0."""
-    return (_body_pairs(num_layers, "encoder.layers")
+def discriminator_weight_map(num_layers: int) -> Table:
+    """Our names <-> ElectraForPreTraining names; several names = our tensor is their concatenation on dim 0."""
+    return (_body(num_layers, "encoder.layers")
             + _linear_or_norm(f"{HEAD}.dense", "discriminator_predictions.dense")
             + _linear_or_norm(f"{HEAD}.dense_prediction", "discriminator_predictions.dense_prediction"))
 
 
-def generator_weight_map(num_layers: int) -> Pairs:
-    """(our name, ElectraForMaskedLM names). The decoder is the word-embedding Parameter: no entry."""
+def generator_weight_map(num_layers: int) -> Table:
+    """Our names <-> ElectraForMaskedLM names. The decoder is the word-embedding Parameter: no entry."""
     gen = f"{HEAD}.generator"
-    return (_body_pairs(num_layers, f"{gen}.layers")
+    return (_body(num_layers, f"{gen}.layers")
             + _linear_or_norm(f"{gen}.embeddings_project", "electra.embeddings_project")
             + _linear_or_norm(f"{gen}.head.dense", "generator_predictions.dense")
             + _linear_or_norm(f"{gen}.head.layer_norm", "generator_predictions.LayerNorm")
-            + [(f"{gen}.head.bias", ("generator_lm_head.bias",))])
-
-
-def _apply(pairs: Pairs, ours: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    out = {}
-    for name, hf_names in pairs:
-        for hf_name, part in zip(hf_names, ours[name].chunk(len(hf_names), dim=0)):
-            # clone: chunks are views of one storage, and safetensors refuses shared tensors
-            out[hf_name] = part.detach().to("cpu", torch.float32).contiguous().clone()
-    return out
+            + [Link(f"{gen}.head.bias", ("generator_lm_head.bias",))])
 
 
 def to_hf_electra_state_dicts(model: nn.Module) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
@@ -129,8 +117,8 @@ def to_hf_electra_state_dicts(model: nn.Module) -> tuple[dict[str, torch.Tensor]
     word = model.encoder.embeddings.word_embeddings
     if isinstance(word, DisentangledWordEmbedding):
         disc_src[WORD] = word.effective_weight().detach()  # what our encoder actually reads
-    return (_apply(discriminator_weight_map(model.config.num_layers), disc_src),
-            _apply(generator_weight_map(head.generator.config.num_layers), ours))
+    return (to_hf(discriminator_weight_map(model.config.num_layers), disc_src),
+            to_hf(generator_weight_map(head.generator.config.num_layers), ours))
 
 
 def from_hf_electra_state_dicts(disc_sd: dict[str, torch.Tensor], gen_sd: dict[str, torch.Tensor],
@@ -141,16 +129,16 @@ def from_hf_electra_state_dicts(disc_sd: dict[str, torch.Tensor], gen_sd: dict[s
     disentangled = isinstance(model.encoder.embeddings.word_embeddings, DisentangledWordEmbedding)
     ref = model.state_dict()
     out: dict[str, torch.Tensor] = {}
-    for what, sd, pairs in (("ElectraForPreTraining", disc_sd, discriminator_weight_map(model.config.num_layers)),
+    for what, sd, table in (("ElectraForPreTraining", disc_sd, discriminator_weight_map(model.config.num_layers)),
                             ("ElectraForMaskedLM", gen_sd, generator_weight_map(head.generator.config.num_layers))):
-        known = {h for _, hf_names in pairs for h in hf_names}
+        known = {h for link in table for h in link.hf}
         missing = sorted(known - sd.keys())
         unexpected = sorted(sd.keys() - known - _TIED.keys() - set(_HF_BUFFERS))
         if missing or unexpected:
             raise UserError(f"not the {what} state dict of this model: missing {missing[:5]}, "
                             f"unexpected {unexpected[:5]}")
-        for name, hf_names in pairs:
-            tensor = torch.cat([sd[h] for h in hf_names], dim=0).to(ref[name].dtype)
+        mapped, _ = from_hf(table, sd, ref, what)
+        for name, tensor in mapped.items():
             if name.startswith("encoder.embeddings.") and name in out and not (disentangled and name == WORD):
                 if not torch.equal(out[name], tensor):
                     raise UserError(f"{name}: the two models' copies differ; ours share one")
@@ -167,7 +155,6 @@ def from_hf_electra_state_dicts(disc_sd: dict[str, torch.Tensor], gen_sd: dict[s
 # The export directory
 
 
-_BERT_INTRO = "A BERT encoder pretrained from scratch, exported as `BertForMaskedLM`."
 _DISC_USAGE = "\n".join([
     "## Usage", "",
     "```python",
@@ -191,7 +178,7 @@ def electra_card(model_cfg: ModelConfig, num_params: int, card: dict, role: str)
     else:
         intro = ("The ELECTRA generator (a small masked language model trained alongside the discriminator in "
                  "`..`), exported as `ElectraForMaskedLM`.")
-    return text.replace(_BERT_INTRO, intro, 1)
+    return text.replace(intro_line("bert", "BertForMaskedLM", bool(card.get("init_from"))), intro, 1)
 
 
 def export_electra(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str | Path, out_dir: str | Path,
@@ -208,26 +195,9 @@ def export_electra(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str |
              ("generator", GENERATOR_DIR, hf_electra_config(model.config, gen_cfg, tokens, "ElectraForMaskedLM"),
               gen_state, gen_cfg)]
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / (".tmp-" + out_dir.name)
-    if tmp.exists():  # left by an export that crashed
-        shutil.rmtree(tmp)
-    tmp.mkdir()
-    try:
-        for role, sub, config, state, body_cfg in parts:
-            where = tmp / sub
-            where.mkdir(exist_ok=True)
-            for item in tokenizer_dir.iterdir():
-                (shutil.copytree if item.is_dir() else shutil.copy2)(item, where / item.name)
-            config.save_pretrained(where)
-            save_file(state, where / "model.safetensors", metadata={"format": "pt"})
-            num_params = sum(t.numel() for t in state.values())
-            (where / "README.md").write_text(electra_card(body_cfg, num_params, card, role))
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    return write_hf_dir(out_dir, [(sub, config, state, electra_card(body_cfg, sum(t.numel() for t in state.values()),
+                                                                     card, role))
+                                  for role, sub, config, state, body_cfg in parts], tokenizer_dir)
 
 
 # ----------------------------------------------------------------------------------------------

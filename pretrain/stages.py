@@ -24,7 +24,9 @@ def is_main_process() -> bool:
 def stage_tokenizer(cfg: RunConfig) -> Path:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
+    from pretrain.hf_interop import resolve_init_from
 
+    resolve_init_from(cfg)  # model.init_from: DIR implies data.tokenizer: DIR (the checkpoint's vocabulary)
     out = cfg.tokenizer_dir
     if (out / "tokenizer.json").is_file():
         say(f"tokenizer: {out} exists, skipped")
@@ -55,8 +57,10 @@ def stage_shards(cfg: RunConfig) -> dict:
 
 
 def stage_train(cfg: RunConfig) -> dict:
+    from pretrain.hf_interop import resolve_init_from
     from pretrain.trainer import train
 
+    resolve_init_from(cfg)  # before train() saves config.yaml, so that resuming reads the same tokenizer
     summary = train(cfg)
     say(f"train: step {summary['step']}/{cfg.train.max_steps}, {summary['tokens_seen']:,} tokens seen"
         + (f", final loss {summary['final_loss']:.4f}" if summary.get("final_loss") is not None else ""))
@@ -72,7 +76,7 @@ def load_checkpoint_model(path: Path):
     cfg = build_config(load_yaml(path / "config.yaml"))
     tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
     tokens = special_tokens(load_tokenizer(tokenizer_dir))
-    model = build_model(cfg, tokens)
+    model = build_model(cfg, tokens, load_init_weights=False)  # the checkpoint's weights replace them anyway
     missing, unexpected = model.load_state_dict(ckpt.load_module_state(path), strict=False)
     if missing or unexpected:
         raise UserError(f"checkpoint {path} does not match its config: missing {missing[:5]}, "
@@ -81,14 +85,20 @@ def load_checkpoint_model(path: Path):
     return cfg, model.eval(), tokens, tokenizer_dir, state
 
 
-def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool = True) -> Path:
-    """Export the checkpoint to `out` (default <run>/hf); returns the directory a fill-mask demo should load:
-    `out` for BERT, `out`/generator for an ELECTRA (rtd) run, whose `out` holds the discriminator."""
+def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool = True, arch: str | None = None,
+                 push_to_hub: str | None = None) -> Path:
+    """Export the checkpoint to `out` (default <run>/hf) as the HF architecture its options match (`arch`
+    forces one: bert, roberta, albert, modernbert, electra; see `hf_interop.select_architecture`); optionally
+    upload it to the Hub repo `push_to_hub`. Returns the directory a fill-mask demo should load: `out`, or
+    `out`/generator for an ELECTRA (rtd) run, whose `out` holds the discriminator."""
     from pretrain.export import export_pretrained, verify_export
     from pretrain.export_electra import GENERATOR_DIR, export_electra, verify_electra_export
+    from pretrain.hf_interop import check_hub_token, push_to_hub as upload, select_architecture
     from pretrain.metrics import read_metrics
 
+    token = check_hub_token(push_to_hub) if push_to_hub else None  # no token: fail before doing anything
     cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(Path(run_or_checkpoint))
+    target = select_architecture(model, arch)  # a UserError for options with no HF equivalent
     out = Path(out) if out else cfg.hf_dir
     history = [r for r in read_metrics(cfg.run_dir) if r["step"] <= state["step"]]
     card = {
@@ -99,23 +109,31 @@ def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool 
         "steps": state["step"],
         "final_loss": history[-1]["loss"] if history else None,
         "config": {"model": vars(model.config), "train": vars(cfg.train), "data": vars(cfg.data)},
+        "init_from": cfg.model.init_from or None,
     }
-    if "rtd" in cfg.objectives:
+    for note in target.notes:
+        say(f"export: {note}")
+    if target.arch == "electra":
         export_electra(model, tokens, tokenizer_dir, out, card)
+        demo = out / GENERATOR_DIR
         if verify:
             diffs = verify_electra_export(model, out)
-            say(f"export: {out} (ElectraForPreTraining) and {out / GENERATOR_DIR} (ElectraForMaskedLM); "
+            say(f"export: {out} (ElectraForPreTraining) and {demo} (ElectraForMaskedLM); "
                 f"transformers loads both; max |logit diff| vs ours {max(diffs.values()):.2e}")
         else:
-            say(f"export: {out} and {out / GENERATOR_DIR}")
-        return out / GENERATOR_DIR
-    export_pretrained(model, tokens, tokenizer_dir, out, card)
-    if verify:
-        diff = verify_export(model, out)
-        say(f"export: {out} (transformers loads it; max |logit diff| vs ours {diff:.2e})")
+            say(f"export: {out} and {demo}")
     else:
-        say(f"export: {out}")
-    return out
+        export_pretrained(model, tokens, tokenizer_dir, out, card, arch=target.arch)
+        demo = out
+        if verify:
+            diff = verify_export(model, out)
+            say(f"export: {out} ({target.hf_class}; transformers loads it; max |logit diff| vs ours {diff:.2e}, "
+                "hidden states included)")
+        else:
+            say(f"export: {out} ({target.hf_class})")
+    if push_to_hub:
+        say(f"export: uploaded to {upload(out, push_to_hub, token)}")
+    return demo
 
 
 def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:

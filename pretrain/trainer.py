@@ -42,10 +42,25 @@ def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
     return replace(cfg.model, vocab_size=cfg.model.vocab_size or tokens.vocab_size, pad_token_id=tokens.pad)
 
 
-def build_model(cfg: RunConfig, tokens: SpecialTokens) -> PretrainingModel:
+def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool = True) -> PretrainingModel:
+    """The model of a run. With `model.init_from: DIR` (a HF checkpoint directory) its architecture fields
+    come from DIR/config.json and, when `load_init_weights`, its weights from DIR (heads the checkpoint lacks
+    stay freshly initialised, with a warning). Without the weights (loading one of our checkpoints, which
+    replaces them anyway) DIR may be gone: the config saved with the run then holds the architecture."""
     torch.manual_seed(cfg.train.seed)
     objectives = build_objectives(cfg.objectives, tokens)
-    return PretrainingModel(model_config_for(cfg, tokens), objectives)
+    model_cfg = model_config_for(cfg, tokens)
+    init_from = cfg.model.init_from
+    if init_from and (load_init_weights or (Path(init_from) / "config.json").is_file()):
+        from pretrain.hf_interop import init_model_config
+
+        model_cfg = init_model_config(cfg, model_cfg, tokens)
+    model = PretrainingModel(model_cfg, objectives)
+    if init_from and load_init_weights:
+        from pretrain.hf_interop import load_init_from
+
+        load_init_from(model, init_from)
+    return model
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):

@@ -1,0 +1,367 @@
+"""HuggingFace interop both ways: export parity (hidden states and logits within 1e-4 of transformers, padded
+batch, fp32) per architecture, import of transformers-initialised checkpoints and re-export to the same tensors,
+the architecture dispatch and its errors, and --push-to-hub (never the network)."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+import transformers
+from safetensors.torch import load_file
+
+from data_pipeline.tokenizer import load_tokenizer, special_tokens
+from objectives import SpecialTokens, build_objectives
+from pretrain import hf_interop
+from pretrain.config import ModelConfig, build_config
+from pretrain.errors import UserError
+from pretrain.export import compare_with_hf, export_pretrained, load_hf
+from pretrain.hf_interop import InitFromWarning, select_architecture
+from pretrain.model import PretrainingModel
+from pretrain.trainer import build_model
+
+VOCAB = 128
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
+CARD = {"objectives": ["mlm"], "corpus": "tiny", "tokens_seen": 10, "steps": 1, "final_loss": 1.0, "run_name": "t"}
+ATOL = 1e-4
+# Tiny and deterministic: no dropout, so our model and transformers' agree in train-free eval.
+BASE = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
+            max_position_embeddings=40, hidden_dropout=0.0, attention_dropout=0.0)
+MODERNBERT = dict(norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False,
+                  rope_theta=1000.0)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    """Tiny models: one thread is fastest, and intra-op threads crawl on a busy machine."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def tokens() -> SpecialTokens:
+    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=VOCAB, replaceable=np.arange(5, VOCAB))
+
+
+def _vocab() -> list[str]:
+    chars = sorted(set("".join(WORDS)) - set(WORDS))  # "a" is a word already: no duplicate entries
+    vocab = SPECIALS + WORDS + chars + [f"##{c}" for c in sorted(set("".join(WORDS)))]
+    return vocab + [f"[unused{i}]" for i in range(VOCAB - len(vocab))]
+
+
+def save_tokenizer(path) -> None:
+    transformers.BertTokenizer(vocab={t: i for i, t in enumerate(_vocab())}).save_pretrained(str(path))
+
+
+@pytest.fixture(scope="module")
+def tokenizer_dir(tmp_path_factory):
+    path = tmp_path_factory.mktemp("tokenizer")
+    save_tokenizer(path)
+    return path
+
+
+def randomize(module: torch.nn.Module, seed: int = 0) -> None:
+    """Zero biases / unit LayerNorms (the inits) would hide a swapped or dropped tensor: all random."""
+    gen = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in module.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+
+
+def make_model(tokens, objectives, seed=0, **options) -> PretrainingModel:
+    torch.manual_seed(seed)
+    model = PretrainingModel(ModelConfig(**{**BASE, **options}), build_objectives(objectives, tokens))
+    randomize(model, seed)
+    return model.eval()
+
+
+# ----------------------------------------------------------------------------------------------
+# Export parity
+
+PARITY = {
+    # name: (objectives, model options, --arch, expected class, extra outputs compared)
+    "bert-mlm": ({"mlm": {}}, {}, None, "BertForMaskedLM", ()),
+    "bert-pretraining": ({"mlm": {}, "nsp": {}}, {}, None, "BertForPreTraining", ("nsp",)),
+    "roberta": ({"mlm": {}}, {"type_vocab_size": 1}, "roberta", "RobertaForMaskedLM", ()),
+    "albert-pretraining": ({"mlm": {}, "sop": {}}, {"embedding_size": 16, "share_layers": True}, None,
+                           "AlbertForPreTraining", ("sop",)),
+    "albert-mlm-unshared": ({"mlm": {}}, {"embedding_size": 16}, None, "AlbertForMaskedLM", ()),
+    "albert-identity-projection": ({"mlm": {}, "sop": {}}, {"share_layers": True}, None, "AlbertForPreTraining",
+                                   ("sop",)),
+    "modernbert": ({"mlm": {}}, {**MODERNBERT, "type_vocab_size": 1}, None, "ModernBertForMaskedLM", ()),
+    # type 0's (random, non-zero) row folded into the input table: an untied export
+    "modernbert-folded-types": ({"mlm": {}}, MODERNBERT, None, "ModernBertForMaskedLM", ()),
+}
+
+
+@pytest.mark.parametrize("name", list(PARITY))
+def test_export_parity(name, tokens, tokenizer_dir, tmp_path):
+    objectives, options, arch, hf_class, extra = PARITY[name]
+    model = make_model(tokens, objectives, **options)
+    target = select_architecture(model, arch)
+    assert target.hf_class == hf_class
+    out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD, arch=arch)
+    config = json.loads((out / "config.json").read_text())
+    assert config["architectures"] == [hf_class]
+    assert {"model.safetensors", "README.md", "tokenizer.json", "tokenizer_config.json"} <= {
+        p.name for p in out.iterdir()}
+    assert f"`{hf_class}`" in (out / "README.md").read_text()
+    hf = load_hf(out)  # raises on missing / unexpected weights
+    diffs = compare_with_hf(model, hf, target.arch)
+    print(f"\n{name} ({hf_class}): max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    assert {"hidden", "logits", *extra} <= diffs.keys()
+    assert max(diffs.values()) <= ATOL, diffs
+
+
+def test_roberta_positions_are_offset(tokens, tokenizer_dir, tmp_path):
+    model = make_model(tokens, {"mlm": {}}, type_vocab_size=1)
+    out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD, arch="roberta")
+    sd = load_file(out / "model.safetensors")
+    table = sd["roberta.embeddings.position_embeddings.weight"]
+    ours = model.encoder.embeddings.position_embeddings.weight
+    offset = tokens.pad + 1
+    assert table.shape[0] == ours.shape[0] + offset
+    assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == ours.shape[0] + offset
+    assert torch.equal(table[offset:], ours.detach()) and not table[:offset].any()
+
+
+def test_modernbert_config_is_global_attention(tokens, tokenizer_dir, tmp_path):
+    model = make_model(tokens, {"mlm": {}}, **MODERNBERT, type_vocab_size=1)
+    with torch.no_grad():  # type 0 adds nothing (as after an import): nothing to fold, the decoder stays tied
+        model.encoder.embeddings.token_type_embeddings.weight.zero_()
+    out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    config = json.loads((out / "config.json").read_text())
+    assert config["layer_types"] == ["full_attention"] * BASE["num_layers"]
+    assert config["rope_parameters"]["full_attention"]["rope_theta"] == MODERNBERT["rope_theta"]
+    assert config["tie_word_embeddings"] is True and config["norm_bias"] is False
+    sd = load_file(out / "model.safetensors")
+    assert "model.layers.0.attn_norm.weight" not in sd and "decoder.weight" not in sd  # Identity; tied
+
+
+# ----------------------------------------------------------------------------------------------
+# The dispatch and its errors
+
+
+@pytest.mark.parametrize("options, arch, match", [
+    ({"norm_placement": "pre"}, None, "norm_placement=pre"),  # pre-LN with learned positions
+    ({"position_embedding": "rope"}, None, "position_embedding=rope"),  # RoPE with post-LN
+    ({**MODERNBERT, "use_bias": True}, None, "use_bias=true"),
+    ({"embedding_size": 16}, "roberta", "albert"),
+    ({}, "electra", "rtd"),
+    ({}, "gpt2", "not one of"),
+])
+def test_options_without_hf_equivalent_are_a_clear_error(tokens, options, arch, match):
+    model = make_model(tokens, {"mlm": {}}, **options)
+    with pytest.raises(UserError, match=match) as err:
+        select_architecture(model, arch)
+    if arch is None:  # the message lists what does exist
+        assert "modernbert" in str(err.value) and "albert" in str(err.value)
+
+
+def test_sentence_heads_that_do_not_fit_are_noted(tokens):
+    bert_sop = select_architecture(make_model(tokens, {"mlm": {}, "sop": {}}))
+    assert bert_sop.hf_class == "BertForMaskedLM" and any("sop" in n for n in bert_sop.notes)
+    albert_mlm = select_architecture(make_model(tokens, {"mlm": {}}, share_layers=True))
+    assert albert_mlm.hf_class == "AlbertForMaskedLM" and any("AlbertForPreTraining" in n for n in albert_mlm.notes)
+    assert select_architecture(make_model(tokens, {"rtd": {}})).arch == "electra"
+
+
+# ----------------------------------------------------------------------------------------------
+# Import: model.init_from
+
+
+def _hf_checkpoint(path, hf_model) -> None:
+    randomize(hf_model, seed=3)
+    hf_model.save_pretrained(str(path))
+    save_tokenizer(path)
+
+
+HF_TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0)
+IMPORTS = {
+    # name: (HF class, config, objectives, --arch for the re-export)
+    "BertForPreTraining": (transformers.BertForPreTraining, transformers.BertConfig(
+        **HF_TINY, max_position_embeddings=40), {"mlm": {}, "nsp": {}}, None),
+    "BertForMaskedLM": (transformers.BertForMaskedLM, transformers.BertConfig(
+        **HF_TINY, max_position_embeddings=40), {"mlm": {}}, None),
+    "RobertaForMaskedLM": (transformers.RobertaForMaskedLM, transformers.RobertaConfig(
+        **HF_TINY, max_position_embeddings=41, type_vocab_size=1), {"mlm": {}}, "roberta"),
+    "AlbertForPreTraining": (transformers.AlbertForPreTraining, transformers.AlbertConfig(
+        **HF_TINY, embedding_size=16, max_position_embeddings=40, hidden_act="gelu", classifier_dropout_prob=0.0),
+        {"mlm": {}, "sop": {}}, None),
+    "ModernBertForMaskedLM": (transformers.ModernBertForMaskedLM, transformers.ModernBertConfig(
+        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
+        max_position_embeddings=40, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+        global_attn_every_n_layers=1), {"mlm": {}}, None),
+    "ElectraForMaskedLM": (transformers.ElectraForMaskedLM, transformers.ElectraConfig(
+        **HF_TINY, embedding_size=32, max_position_embeddings=40), {"mlm": {}}, None),
+}
+
+
+def _import(tmp_path, directory, objectives, **overrides):
+    cfg = build_config({"output_dir": str(tmp_path), "name": "run", "objectives": objectives,
+                        "model": {"init_from": str(directory), "hidden_dropout": 0.0, "attention_dropout": 0.0,
+                                  **overrides}})
+    hf_interop.resolve_init_from(cfg)
+    assert cfg.tokenizer_dir == directory  # init_from implies the checkpoint's tokenizer
+    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    return cfg, tokens, build_model(cfg, tokens).eval()
+
+
+@pytest.mark.parametrize("name", list(IMPORTS))
+def test_import_matches_transformers_and_reexports_the_same_tensors(name, tmp_path, recwarn):
+    cls, config, objectives, arch = IMPORTS[name]
+    src = tmp_path / "src"
+    _hf_checkpoint(src, cls(config))
+    cfg, tokens, model = _import(tmp_path, src, objectives)
+    assert not [w for w in recwarn.list if issubclass(w.category, InitFromWarning)], [str(w.message) for w in recwarn]
+
+    hf = load_hf(src, name)
+    diffs = compare_with_hf(model, hf, config.model_type)
+    print(f"\nimported {name}: max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
+    assert max(diffs.values()) <= ATOL, diffs
+
+    if name == "ElectraForMaskedLM":
+        return  # a generator imports as an MLM model; it re-exports as BERT (ELECTRA export needs an rtd run)
+    out = export_pretrained(model, tokens, cfg.tokenizer_dir, tmp_path / "out", CARD, arch=arch)
+    before, after = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+    assert before.keys() == after.keys()
+    for key in before:
+        if name == "RobertaForMaskedLM" and key == "roberta.embeddings.position_embeddings.weight":
+            # rows [0, pad] are unreachable for real tokens (RoBERTa numbers them from pad + 1): written as zeros
+            off = hf_interop.roberta_offset(tokens.pad)
+            assert torch.equal(before[key][off:], after[key][off:]) and not after[key][:off].any()
+            continue
+        assert torch.equal(before[key], after[key]), key
+    assert json.loads((out / "config.json").read_text())["architectures"] == [name]
+
+
+def test_electra_discriminator_import(tmp_path, tokens):
+    """ElectraForPreTraining: the encoder of any run; its discriminator head is ours in an rtd run."""
+    src = tmp_path / "src"
+    config = transformers.ElectraConfig(**HF_TINY, embedding_size=32, max_position_embeddings=40)
+    _hf_checkpoint(src, transformers.ElectraForPreTraining(config))
+    with pytest.warns(InitFromWarning, match="heads.rtd"):  # no generator/ beside it: fresh, and said so
+        _, _, model = _import(tmp_path, src, {"rtd": {}})
+    hf = load_hf(src, "ElectraForPreTraining")
+    ids = torch.randint(5, VOCAB, (2, 12))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    with torch.no_grad():
+        ours = model.heads["rtd"].discriminate(model.encoder(ids, None, mask))
+        theirs = hf(input_ids=ids, attention_mask=mask).logits
+    assert (ours - theirs).abs().max().item() <= ATOL
+    with pytest.warns(InitFromWarning) as caught:  # an mlm run: the head is fresh, the discriminator's unused
+        _import(tmp_path / "mlm", src, {"mlm": {}})
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "heads.mlm" in messages and "discriminator_predictions" in messages
+
+
+def test_electra_export_imports_back_with_its_generator(tokens, tmp_path, recwarn):
+    """Our ELECTRA export (discriminator + generator/) starts an rtd run whole, and re-exports identically."""
+    from pretrain.export_electra import export_electra
+
+    src = export_electra(make_model(tokens, {"rtd": {}}), tokens, _tok(tmp_path), tmp_path / "src", CARD)
+    cfg, tokens2, model = _import(tmp_path, src, {"rtd": {}})
+    assert not [w for w in recwarn.list if issubclass(w.category, InitFromWarning)], [str(w.message) for w in recwarn]
+    out = export_electra(model, tokens2, cfg.tokenizer_dir, tmp_path / "out", CARD)
+    for sub in ("", "generator"):
+        before, after = load_file(src / sub / "model.safetensors"), load_file(out / sub / "model.safetensors")
+        assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before), sub
+
+
+def _tok(tmp_path):
+    path = tmp_path / "tokenizer"
+    save_tokenizer(path)
+    return path
+
+
+def test_encoder_only_checkpoint_gets_a_fresh_head_and_a_warning(tmp_path):
+    src = tmp_path / "src"
+    config = transformers.BertConfig(**HF_TINY, max_position_embeddings=40)
+    _hf_checkpoint(src, transformers.BertModel(config))  # keys without the bert. prefix, with a pooler
+    with pytest.warns(InitFromWarning) as caught:
+        _, _, model = _import(tmp_path, src, {"mlm": {}})
+    messages = " | ".join(str(w.message) for w in caught)
+    assert "heads.mlm" in messages and "freshly initialised" in messages and "pooler" in messages
+    sd = load_file(src / "model.safetensors")
+    assert torch.equal(model.encoder.embeddings.word_embeddings.weight, sd["embeddings.word_embeddings.weight"])
+    assert not model.heads["mlm"].bias.any()  # the fresh head's init
+
+
+def test_import_errors_are_clear(tmp_path):
+    with pytest.raises(UserError, match="no config.json"):
+        _import(tmp_path, tmp_path / "nothing", {"mlm": {}})
+    src = tmp_path / "local"
+    config = transformers.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
+                                           num_attention_heads=4, intermediate_size=48, pad_token_id=0,
+                                           bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
+                                           global_attn_every_n_layers=3)
+    _hf_checkpoint(src, transformers.ModernBertForMaskedLM(config))
+    with pytest.raises(UserError, match="sliding-window"):
+        _import(tmp_path, src, {"mlm": {}})
+
+
+# ----------------------------------------------------------------------------------------------
+# --push-to-hub
+
+
+@pytest.fixture()
+def stage_inputs(tokens, tokenizer_dir, tmp_path, monkeypatch):
+    from pretrain import stages
+
+    cfg = build_config({"output_dir": str(tmp_path), "name": "run", "objectives": {"mlm": {}}})
+    model = make_model(tokens, {"mlm": {}})
+    monkeypatch.setattr(stages, "load_checkpoint_model",
+                        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}))
+    return stages, cfg
+
+
+def test_push_without_token_fails_before_exporting(stage_inputs, monkeypatch):
+    import huggingface_hub
+
+    stages, cfg = stage_inputs
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    monkeypatch.setattr(huggingface_hub, "get_token", lambda: None)
+    with pytest.raises(UserError, match="HF_TOKEN"):
+        stages.stage_export(cfg.run_dir, push_to_hub="someone/tiny-bert")
+    assert not cfg.hf_dir.exists()
+
+
+def test_push_uploads_the_export_dir(stage_inputs, monkeypatch):
+    import huggingface_hub
+
+    stages, cfg = stage_inputs
+    calls = []
+
+    class FakeApi:
+        def __init__(self, token=None):
+            calls.append(("init", token))
+
+        def create_repo(self, **kwargs):
+            calls.append(("create_repo", kwargs))
+
+        def upload_folder(self, **kwargs):
+            calls.append(("upload_folder", kwargs))
+
+    monkeypatch.setenv("HF_TOKEN", "hf_test_token")
+    monkeypatch.setattr(huggingface_hub, "HfApi", FakeApi)
+    demo = stages.stage_export(cfg.run_dir, arch="roberta", push_to_hub="someone/tiny-roberta")
+    assert demo == cfg.hf_dir
+    assert calls[0] == ("init", "hf_test_token")
+    upload = dict(calls)["upload_folder"]
+    assert upload["repo_id"] == "someone/tiny-roberta" and upload["folder_path"] == str(cfg.hf_dir)
+    assert upload["repo_type"] == "model"
+    assert json.loads((cfg.hf_dir / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
+
+
+def test_cli_export_flags():
+    from pretrain.cli import build_parser
+
+    args = build_parser().parse_args(["export", "runs/x", "--arch", "roberta", "--push-to-hub", "me/x"])
+    assert (args.arch, args.push_to_hub) == ("roberta", "me/x")
