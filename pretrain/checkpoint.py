@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import json
 import os
+import pickle
 import re
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -21,6 +23,37 @@ from pretrain.errors import UserError
 LATEST = "latest"
 INTEGRITY = "integrity.json"
 _TAG = re.compile(r"^step_(\d{8})$")
+
+
+def _safe_globals() -> list:
+    """The few non-tensor classes DeepSpeed writes into its checkpoints: nothing else is ever unpickled."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_loads(path: Path):
+    """Every torch.load inside (DeepSpeed's own included, which ask for weights_only=False) loads tensors and
+    plain data only, plus the allowlisted DeepSpeed classes; anything else fails naming the checkpoint."""
+    original = torch.load
+
+    def load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            yield
+    except pickle.UnpicklingError as err:
+        found = re.findall(r"GLOBAL ([\w.]+)", str(err))
+        raise UserError(f"checkpoint {path} holds a Python object we do not load "
+                        f"({', '.join(found) or 'not tensors or plain data'})") from None
+    finally:
+        torch.load = original
 
 
 def tag_for(step: int) -> str:
@@ -115,7 +148,8 @@ def load_checkpoint(engine, path: Path) -> dict:
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
     verify_integrity(path)
-    load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_module_strict=True)
+    with weights_only_loads(path):
+        load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_module_strict=True)
     if load_path is None:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
     rng_file = path / f"rng_rank{rank}.pt"
@@ -149,10 +183,11 @@ def load_module_state(path: Path) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     verify_integrity(path)
-    if any(path.glob("*optim_states.pt")):
-        from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+    with weights_only_loads(path):
+        if any(path.glob("*optim_states.pt")):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-        state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
-    else:
-        state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)["module"]
+            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+        else:
+            state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
     return {k: v.float() for k, v in state.items() if v is not None}
