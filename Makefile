@@ -7,7 +7,7 @@ TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 
-.PHONY: setup demo test test-fast clean
+.PHONY: setup warm demo test test-fast clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -19,10 +19,15 @@ $(VENV)/.installed: pyproject.toml
 demo: setup
 	$(VENV)/bin/pretrain run default
 
-test: setup
+# DeepSpeed JIT-compiles its CPU comm op on first use; build it once here so that test processes (and
+# several ranks) never race to compile it at the same time.
+warm: setup
+	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+
+test: warm
 	$(PY) -m pytest -q tests
 
-test-fast: setup
+test-fast: warm
 	$(PY) -m pytest -q -m "not slow" tests
 
 clean:
