@@ -6,6 +6,8 @@ PY := $(VENV)/bin/python
 TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch"; else echo "torch==2.13.0"; fi)
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
+# DeepSpeed's JIT-built ops live with this venv: a fresh clone never meets a stale build lock from elsewhere
+export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
 .PHONY: setup warm demo test test-fast clean
 setup: $(VENV)/.installed
