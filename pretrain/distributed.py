@@ -62,11 +62,31 @@ def init_distributed() -> tuple[int, int]:
 
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend=None, verbose=False)
+        _unlink_shm_allreduce_buffer(dist)
     if has_cuda():
         import torch
 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_rank(), dist.get_world_size()
+
+
+def _unlink_shm_allreduce_buffer(dist) -> None:
+    """Remove this rank's name for DeepSpeed's CPU all-reduce buffer once every rank has mapped it.
+
+    DeepSpeed's CPU backend creates a ~66 MB POSIX shared-memory segment per rank, named by
+    uid/MASTER_ADDR/MASTER_PORT/rank, and never unlinks it: every run on a fresh port leaves one in /dev/shm
+    (which is RAM) until the machine runs out. Ranks open each other's segment only inside init, so after
+    a barrier the names are no longer needed; the mappings stay valid until the processes exit.
+    """
+    name = "deepspeed_allreduce_buffer_{}_{}_{}_{}".format(
+        os.getuid(), os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), dist.get_rank()
+    )
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    try:
+        os.unlink(os.path.join("/dev/shm", name))
+    except FileNotFoundError:
+        pass
 
 
 def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:

@@ -77,12 +77,19 @@ def data(tmp_path_factory):
     return {"dir": d, "tok": d / "tok", "shards": d / "shards"}
 
 
+def _shm_buffers() -> set[str]:
+    return {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")}
+
+
 def test_two_ranks_equal_one_rank_with_double_batch(data):
+    before = _shm_buffers()
     run(data, "one", "train.max_steps=4", "train.micro_batch_size=8", *EXACT)
     run(data, "two", "train.max_steps=4", "train.micro_batch_size=4", *EXACT, ranks=2)
     one, two = losses(data, "one"), losses(data, "two")
     assert len(one) == len(two) == 4
     assert one == pytest.approx(two, rel=1e-5, abs=1e-5)
+    # DeepSpeed's CPU all-reduce buffers (66 MB of RAM per rank in /dev/shm) must not outlive the runs
+    assert _shm_buffers() - before == set()
 
 
 RECIPES = {
