@@ -28,7 +28,6 @@ half-trained arm resumes from its checkpoint (the trainer does that itself).
 from __future__ import annotations
 
 import json
-import math
 import os
 import shlex
 import subprocess
@@ -41,7 +40,7 @@ from typing import Any
 import yaml
 
 from pretrain.config import (RunConfig, _deep_merge, _nearest, apply_overrides, build_config, load_yaml,
-                             resolve_preset, save_config, to_dict)
+                             resolve_preset, save_config)
 from pretrain.errors import ConfigError, UserError
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -10,6 +10,7 @@ masked-LM pseudo-perplexity, not a left-to-right one.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 import math
 import sys
@@ -50,8 +51,12 @@ def load_target(target: Path) -> tuple[Callable, Path, str]:
         except (OSError, ValueError) as err:
             raise UserError(f"{model_dir}: cannot load a masked-LM model with transformers ({err})") from None
 
+        # Token types only where the model has them (ModernBERT has none: its forward would swallow them in **kwargs)
+        takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+
         def logits_fn(ids, types, mask):
-            return model(input_ids=ids, token_type_ids=types, attention_mask=mask.long()).logits
+            extra = {"token_type_ids": types} if takes_types else {}
+            return model(input_ids=ids, attention_mask=mask.long(), **extra).logits
 
         return logits_fn, target, f"{model_dir} ({type(model).__name__})"
 

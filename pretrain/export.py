@@ -20,6 +20,7 @@ import copy
 import datetime
 import json
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -261,17 +262,26 @@ def load_hf(path: str | Path, hf_class: str | None = None) -> nn.Module:
     return model.eval()
 
 
+@contextmanager
+def fp32_eval(model: nn.Module):
+    """The model in fp32 eval mode for a parity check, without changing the caller's: copied only if a cast is
+    needed, and put back in its training mode afterwards."""
+    ours = model if all(p.dtype == torch.float32 for p in model.parameters()) else copy.deepcopy(model).float()
+    was_training = ours.training
+    ours.eval()
+    try:
+        yield ours
+    finally:
+        ours.train(was_training)
+
+
 @torch.no_grad()
 def compare_with_hf(model: nn.Module, hf_model: nn.Module, arch: str) -> dict[str, float]:
     """Max abs differences between ours and `hf_model` on the probe batch (with padding), fp32:
     "hidden" (last hidden state of the base model), "logits" (MLM), and "nsp"/"sop" logits where both have
     that head. Padded positions are compared too (both models mask keys only), except for RoBERTa, which
     gives padding its own position id: there real tokens only."""
-    # Compare in fp32 without changing the caller's model: copy it only if a cast is needed.
-    ours = model if all(p.dtype == torch.float32 for p in model.parameters()) else copy.deepcopy(model).float()
-    was_training = ours.training
-    ours.eval()
-    try:
+    with fp32_eval(model) as ours:
         device = next(ours.parameters()).device
         ids, types, mask = _probe_batch(ours.config)
         uses_types = arch != "modernbert"  # ModernBERT has no token types (ours are then all type 0)
@@ -281,8 +291,6 @@ def compare_with_hf(model: nn.Module, hf_model: nn.Module, arch: str) -> dict[st
         for sentence in ("nsp", "sop"):
             if sentence in ours.heads:
                 expected[sentence] = ours.heads[sentence](hidden).cpu()
-    finally:
-        ours.train(was_training)
     kwargs = {"input_ids": ids, "attention_mask": mask, **({"token_type_ids": types} if uses_types else {})}
     base = getattr(hf_model, hf_model.base_model_prefix)
     out = hf_model(**kwargs)

@@ -14,7 +14,6 @@ below, each used in both directions by `hf_interop.to_hf` / `from_hf`.
 
 from __future__ import annotations
 
-import copy
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +24,7 @@ from objectives.base import SpecialTokens
 from objectives.rtd import DisentangledWordEmbedding, RTDHead
 from pretrain.config import ModelConfig
 from pretrain.errors import UserError
-from pretrain.export import ExportError, _probe_batch, intro_line, model_card, write_hf_dir
+from pretrain.export import ExportError, _probe_batch, fp32_eval, intro_line, model_card, write_hf_dir
 from pretrain.hf_interop import Link, Table, bert_body, from_hf, to_hf
 
 HEAD = "heads.rtd"
@@ -226,19 +225,13 @@ def verify_electra_export(model: nn.Module, out_dir: str | Path, atol: float = 1
     disc = _load(transformers.ElectraForPreTraining, out_dir, "ElectraForPreTraining")
     gen = _load(transformers.ElectraForMaskedLM, out_dir / GENERATOR_DIR, "ElectraForMaskedLM")
 
-    # Compare in fp32 without changing the caller's model: copy it only if a cast is needed.
-    ours = model if all(p.dtype == torch.float32 for p in model.parameters()) else copy.deepcopy(model).float()
-    was_training = ours.training
-    ours.eval()
-    try:
+    with fp32_eval(model) as ours:
         device = next(ours.parameters()).device
         ids, types, mask = _probe_batch(ours.config)
         args = (ids.to(device), types.to(device), mask.to(device))
         head = rtd_head(ours)
         expected = {"discriminator": head.discriminate(ours.encoder(*args)).cpu(),
                     "generator": head.generator_logits(ours.encoder.embeddings, *args).cpu()}
-    finally:
-        ours.train(was_training)
     got = {"discriminator": disc(input_ids=ids, token_type_ids=types, attention_mask=mask).logits,
            "generator": gen(input_ids=ids, token_type_ids=types, attention_mask=mask).logits}
     diffs = {}

@@ -7,3 +7,28 @@ sys.path.insert(0, str(ROOT))
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("WANDB_MODE", "offline")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+import numpy as np
+import pytest
+import torch
+
+# The vocabulary of the tiny random-weight models in the model, export and interop tests.
+TINY_VOCAB = 128
+
+
+@pytest.fixture(scope="module")
+def tokens():
+    """Special tokens of a tiny made-up vocabulary: ids 0-4 are special, the rest replaceable."""
+    from objectives import SpecialTokens
+
+    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=TINY_VOCAB,
+                         replaceable=np.arange(5, TINY_VOCAB))
+
+
+@pytest.fixture(scope="module")
+def one_thread():
+    """Tiny models: one thread is fastest, and intra-op threads crawl on a busy machine (10x seen)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

@@ -4,27 +4,21 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
 
-from objectives import SpecialTokens, build_objectives
+from objectives import build_objectives
 from pretrain.config import ModelConfig
 from pretrain.export import export_pretrained, from_hf_bert_state_dict, to_hf_bert_state_dict, verify_export
 from pretrain.model import PretrainingModel
 
-VOCAB = 128
+VOCAB = 128  # = conftest.TINY_VOCAB, which the `tokens` fixture uses
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
 CARD = {"objectives": ["mlm"], "corpus": "data/us-speeches.public-domain.jsonl", "tokens_seen": 123456,
         "steps": 789, "final_loss": 4.2512, "config": {"model": {"hidden_size": 32}}, "run_name": "tiny"}
-
-
-@pytest.fixture(scope="module")
-def tokens() -> SpecialTokens:
-    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=VOCAB, replaceable=np.arange(5, VOCAB))
 
 
 @pytest.fixture(scope="module")

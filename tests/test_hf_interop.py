@@ -6,23 +6,24 @@ from __future__ import annotations
 
 import json
 
-import numpy as np
 import pytest
 import torch
 import transformers
 from safetensors.torch import load_file
 
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
-from objectives import SpecialTokens, build_objectives
+from objectives import build_objectives
 from pretrain import hf_interop
 from pretrain.config import ModelConfig, build_config
 from pretrain.errors import UserError
-from pretrain.export import compare_with_hf, export_pretrained, load_hf
+from pretrain.evaluate import load_target
+from pretrain.export import _probe_batch, compare_with_hf, export_pretrained, lm_head_name, load_hf
 from pretrain.hf_interop import InitFromWarning, select_architecture
 from pretrain.model import PretrainingModel
 from pretrain.trainer import build_model
 
-VOCAB = 128
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 128  # = conftest.TINY_VOCAB, which the `tokens` fixture uses
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
 CARD = {"objectives": ["mlm"], "corpus": "tiny", "tokens_seen": 10, "steps": 1, "final_loss": 1.0, "run_name": "t"}
@@ -32,20 +33,6 @@ BASE = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, interme
             max_position_embeddings=40, hidden_dropout=0.0, attention_dropout=0.0)
 MODERNBERT = dict(norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False,
                   rope_theta=1000.0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and intra-op threads crawl on a busy machine."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tokens() -> SpecialTokens:
-    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=VOCAB, replaceable=np.arange(5, VOCAB))
 
 
 def _vocab() -> list[str]:
@@ -116,6 +103,15 @@ def test_export_parity(name, tokens, tokenizer_dir, tmp_path):
     print(f"\n{name} ({hf_class}): max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
     assert {"hidden", "logits", *extra} <= diffs.keys()
     assert max(diffs.values()) <= ATOL, diffs
+    # `pretrain eval` on the export gives our logits for every architecture (ModernBERT takes no token types)
+    logits_fn, _, _ = load_target(out)
+    ids, types, mask = _probe_batch(model.config)
+    types = torch.zeros_like(types) if target.arch == "modernbert" else types
+    with torch.no_grad():
+        expected = model.get_submodule(lm_head_name(model))(model.encoder(ids, types, mask))
+        got = logits_fn(ids, types, mask)
+    real = mask.bool()
+    assert (got[real] - expected[real]).abs().max().item() <= ATOL
 
 
 def test_roberta_positions_are_offset(tokens, tokenizer_dir, tmp_path):

@@ -12,7 +12,7 @@ import torch
 from data_pipeline.loader import Collator
 from objectives import SpecialTokens, build_objectives
 from pretrain.config import ModelConfig
-from pretrain.model import BertEncoder, PretrainingModel, SelfAttention, rope_tables, rotate
+from pretrain.model import PretrainingModel, SelfAttention, rope_tables, rotate
 
 V = 96
 TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))

@@ -20,7 +20,8 @@ from pretrain.export_electra import (export_electra, from_hf_electra_state_dicts
                                      verify_electra_export)
 from pretrain.model import PretrainingModel
 
-VOCAB = 128
+pytestmark = pytest.mark.usefixtures("one_thread")
+VOCAB = 128  # = conftest.TINY_VOCAB, which the `tokens` fixture uses
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
 CARD = {"objectives": {"rtd": {"disc_weight": 50.0}}, "corpus": "data/us-speeches.public-domain.jsonl",
@@ -28,20 +29,6 @@ CARD = {"objectives": {"rtd": {"disc_weight": 50.0}}, "corpus": "data/us-speeche
 # 3 heads of 16; generator_size 1/3 -> width 16, 1 head, intermediate 32. No dropout: deterministic checks.
 CFG = ModelConfig(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, intermediate_size=96,
                   max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    """Tiny models: one thread is fastest, and intra-op threads crawl on a busy machine (10x seen)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tokens() -> SpecialTokens:
-    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=VOCAB, replaceable=np.arange(5, VOCAB))
 
 
 def make_model(tokens, seed=0, randomize=False, **options) -> PretrainingModel:
