@@ -7,11 +7,13 @@ every rank has finished writing, so a job killed mid-write leaves the previous c
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import pickle
 import re
 import shutil
+import sys
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -22,6 +24,7 @@ from pretrain.errors import UserError
 
 LATEST = "latest"
 INTEGRITY = "integrity.json"
+UNIVERSAL = "universal"  # <checkpoint>/universal: DeepSpeed's world-size-free layout, made on a resize
 _TAG = re.compile(r"^step_(\d{8})$")
 
 
@@ -143,13 +146,49 @@ def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer
     return path
 
 
-def load_checkpoint(engine, path: Path) -> dict:
-    """Restore engine (weights, optimizer, scheduler) and this rank's rng; returns the trainer state."""
+def needs_universal(path: Path, world_size: int) -> bool:
+    """True when `path` was written by another number of ranks and its optimizer state is split per rank
+    (ZeRO 1-3, or DeepSpeed's bf16 optimizer): DeepSpeed can then load it only in its universal layout."""
+    saved = json.loads((Path(path) / "trainer_state.json").read_text()).get("world_size", world_size)
+    return saved != world_size and any(Path(path).glob("*zero_pp_rank_*_optim_states.pt"))
+
+
+def make_universal(path: Path) -> Path:
+    """Collective. Rank 0 converts the checkpoint to DeepSpeed's universal layout in <path>/universal (once:
+    a later resize reuses it), through a temporary directory renamed into place, so a job killed while
+    converting leaves nothing half-made. The checkpoint itself is left as it was."""
+    from argparse import Namespace
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    path = Path(path)
+    out = path / UNIVERSAL
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0 and not out.is_dir():
+        verify_integrity(path)
+        tmp = path / f".{UNIVERSAL}-tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        args = Namespace(input_folder=str(path), output_folder=str(tmp), num_extract_workers=1, num_merge_workers=1,
+                         keep_temp_folder=False, strict=True, inject_missing_state=True)
+        # In this process (1 worker), so DeepSpeed's own loads stay weights-only too
+        with weights_only_loads(path), contextlib.redirect_stdout(sys.stderr):
+            ds_to_universal(args)
+        os.replace(tmp, out)
+    _barrier()
+    return out
+
+
+def load_checkpoint(engine, path: Path, universal: bool = False) -> dict:
+    """Restore engine (weights, optimizer, scheduler) and this rank's rng; returns the trainer state.
+
+    `universal`: load <path>/universal (see `make_universal`); the engine must have been configured with
+    DeepSpeed's `checkpoint.load_universal`."""
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
     verify_integrity(path)
+    load_dir, tag = (path, UNIVERSAL) if universal else (path.parent, path.name)
     with weights_only_loads(path):
-        load_path, _ = engine.load_checkpoint(str(path.parent), tag=path.name, load_module_strict=True)
+        load_path, _ = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True)
     if load_path is None:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
     rng_file = path / f"rng_rank{rank}.pt"

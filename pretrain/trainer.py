@@ -12,6 +12,7 @@ import logging
 import math
 import os
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -123,16 +124,26 @@ def train(cfg: RunConfig) -> dict:
     samples = build_sample_source(cfg, shards, tokens, model.objectives)
     t = cfg.train
     optimizer = build_optimizer(model, t)
+    ckpt_root = run_dir / "checkpoints"
+    latest = ckpt.latest_checkpoint(ckpt_root)
+    # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
+    universal = latest is not None and ckpt.needs_universal(latest, world)
+    if universal:
+        if is_main:
+            print(f"resuming {latest} on {world} rank(s): converting it to DeepSpeed's universal checkpoint "
+                  f"layout in {latest / ckpt.UNIVERSAL}", file=sys.stderr, flush=True)
+        ckpt.make_universal(latest)
+    ds_config = deepspeed_config(cfg, world)
+    if universal:
+        ds_config["checkpoint"] = {"load_universal": True}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t),
-                                           config=deepspeed_config(cfg, world))
+                                           config=ds_config)
     torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
 
-    ckpt_root = run_dir / "checkpoints"
     state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0, "skipped_steps": 0,
              "skipped_in_a_row": 0, "world_size": world}
-    latest = ckpt.latest_checkpoint(ckpt_root)
     if latest is not None:
-        state = {**state, **ckpt.load_checkpoint(engine, latest), "world_size": world}
+        state = {**state, **ckpt.load_checkpoint(engine, latest, universal=universal), "world_size": world}
     if is_main and latest is not None:
         _trim_metrics(run_dir, state["step"])
     config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)

@@ -118,14 +118,36 @@ def test_resume_is_bitwise_identical(data, recipe):
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
-def test_resume_on_fewer_ranks_continues_the_same_order(data):
-    """2 ranks for 2 steps, then 1 rank (same global batch) to 4: the same samples as 1 rank throughout."""
-    run(data, "shrink", "train.max_steps=4", "train.micro_batch_size=4", "train.exit_after_steps=2", *EXACT, ranks=2)
-    run(data, "shrink", "train.max_steps=4", "train.micro_batch_size=8", *EXACT)
-    run(data, "steady", "train.max_steps=4", "train.micro_batch_size=8", *EXACT)
-    assert losses(data, "shrink") == pytest.approx(losses(data, "steady"), rel=1e-5, abs=1e-5)
-    state = json.loads((data["dir"] / "shrink" / "checkpoints" / "step_00000004" / "trainer_state.json").read_text())
-    assert state["consumed_samples"] == 4 * 8 and state["world_size"] == 1
+RESIZE = {
+    # name: (ranks before, ranks after, overrides, tolerance). ZeRO-0 fp32 keeps whole optimizer state in one
+    # file; the others shard it per rank and resume through DeepSpeed's universal checkpoint.
+    "zero0-fp32-2to1": (2, 1, [*EXACT], 1e-5),
+    "zero1-fp32-2to1": (2, 1, [*EXACT, "train.zero_stage=1"], 1e-5),
+    "zero3-fp32-2to1": (2, 1, [*EXACT, "train.zero_stage=3"], 1e-4),  # ZeRO-3 reduces in another order
+    "zero2-bf16-1to2": (1, 2, [*EXACT[1:], "train.precision=bf16", "train.zero_stage=2"], 1e-3),
+}
+
+
+@pytest.mark.parametrize("case", list(RESIZE))
+def test_resume_on_another_number_of_ranks_continues_the_same_run(data, case):
+    """N ranks for 2 steps, then M ranks (same global batch) to 4: the same samples, and the same optimizer
+    state, as an uninterrupted run."""
+    before, after, overrides, tol = RESIZE[case]
+    name = f"resize-{case}"
+    mbs = lambda ranks: f"train.micro_batch_size={8 // ranks}"  # noqa: E731
+    run(data, name, "train.max_steps=4", mbs(before), "train.exit_after_steps=2", *overrides, ranks=before)
+    proc = run(data, name, "train.max_steps=4", mbs(after), *overrides, ranks=after)
+    run(data, f"{name}-steady", "train.max_steps=4", mbs(before), *overrides, ranks=before)
+    assert "resumed from" in proc.stderr
+    assert losses(data, name) == pytest.approx(losses(data, f"{name}-steady"), rel=tol, abs=tol)
+    ckpts = data["dir"] / name / "checkpoints"
+    state = json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())
+    assert state["consumed_samples"] == 4 * 8 and state["world_size"] == after
+    assert (ckpts / "step_00000002" / "universal").is_dir() == (case != "zero0-fp32-2to1")
+    # the step-4 weights (after two steps that need the restored Adam moments) match the uninterrupted run's
+    a, b = final_weights(data, name), final_weights(data, f"{name}-steady")
+    assert all(torch.allclose(a[k], b[k], rtol=tol, atol=tol) for k in a), [
+        k for k in a if not torch.allclose(a[k], b[k], rtol=tol, atol=tol)]
 
 
 def _wait_for(path: Path, lines: int, proc, timeout=300):
