@@ -3,6 +3,10 @@
 An objective has a data half, `prepare(sample, rng)`, pure numpy and deterministic given `rng`, run in the
 loader; and a model half, `loss(batch, hidden, model)`, which owns its head (built by `build_head`).
 A run sums `weight * loss` over its objectives and logs every loss and metric unweighted.
+
+Each loss term is a mean over targets. So that an optimizer step weights every target alike however the step's
+batch is split into micro-batches and ranks, an objective reports its terms' target counts (`target_counts`,
+countable before the forward) and multiplies each term by the trainer's `loss_scale` for it.
 """
 
 from __future__ import annotations
@@ -18,6 +22,20 @@ from torch import nn
 from pretrain.errors import ConfigError
 
 IGNORE_INDEX = -100
+LOSS_SCALES = "_loss_scales"
+"""Batch key of {loss term: factor} set by the trainer (see `loss_scale`); absent outside training."""
+
+
+def count_targets(labels: torch.Tensor) -> torch.Tensor:
+    """Number of labelled positions (not IGNORE_INDEX) in a labels tensor of any shape."""
+    return (labels != IGNORE_INDEX).sum()
+
+
+def loss_scale(batch: dict, term: str) -> float:
+    """Factor that turns a term's mean over this micro-batch into its share of the mean over the whole optimizer
+    step: (targets here) x (micro-batches x ranks) / (targets in the step). DeepSpeed divides the gradient by
+    micro-batches x ranks, which leaves the gradient of the step-wide mean. 1.0 when the trainer sets none."""
+    return batch.get(LOSS_SCALES, {}).get(term, 1.0)
 
 
 @dataclass(frozen=True)
@@ -89,6 +107,11 @@ class Objective:
 
     def loss(self, batch: dict[str, torch.Tensor], hidden: torch.Tensor, model: nn.Module) -> ObjectiveOutput:
         raise NotImplementedError
+
+    def target_counts(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """{loss term: how many targets its mean is over in this collated micro-batch}; `loss` scales each term
+        by `loss_scale(batch, term)`. Terms are named "<objective>" or "<objective>_<part>"."""
+        return {}
 
 
 REGISTRY: dict[str, type[Objective]] = {}

@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, SpecialTokens, register
+from objectives.base import (IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, SpecialTokens, count_targets,
+                             loss_scale, register)
 from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
                                 select_word_spans)
 from pretrain.errors import ConfigError
@@ -94,15 +95,16 @@ class MLMHead(nn.Module):
         return F.linear(x, self.decoder_weight, self.bias)
 
 
-def masked_lm_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor) -> ObjectiveOutput:
-    """Cross-entropy over the labelled positions only. hidden [B, L, H], labels [B, L] (-100 = ignore)."""
+def masked_lm_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, scale: float = 1.0) -> ObjectiveOutput:
+    """Cross-entropy over the labelled positions only, times `scale` (see `loss_scale`).
+    hidden [B, L, H], labels [B, L] (-100 = ignore)."""
     selected = labels != IGNORE_INDEX  # [B, L]
     targets = labels[selected]  # [M]
     if targets.numel() == 0:  # keep the graph connected so every rank runs the same backward
         zero = hidden.sum() * 0.0
         return ObjectiveOutput(zero, {"accuracy": zero.detach()})
     logits = head(hidden[selected]).float()  # [M, V]
-    loss = F.cross_entropy(logits, targets)
+    loss = F.cross_entropy(logits, targets) * scale
     accuracy = (logits.argmax(-1) == targets).float().mean()
     return ObjectiveOutput(loss, {"accuracy": accuracy})
 
@@ -134,4 +136,7 @@ class MaskedLM(Objective):
                        bias=model_config.use_bias)
 
     def loss(self, batch, hidden, model):
-        return masked_lm_loss(model.heads[self.name], hidden, batch["mlm_labels"])
+        return masked_lm_loss(model.heads[self.name], hidden, batch["mlm_labels"], loss_scale(batch, self.name))
+
+    def target_counts(self, batch):
+        return {self.name: count_targets(batch["mlm_labels"])}

@@ -32,7 +32,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, register
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, count_targets, loss_scale, register
 from objectives.mlm import MLMHead, candidate_positions, masked_lm_loss
 from pretrain.errors import ConfigError
 
@@ -121,4 +121,8 @@ class PermutationLM(Objective):
 
     def loss(self, batch, hidden, model):
         # Predictions come from the final query stream [B, T, H], never from the content stream `hidden`.
-        return masked_lm_loss(model.heads[self.name], batch["query_hidden"], batch["plm_query_labels"])
+        return masked_lm_loss(model.heads[self.name], batch["query_hidden"], batch["plm_query_labels"],
+                              loss_scale(batch, self.name))
+
+    def target_counts(self, batch):
+        return {self.name: count_targets(batch["plm_labels"])}  # the query stream predicts exactly these

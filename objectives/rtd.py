@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOutput, register
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOutput, count_targets, loss_scale, register
 from objectives.mlm import MLMOptions, candidate_positions, choose_positions, corrupt
 from pretrain.errors import ConfigError
 from pretrain.model import EncoderLayer, Embeddings, attention_bias
@@ -241,11 +241,17 @@ class ReplacedTokenDetection(Objective):
         scored = labels != IGNORE_INDEX
         logits = head.discriminate(hidden[scored]).float()  # [T, H] -> [T]; padding never reaches the head
         targets = labels[scored].float()  # [T]
-        disc_loss = F.binary_cross_entropy_with_logits(logits, targets)
-        gen_loss = batch["_rtd_gen_loss"]
+        disc_loss = F.binary_cross_entropy_with_logits(logits, targets) * loss_scale(batch, f"{self.name}_disc")
+        gen_loss = batch["_rtd_gen_loss"] * loss_scale(batch, f"{self.name}_gen")
         total = self.options.gen_weight * gen_loss + self.options.disc_weight * disc_loss
         return ObjectiveOutput(total, {
             "gen_loss": gen_loss.detach(), "gen_accuracy": batch["_rtd_gen_accuracy"],
             "disc_loss": disc_loss.detach(), "disc_accuracy": ((logits > 0) == targets.bool()).float().mean(),
             "replaced_fraction": targets.mean(),  # of non-padding tokens: the discriminator's positive rate
         })
+
+    def target_counts(self, batch):
+        # The generator predicts the masked tokens; the discriminator scores every non-padding token.
+        mask = batch.get("attention_mask")
+        scored = mask.sum() if mask is not None else torch.tensor(batch["input_ids"].numel())
+        return {f"{self.name}_gen": count_targets(batch["rtd_mlm_labels"]), f"{self.name}_disc": scored}

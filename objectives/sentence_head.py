@@ -13,7 +13,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_pipeline.pairs import assemble_pair, pop_raw
-from objectives.base import Objective, ObjectiveOutput
+from objectives.base import Objective, ObjectiveOutput, count_targets, loss_scale
 
 
 class Pooler(nn.Module):
@@ -64,4 +64,7 @@ class SentencePairObjective(Objective):
         logits = model.heads[self.name](hidden).float()  # [B, 2]
         labels = batch[self.label_key]  # [B]
         accuracy = (logits.argmax(-1) == labels).float().mean()
-        return ObjectiveOutput(F.cross_entropy(logits, labels), {"accuracy": accuracy})
+        return ObjectiveOutput(F.cross_entropy(logits, labels) * loss_scale(batch, self.name), {"accuracy": accuracy})
+
+    def target_counts(self, batch):
+        return {self.name: count_targets(batch[self.label_key])}

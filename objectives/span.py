@@ -17,7 +17,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, register
+from objectives.base import (IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, count_targets, loss_scale,
+                             register)
 from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
                                 select_word_spans)
 from objectives.mlm import MLMHead, masked_lm_loss
@@ -130,7 +131,8 @@ class SpanMasking(Objective):
     def loss(self, batch, hidden, model):
         head = model.heads[self.name]
         labels = batch["span_labels"]  # [B, L]
-        mlm = masked_lm_loss(head.mlm, hidden, labels)
+        scale = loss_scale(batch, self.name)  # the MLM and SBO terms share their targets
+        mlm = masked_lm_loss(head.mlm, hidden, labels, scale)
         selected = labels != IGNORE_INDEX  # [B, L]
         if not selected.any():  # masked_lm_loss already returned a connected zero
             zero = mlm.loss.detach()
@@ -141,8 +143,11 @@ class SpanMasking(Objective):
         left = hidden[rows, batch["span_left"][selected]]  # [M, H]
         right = hidden[rows, batch["span_right"][selected]]  # [M, H]
         logits = head.sbo(left, right, batch["span_pos"][selected]).float()  # [M, V], sparse like the MLM head
-        sbo_loss = F.cross_entropy(logits, targets)
+        sbo_loss = F.cross_entropy(logits, targets) * scale
         sbo_accuracy = (logits.argmax(-1) == targets).float().mean()
         loss = mlm.loss + self.options.sbo_weight * sbo_loss
         return ObjectiveOutput(loss, {"accuracy": mlm.metrics["accuracy"], "mlm_loss": mlm.loss.detach(),
                                       "sbo_loss": sbo_loss.detach(), "sbo_accuracy": sbo_accuracy})
+
+    def target_counts(self, batch):
+        return {self.name: count_targets(batch["span_labels"])}

@@ -116,6 +116,10 @@ class TrainConfig:
     """Sequences per device per forward pass."""
     grad_accum_steps: int = 1
     """Micro-batches accumulated per optimizer step."""
+    loss_normalization: str = "step"
+    """step: each loss term is a mean over all its targets in the optimizer step (every micro-batch, every rank),
+    so splitting a batch over accumulation or ranks changes nothing; micro_batch: a mean per micro-batch, then
+    averaged (original BERT; a micro-batch with few masked tokens weighs as much as one with many)."""
     max_steps: int = 1000
     """Optimizer steps to train for."""
     max_minutes: float = 0.0
@@ -390,6 +394,7 @@ def _check_values(cfg: RunConfig) -> None:
         "model.position_embedding": (cfg.model.position_embedding, ("learned", "rope")),
         "model.activation": (cfg.model.activation, ("gelu", "geglu")),
         "train.nan_policy": (cfg.train.nan_policy, ("skip", "stop")),
+        "train.loss_normalization": (cfg.train.loss_normalization, ("step", "micro_batch")),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:

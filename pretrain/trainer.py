@@ -25,7 +25,7 @@ from data_pipeline.loader import PretrainDataset, build_loader
 from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
-from objectives import SpecialTokens, build_objectives, sample_builder_for
+from objectives import LOSS_SCALES, SpecialTokens, build_objectives, sample_builder_for
 from pretrain import checkpoint as ckpt
 from pretrain.config import RunConfig, save_config, to_dict
 from pretrain.distributed import deepspeed_config, init_distributed, resolve_precision
@@ -175,8 +175,12 @@ def train(cfg: RunConfig) -> dict:
     try:
         while state["step"] < t.max_steps:
             step_tokens, skipped_before = 0, engine.skipped_steps
-            for _ in range(t.grad_accum_steps):
-                batch = {k: v.to(device, non_blocking=True) for k, v in next(data).items()}
+            micro_batches = [next(data) for _ in range(t.grad_accum_steps)]
+            scales = (step_loss_scales(model.objectives, micro_batches) if t.loss_normalization == "step"
+                      else [{}] * len(micro_batches))
+            for micro_batch, scale in zip(micro_batches, scales):
+                batch = {k: v.to(device, non_blocking=True) for k, v in micro_batch.items()}
+                batch[LOSS_SCALES] = scale
                 loss, metrics = engine(batch)
                 engine.backward(loss)
                 engine.step()
@@ -267,6 +271,24 @@ def probe_flops_per_sample(cfg: RunConfig, tokens: SpecialTokens, dataset: Pretr
     finally:
         torch.set_rng_state(rng_state)
     return flops / n
+
+
+def step_loss_scales(objectives, micro_batches: list[dict]) -> list[dict[str, float]]:
+    """Per micro-batch, {loss term: targets here x micro-batches x ranks / targets in the whole step}: see
+    `objectives.base.loss_scale`. One all-reduce of the step's target counts per term. A term with no target
+    anywhere in the step gets 0 (its loss is a connected zero anyway)."""
+    counts = [{term: n for o in objectives for term, n in o.target_counts(b).items()} for b in micro_batches]
+    terms = sorted(counts[0])
+    if not terms:
+        return [{} for _ in micro_batches]
+    local = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)  # [A, T]
+    total = local.sum(0)  # [T]
+    world = 1
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        dist.all_reduce(total)
+        world = dist.get_world_size()
+    scale = torch.where(total > 0, local * (len(micro_batches) * world) / total.clamp(min=1), 0.0)  # [A, T]
+    return [dict(zip(terms, row)) for row in scale.tolist()]
 
 
 def _grad_norm(engine) -> float | None:

@@ -81,13 +81,19 @@ def _shm_buffers() -> set[str]:
     return {p.name for p in Path("/dev/shm").glob("deepspeed_allreduce_buffer_*")}
 
 
-def test_two_ranks_equal_one_rank_with_double_batch(data):
+@pytest.mark.parametrize("recipe", ["mlm", "mlm_wwm"])
+def test_two_ranks_or_accumulation_equal_one_rank_with_double_batch(data, recipe):
+    """Whole-word masking gives every micro-batch its own number of targets: equal only because each loss is
+    a mean over the targets of the whole step (train.loss_normalization=step)."""
     before = _shm_buffers()
-    run(data, "one", "train.max_steps=4", "train.micro_batch_size=8", *EXACT)
-    run(data, "two", "train.max_steps=4", "train.micro_batch_size=4", *EXACT, ranks=2)
-    one, two = losses(data, "one"), losses(data, "two")
-    assert len(one) == len(two) == 4
+    extra = [*RECIPES[recipe], "train.max_steps=4", *EXACT]
+    run(data, f"one-{recipe}", "train.micro_batch_size=8", *extra)
+    run(data, f"two-{recipe}", "train.micro_batch_size=4", *extra, ranks=2)
+    run(data, f"accum-{recipe}", "train.micro_batch_size=4", "train.grad_accum_steps=2", *extra)
+    one, two, accum = (losses(data, f"{name}-{recipe}") for name in ("one", "two", "accum"))
+    assert len(one) == len(two) == len(accum) == 4
     assert one == pytest.approx(two, rel=1e-5, abs=1e-5)
+    assert one == pytest.approx(accum, rel=1e-5, abs=1e-5)
     # DeepSpeed's CPU all-reduce buffers (66 MB of RAM per rank in /dev/shm) must not outlive the runs
     assert _shm_buffers() - before == set()
 

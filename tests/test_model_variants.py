@@ -42,7 +42,9 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None):
         ids[0], ids[n // 2], ids[-1] = TOKENS.cls, TOKENS.sep, TOKENS.sep
         types = np.zeros(n, np.int64)
         types[n // 2 + 1:] = 1
-        sample = {"input_ids": ids, "token_type_ids": types, "special_mask": np.isin(ids, [TOKENS.cls, TOKENS.sep])}
+        special = np.isin(ids, [TOKENS.cls, TOKENS.sep])
+        sample = {"input_ids": ids, "token_type_ids": types, "special_mask": special,
+                  "word_starts": special | (rng.random(n) < 0.6)}  # words of 1-3 tokens, for word-level masking
         for objective in objectives:
             sample = objective.prepare(sample, rng)
         samples.append(sample)
