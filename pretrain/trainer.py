@@ -138,6 +138,7 @@ def train(cfg: RunConfig) -> dict:
         ds_config["checkpoint"] = {"load_universal": True}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t),
                                            config=ds_config)
+    drop_fp16_dummy_step(engine)
     torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
 
     state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0, "skipped_steps": 0,
@@ -163,6 +164,7 @@ def train(cfg: RunConfig) -> dict:
                  f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch")
 
     device = engine.device
+    prescale_fp16 = fp16_loss_needs_scaling(engine)
     stop = _StopFlag()
     stop.install()
     data = iter(loader)
@@ -182,7 +184,7 @@ def train(cfg: RunConfig) -> dict:
                 batch = {k: v.to(device, non_blocking=True) for k, v in micro_batch.items()}
                 batch[LOSS_SCALES] = scale
                 loss, metrics = engine(batch)
-                engine.backward(loss)
+                engine.backward(loss * engine.optimizer.loss_scale if prescale_fp16 else loss)
                 engine.step()
                 step_tokens += int(batch["attention_mask"].sum())
                 for key, value in metrics.items():
@@ -208,7 +210,7 @@ def train(cfg: RunConfig) -> dict:
                                                world, peak),
                           "skipped_steps": state["skipped_steps"]}
                 if resolve_precision(t.precision) == "fp16":
-                    record["loss_scale"] = float(getattr(engine.optimizer, "cur_scale", 0.0))
+                    record["loss_scale"] = _loss_scale(engine)
                 logger.log(record)
                 logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
                 interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
@@ -297,7 +299,45 @@ def _grad_norm(engine) -> float | None:
     if norm is None:
         return None
     norm = float(norm)
+    if _zero0_fp16(engine.optimizer):  # measured on the loss-scaled gradients there (ZeRO unscales first)
+        norm /= engine.optimizer.loss_scale
     return round(norm, 6) if math.isfinite(norm) else norm
+
+
+def _zero0_fp16(optimizer) -> bool:
+    """DeepSpeed's ZeRO-0 fp16 wrappers (FP16_Optimizer, FP16_UnfusedOptimizer), which need two corrections."""
+    from deepspeed.runtime.base_optimizer import ZeROOptimizer
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    return isinstance(optimizer, (FP16_Optimizer, FP16_UnfusedOptimizer)) and not isinstance(optimizer, ZeROOptimizer)
+
+
+def fp16_loss_needs_scaling(engine) -> bool:
+    """True where DeepSpeed's fp16 optimizer would unscale gradients that were never scaled: under ZeRO-0 its
+    step() divides the gradients by the loss scale, but engine.backward() multiplies the loss by it only for
+    ZeRO optimizers (DeepSpeed <= 0.19; PR #8393 open). Updates then come out 65536x too small and Adam's epsilon
+    swamps them. The trainer scales the loss itself, unless this DeepSpeed's backward handles fp16 (as the fix
+    does)."""
+    import inspect
+
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    return _zero0_fp16(engine.optimizer) and "fp16" not in inspect.getsource(DeepSpeedEngine.backward)
+
+
+def drop_fp16_dummy_step(engine) -> None:
+    """DeepSpeed's ZeRO-0 fp16 wrappers create the optimizer state by a step with zero gradients: Adam's count
+    then starts at 1 and its bias correction damps the first real updates (to 0.74x at the first). Dropping the
+    state lets the optimizer create it at the first real step, as under every other precision and stage."""
+    if _zero0_fp16(engine.optimizer):
+        engine.optimizer.optimizer.state.clear()
+
+
+def _loss_scale(engine) -> float | None:
+    """fp16's current dynamic loss scale: every DeepSpeed fp16 optimizer (fused, unfused, ZeRO 1-3) has it."""
+    scale = getattr(engine.optimizer, "loss_scale", None)
+    return float(scale) if scale is not None else None
 
 
 def _sum_ranks(value: int) -> int:

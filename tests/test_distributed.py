@@ -215,6 +215,25 @@ def test_truncated_checkpoint_fails_naming_the_file(data):
     assert str(victim) in proc.stderr and "truncated" in proc.stderr and "Traceback" not in proc.stderr
 
 
+def metrics(data, name):
+    return [json.loads(l) for l in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_fp16_under_zero0_trains_like_zero2_and_fp32(data):
+    """DeepSpeed's ZeRO-0 fp16 path unscales gradients that were never scaled, and starts Adam with a dummy
+    step; the trainer corrects both, so ZeRO-0 follows ZeRO-2 (which has neither problem) and fp32."""
+    fp16 = [*EXACT[1:], "train.precision=fp16", "train.max_steps=4"]
+    run(data, "fp16-zero0", *fp16)
+    run(data, "fp16-zero2", *fp16, "train.zero_stage=2")
+    run(data, "fp32-zero0", *EXACT, "train.max_steps=4")
+    zero0, zero2 = metrics(data, "fp16-zero0"), metrics(data, "fp16-zero2")
+    assert [r["loss"] for r in zero0] == pytest.approx([r["loss"] for r in zero2], rel=1e-4)
+    assert [r["loss"] for r in zero0] == pytest.approx(losses(data, "fp32-zero0"), rel=1e-3)
+    # logged unscaled, like ZeRO's; the dynamic loss scale starts at 2^16 and saw no overflow here
+    assert [r["grad_norm"] for r in zero0] == pytest.approx([r["grad_norm"] for r in zero2], rel=1e-2)
+    assert all(r["loss_scale"] == 2.0 ** 16 for r in zero0 + zero2)
+
+
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_nonfinite_loss_policy_is_applied_on_every_rank(data, ranks):
     """An absurd learning rate blows the weights up: steps are skipped and counted, then the run stops."""
