@@ -371,23 +371,30 @@ def main(argv: list[str] | None = None) -> int:
         return 130
 
 
-def leave_process_group() -> None:
-    """Tear the process group down while the interpreter is still whole. Left to interpreter exit, gloo's worker
-    threads may still hold finished async work (ZeRO-3's prefetches) whose tensors then die without the GIL, and
-    a finished run aborts ("terminate called without an active exception", exit status 250; seen once in CI
-    after a 2-rank ZeRO-3 run on a loaded machine)."""
+def leave_process_group() -> bool:
+    """Destroy the process group(s) of a finished run, as PyTorch asks; True if there were any."""
     if "torch.distributed" not in sys.modules:
-        return
+        return False
     import torch.distributed as dist
 
-    if dist.is_available() and dist.is_initialized():
-        dist.destroy_process_group()
+    if not (dist.is_available() and dist.is_initialized()):
+        return False
+    dist.destroy_process_group()
+    return True
 
 
 def entry() -> None:
-    """The `pretrain` command (and `python -m pretrain.cli`, which launchers run): main, then a clean exit."""
-    code = main()
-    leave_process_group()
+    """The `pretrain` command (and `python -m pretrain.cli`, which the launchers run): main, then the exit.
+
+    After a distributed run the process leaves without interpreter finalization. DeepSpeed's module globals keep
+    its process groups alive past destroy_process_group, so their gloo threads would be torn down during
+    finalization, which can abort a finished run ("terminate called without an active exception", exit status
+    250; seen in CI after 2-rank runs). By now every file is written and closed, and wandb is finished."""
+    code = int(main() or 0)
+    if leave_process_group():
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
     sys.exit(code)
 
 

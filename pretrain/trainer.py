@@ -19,6 +19,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 import yaml
 
 from data_pipeline.loader import PretrainDataset, build_loader
@@ -108,6 +109,7 @@ def _trim_metrics(run_dir: Path, last_step: int) -> None:
 def train(cfg: RunConfig) -> dict:
     """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
     import deepspeed
+    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = init_distributed()
@@ -165,6 +167,8 @@ def train(cfg: RunConfig) -> dict:
 
     device = engine.device
     prescale_fp16 = fp16_loss_needs_scaling(engine)
+    # fp32 under ZeRO-0 runs our optimizer unwrapped, and DeepSpeed then keeps no gradient norm: measure it here
+    own_grad_norm, grad_norm = not isinstance(engine.optimizer, DeepSpeedOptimizer), None
     stop = _StopFlag()
     stop.install()
     data = iter(loader)
@@ -185,6 +189,8 @@ def train(cfg: RunConfig) -> dict:
                 batch[LOSS_SCALES] = scale
                 loss, metrics = engine(batch)
                 engine.backward(loss * engine.optimizer.loss_scale if prescale_fp16 else loss)
+                if own_grad_norm and engine.is_gradient_accumulation_boundary():
+                    grad_norm = _own_grad_norm(model)  # complete and averaged over ranks by now; step clips
                 engine.step()
                 step_tokens += int(batch["attention_mask"].sum())
                 for key, value in metrics.items():
@@ -204,7 +210,7 @@ def train(cfg: RunConfig) -> dict:
                 means = _mean_ranks(interval_metrics)
                 record = {"step": state["step"], "loss": round(means.pop("loss") / interval_steps, 6),
                           **{k: round(v / interval_steps, 6) for k, v in sorted(means.items())},
-                          "lr": engine.get_lr()[0], "grad_norm": _grad_norm(engine),
+                          "lr": engine.get_lr()[0], "grad_norm": _rounded(grad_norm) if own_grad_norm else _grad_norm(engine),
                           "tokens": state["tokens_seen"], "tokens_per_s": round(tokens_all / max(elapsed, 1e-9), 1),
                           **throughput_metrics(flops_per_sample, interval_steps * global_batch / max(elapsed, 1e-9),
                                                world, peak),
@@ -301,7 +307,17 @@ def _grad_norm(engine) -> float | None:
     norm = float(norm)
     if _zero0_fp16(engine.optimizer):  # measured on the loss-scaled gradients there (ZeRO unscales first)
         norm /= engine.optimizer.loss_scale
-    return round(norm, 6) if math.isfinite(norm) else norm
+    return _rounded(norm)
+
+
+@torch.no_grad()
+def _own_grad_norm(model: nn.Module) -> float:
+    norms = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
+    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 6) if value is not None and math.isfinite(value) else value
 
 
 def _zero0_fp16(optimizer) -> bool:

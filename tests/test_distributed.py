@@ -232,6 +232,9 @@ def test_fp16_under_zero0_trains_like_zero2_and_fp32(data):
     # logged unscaled, like ZeRO's; the dynamic loss scale starts at 2^16 and saw no overflow here
     assert [r["grad_norm"] for r in zero0] == pytest.approx([r["grad_norm"] for r in zero2], rel=1e-2)
     assert all(r["loss_scale"] == 2.0 ** 16 for r in zero0 + zero2)
+    # fp32 under ZeRO-0, where DeepSpeed keeps no norm, logs the one the trainer measures
+    assert [r["grad_norm"] for r in metrics(data, "fp32-zero0")] == pytest.approx(
+        [r["grad_norm"] for r in zero2], rel=1e-2)
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
