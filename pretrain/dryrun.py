@@ -87,7 +87,12 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
              f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x data-parallel ranks "
              f"{world} = global batch {global_batch} sequences = {tokens_per_step:,} tokens per step",
              f"{t.max_steps:,} steps = {t.max_steps * global_batch:,} sequences = {t.max_steps * tokens_per_step:,} "
-             "tokens", "", "# parameters"]
+             "tokens",
+             "each loss term is a mean over " + ("all its targets in the step (train.loss_normalization=step)"
+                                                 if t.loss_normalization == "step" else
+                                                 "each micro-batch, then averaged (train.loss_normalization="
+                                                 "micro_batch)"),
+             "", "# parameters"]
     lines += [f"{name:<24} {n:>14,}" for name, n in sorted(parts.items())]
     lines += [f"{'total':<24} {total:>14,}", "",
               f"# memory per device (ZeRO stage {t.zero_stage}, {precision}, {world} rank(s) on {nodes} node(s))"]
