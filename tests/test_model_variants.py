@@ -187,8 +187,6 @@ def test_activation_checkpointing_gives_identical_loss_and_grads(unpadded):
 
 @pytest.mark.slow  # inductor compiles a forward and a backward graph: ~15 s warm, up to a minute cold on 2 cores
 def test_compile_matches_eager_and_keeps_state_dict_names():
-    if not hasattr(torch, "compile"):
-        pytest.skip("torch.compile unavailable")
     options = dict(num_layers=1, hidden_size=16, num_heads=2, intermediate_size=32)
     eager = randomize(build(**options)).eval()
     compiled = build(**options, compile=True).eval()
