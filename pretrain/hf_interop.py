@@ -19,20 +19,13 @@ Export dispatch (`select_architecture`), from the model options and the run's he
 Any other mix of options (pre-LN with learned positions, RoPE with post-LN, ...) has no HF class that
 computes the same function: `UserError` naming the option and the architectures that exist.
 
-Import (`model.init_from: DIR`): DIR/config.json's model_type picks the table; our ModelConfig's architecture
-fields are taken from that config (`model_config_from_hf`); weights come from model.safetensors or
-pytorch_model.bin (sharded or not). Head weights the checkpoint lacks (a plain BertModel) stay freshly
-initialised, with an `InitFromWarning` naming them; checkpoint weights our run has no head for are named too.
+Import (`model.init_from`) lives in `pretrain.hf_import`, uploads in `pretrain.hub`.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import os
-import warnings
-from dataclasses import dataclass, fields, replace
-from pathlib import Path
+from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import torch
@@ -44,10 +37,6 @@ from pretrain.errors import UserError
 log = logging.getLogger(__name__)
 
 ARCHITECTURES = ("bert", "roberta", "albert", "electra", "modernbert")
-
-
-class InitFromWarning(UserWarning):
-    """Something of an imported checkpoint was not used, or something of our model was not in it."""
 
 
 class Link(NamedTuple):
@@ -95,8 +84,8 @@ def _options(cfg: ModelConfig) -> dict[str, Any]:
             "use_bias": getattr(cfg, "use_bias", True)}
 
 
-_BERT_OPTIONS = {"norm_placement": "post", "position_embedding": "learned", "activation": "gelu", "use_bias": True}
-_MODERNBERT_OPTIONS = {"norm_placement": "pre", "position_embedding": "rope", "activation": "geglu",
+BERT_OPTIONS = {"norm_placement": "post", "position_embedding": "learned", "activation": "gelu", "use_bias": True}
+MODERNBERT_OPTIONS = {"norm_placement": "pre", "position_embedding": "rope", "activation": "geglu",
                        "use_bias": False}
 _WHAT_EXISTS = ("bert / roberta / electra: norm_placement=post, position_embedding=learned, activation=gelu, "
                 "use_bias=true; albert: the same plus embedding_size and/or share_layers; modernbert: "
@@ -125,7 +114,7 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
     if "rtd" in heads:
         if requested not in (None, "electra"):
             raise UserError(f"--arch {requested}: an rtd (ELECTRA) run exports as electra only")
-        _require(opts, _BERT_OPTIONS, "electra")
+        _require(opts, BERT_OPTIONS, "electra")
         if albertish:
             raise UserError("ELECTRA export has no factorized embeddings or shared layers on the discriminator "
                             f"(model.embedding_size={cfg.embedding_size}, model.share_layers={cfg.share_layers})")
@@ -136,7 +125,7 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
                         f"has heads {sorted(heads) or 'none'}")
     dropped = sorted(heads & {"nsp", "sop"})
 
-    if opts == _MODERNBERT_OPTIONS:
+    if opts == MODERNBERT_OPTIONS:
         if requested not in (None, "modernbert"):
             raise UserError(f"--arch {requested}: norm_placement=pre, rope, geglu and use_bias=false is "
                             f"ModernBERT's architecture; export it as modernbert. {_WHAT_EXISTS}")
@@ -150,14 +139,14 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
         return Target("modernbert", "ModernBertForMaskedLM", tuple(notes))
 
     arch = requested or ("albert" if albertish else "bert")
-    _require(opts, _BERT_OPTIONS, arch)
+    _require(opts, BERT_OPTIONS, arch)
     if albertish and arch != "albert":
         raise UserError(f"--arch {arch}: model.embedding_size={cfg.embedding_size} / model.share_layers="
                         f"{cfg.share_layers} exist in HF only as albert")
     if arch == "electra":
         raise UserError("--arch electra needs an rtd run (ElectraForPreTraining is a replaced-token detector)")
     if arch == "modernbert":
-        _require(opts, _MODERNBERT_OPTIONS, "modernbert")
+        _require(opts, MODERNBERT_OPTIONS, "modernbert")
     sentence = {"bert": "nsp", "albert": "sop"}.get(arch)
     if sentence in heads:
         cls = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining"}[arch]
@@ -523,250 +512,3 @@ def hf_config(model: nn.Module, target: Target, tokens) -> Any:
                              "sliding_attention": {"rope_type": "default", "rope_theta": theta}},
             bos_token_id=tokens.cls, eos_token_id=tokens.sep, cls_token_id=tokens.cls, sep_token_id=tokens.sep)
     raise UserError(f"no HF config for architecture {target.arch}")
-
-
-# ----------------------------------------------------------------------------------------------
-# Import: model.init_from
-
-
-def read_hf_config(directory: str | Path) -> Any:
-    """The transformers config of a local checkpoint directory (no hub access)."""
-    import transformers
-
-    directory = Path(directory)
-    if not (directory / "config.json").is_file():
-        raise UserError(f"model.init_from: {directory} has no config.json (expected a HuggingFace save_pretrained "
-                        f"directory of {', '.join(ARCHITECTURES)})")
-    model_type = json.loads((directory / "config.json").read_text()).get("model_type")
-    if model_type not in ARCHITECTURES:
-        raise UserError(f"model.init_from: {directory}/config.json has model_type {model_type!r}; supported: "
-                        f"{', '.join(ARCHITECTURES)}")
-    return transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
-
-
-def _check_act(act: str, where: str) -> None:
-    if act == "gelu":
-        return
-    if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python"):
-        warnings.warn(f"{where}: hidden_act {act!r} is the tanh approximation of GELU; our encoder computes the "
-                      "exact erf GELU (differences of about 1e-3 per activation), and exports say 'gelu'",
-                      InitFromWarning, stacklevel=3)
-        return
-    raise UserError(f"{where}: hidden_act {act!r} has no equivalent here (our encoder uses GELU)")
-
-
-def model_config_from_hf(hf_cfg: Any, base: ModelConfig, where: str = "model.init_from") -> ModelConfig:
-    """`base` with the architecture fields of the checkpoint's config. Training-time fields (dropout,
-    initializer_range, compile, unpadded, ...) stay the run's: they do not change the weights' meaning."""
-    t = hf_cfg.model_type
-    arch: dict[str, Any] = dict(vocab_size=hf_cfg.vocab_size, hidden_size=hf_cfg.hidden_size,
-                                num_layers=hf_cfg.num_hidden_layers, num_heads=hf_cfg.num_attention_heads,
-                                intermediate_size=hf_cfg.intermediate_size)
-    if t in ("bert", "roberta", "albert", "electra"):
-        _check_act(hf_cfg.hidden_act, where)
-        if getattr(hf_cfg, "position_embedding_type", "absolute") not in (None, "absolute"):
-            raise UserError(f"{where}: position_embedding_type {hf_cfg.position_embedding_type!r}; only absolute "
-                            "positions are supported")
-        arch.update(max_position_embeddings=hf_cfg.max_position_embeddings, type_vocab_size=hf_cfg.type_vocab_size,
-                    layer_norm_eps=hf_cfg.layer_norm_eps, **_BERT_OPTIONS, embedding_size=0, share_layers=False)
-        if t == "roberta":
-            arch["max_position_embeddings"] -= roberta_offset(hf_cfg.pad_token_id)
-        if t == "albert":
-            if hf_cfg.inner_group_num != 1 or hf_cfg.num_hidden_groups not in (1, hf_cfg.num_hidden_layers):
-                raise UserError(f"{where}: ALBERT with inner_group_num={hf_cfg.inner_group_num}, num_hidden_groups="
-                                f"{hf_cfg.num_hidden_groups}: only one layer per group, and 1 or num_hidden_layers "
-                                "groups, are supported")
-            arch.update(embedding_size=hf_cfg.embedding_size,
-                        share_layers=hf_cfg.num_hidden_groups == 1 and hf_cfg.num_hidden_layers > 1)
-        if t == "electra" and hf_cfg.embedding_size != hf_cfg.hidden_size:
-            arch["embedding_size"] = hf_cfg.embedding_size
-    elif t == "modernbert":
-        _check_act(hf_cfg.hidden_activation, where)
-        if any(lt != "full_attention" for lt in hf_cfg.layer_types):
-            raise UserError(f"{where}: this ModernBERT has sliding-window (local) attention layers "
-                            f"({hf_cfg.layer_types.count('sliding_attention')} of {len(hf_cfg.layer_types)}); our "
-                            "encoder attends globally in every layer with one RoPE theta. Only checkpoints with "
-                            "global attention everywhere (global_attn_every_n_layers=1) can be imported")
-        biases = {k: getattr(hf_cfg, k) for k in ("norm_bias", "attention_bias", "mlp_bias")}
-        if any(biases.values()):
-            raise UserError(f"{where}: ModernBERT with {biases}: only bias-free layers are supported (use_bias=false)")
-        rope = hf_cfg.rope_parameters["full_attention"]
-        if rope.get("rope_type", "default") != "default":
-            raise UserError(f"{where}: rope_type {rope['rope_type']!r}; only plain RoPE is supported")
-        # type_vocab_size 1: ModernBERT has no token types; our one row stays zero (see _modernbert_types_from)
-        arch.update(max_position_embeddings=hf_cfg.max_position_embeddings, layer_norm_eps=hf_cfg.norm_eps,
-                    rope_theta=float(rope["rope_theta"]), **_MODERNBERT_OPTIONS, embedding_size=0,
-                    share_layers=False, type_vocab_size=1)
-    known = {f.name for f in fields(ModelConfig)}
-    missing = sorted(k for k in arch if k not in known)
-    if missing:  # an option model.py / config.py does not have yet
-        raise UserError(f"{where}: importing {t} needs ModelConfig options {missing}, which this version lacks")
-    changed = {k: (getattr(base, k), v) for k, v in arch.items() if getattr(base, k) != v}
-    if changed:
-        log.info("%s: model config from the checkpoint: %s", where,
-                 ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()))
-    return replace(base, **arch)
-
-
-def _normalise(sd: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
-    """A bare base model (BertModel, ModernBertModel, ...) saves its keys without the base prefix: add it."""
-    prefix = BASE_PREFIX[arch] + "."
-    if any(k.startswith(prefix) for k in sd):
-        return sd
-    return {prefix + k: v for k, v in sd.items()}
-
-
-def read_hf_weights(directory: str | Path) -> dict[str, torch.Tensor]:
-    """model.safetensors / pytorch_model.bin of a save_pretrained directory, sharded or not, on CPU."""
-    from safetensors.torch import load_file
-
-    directory = Path(directory)
-    for index_name, loader in (("model.safetensors.index.json", load_file),
-                               ("pytorch_model.bin.index.json", _load_bin)):
-        if (directory / index_name).is_file():
-            files = sorted(set(json.loads((directory / index_name).read_text())["weight_map"].values()))
-            sd = {}
-            for f in files:
-                sd.update(loader(str(directory / f)))
-            return sd
-    if (directory / "model.safetensors").is_file():
-        return load_file(str(directory / "model.safetensors"))
-    if (directory / "pytorch_model.bin").is_file():
-        return _load_bin(str(directory / "pytorch_model.bin"))
-    raise UserError(f"model.init_from: {directory} has no model.safetensors or pytorch_model.bin")
-
-
-def _load_bin(path: str) -> dict[str, torch.Tensor]:
-    return torch.load(path, map_location="cpu", weights_only=True)  # weights only: no pickled code runs
-
-
-def resolve_init_from(cfg) -> None:
-    """Settle a run with `model.init_from: DIR` before it starts (mutates the RunConfig; idempotent):
-    - `data.tokenizer: DIR` when no tokenizer is set: the checkpoint's vocabulary is the one its embeddings
-      were trained on;
-    - the model's architecture fields from DIR/config.json, so that the run's saved config.yaml describes the
-      model even if DIR later goes away."""
-    if not cfg.model.init_from:
-        return
-    if not cfg.data.tokenizer:
-        cfg.data.tokenizer = cfg.model.init_from
-    cfg.model = model_config_from_hf(read_hf_config(cfg.model.init_from), cfg.model,
-                                     f"model.init_from {cfg.model.init_from}")
-
-
-def init_model_config(cfg, model_cfg: ModelConfig, tokens) -> ModelConfig:
-    """The ModelConfig a run with `model.init_from` builds: the checkpoint's architecture, and a check that
-    the tokenizer fits it."""
-    directory = Path(cfg.model.init_from)
-    hf_cfg = read_hf_config(directory)
-    out = model_config_from_hf(hf_cfg, model_cfg, f"model.init_from {directory}")
-    if tokens.vocab_size > out.vocab_size:
-        raise UserError(f"model.init_from {directory}: the tokenizer ({cfg.tokenizer_dir}) has {tokens.vocab_size} "
-                        f"tokens, the checkpoint's embeddings {out.vocab_size}: use the checkpoint's tokenizer")
-    hf_pad = getattr(hf_cfg, "pad_token_id", None)
-    if hf_pad is not None and hf_pad != tokens.pad:
-        raise UserError(f"model.init_from {directory}: the tokenizer's pad id is {tokens.pad}, the checkpoint's "
-                        f"pad_token_id {hf_pad}: use the checkpoint's tokenizer")
-    return out
-
-
-def load_init_from(model: nn.Module, directory: str | Path) -> dict[str, list[str]]:
-    """Copy the weights of a HF checkpoint directory into `model` (built with `init_model_config`'s config).
-    Returns {"fresh": our tensors left as initialised, "unused": checkpoint tensors not used}; both are also
-    reported with an `InitFromWarning`. Missing encoder weights are an error."""
-    directory = Path(directory)
-    hf_cfg = read_hf_config(directory)
-    arch = hf_cfg.model_type
-    where = f"model.init_from {directory}"
-    sd = _normalise(read_hf_weights(directory), arch)
-    classes = list(getattr(hf_cfg, "architectures", None) or [])
-
-    if arch == "electra":
-        state, absent, unused = _electra_import(model, directory, sd, classes, where)
-    else:
-        state, absent, unused = from_hf_state_dict(sd, model, arch, where)
-    encoder_absent = [link.ours for link in absent if link.ours.startswith("encoder.")]
-    if encoder_absent:
-        raise UserError(f"{where}: not a complete {arch} encoder of this size: missing {encoder_absent[:5]}"
-                        f"{' ...' if len(encoder_absent) > 5 else ''}")
-    missing, unexpected = model.load_state_dict(state, strict=False)
-    if unexpected:  # a table naming something our model lacks: a bug here, not the user's
-        raise RuntimeError(f"weight table of {arch} names tensors this model lacks: {unexpected[:5]}")
-    fresh = sorted(missing)
-    if fresh:
-        heads = sorted({".".join(n.split(".")[:2]) for n in fresh})
-        warnings.warn(f"{where} ({', '.join(classes) or arch}) has no weights for {', '.join(heads)}: freshly "
-                      f"initialised ({len(fresh)} tensors, e.g. {fresh[0]})", InitFromWarning, stacklevel=2)
-    if unused:
-        warnings.warn(f"{where}: {len(unused)} checkpoint tensors have no place in this run's model and are not "
-                      f"used: {unused[:6]}{' ...' if len(unused) > 6 else ''}", InitFromWarning, stacklevel=2)
-    return {"fresh": fresh, "unused": unused}
-
-
-def _electra_import(model, directory: Path, sd, classes, where):
-    """An ELECTRA directory: the discriminator (ElectraForPreTraining) is our encoder (+ our rtd head, and the
-    generator from DIR/generator as our own exports write it); a generator alone (ElectraForMaskedLM) is
-    imported as a BERT-style MLM model (its prediction head is ours under other names)."""
-    is_generator = "ElectraForMaskedLM" in classes or any(k.startswith("generator_") for k in sd)
-    if is_generator:
-        if "rtd" in model.heads:
-            raise UserError(f"{where} is an ELECTRA generator (ElectraForMaskedLM). An rtd run imports the "
-                            "discriminator directory (ElectraForPreTraining, with the generator in generator/); a "
-                            "generator alone can start an mlm/span/plm run as its encoder + MLM head")
-        return from_hf_state_dict(sd, model, "electra", where, electra_generator_as_mlm_table(model))
-    state, absent, unused = from_hf_state_dict(sd, model, "electra", where, electra_discriminator_table(model))
-    gen_dir = directory / "generator"
-    if "rtd" in model.heads and (gen_dir / "config.json").is_file():
-        from pretrain.export_electra import generator_weight_map
-
-        gen = model.heads["rtd"].generator
-        gen_sd = _normalise(read_hf_weights(gen_dir), "electra")
-        gen_table = generator_weight_map(gen.config.num_layers)
-        gen_state, gen_absent, gen_unused = from_hf_state_dict(gen_sd, model, "electra", f"{where}/generator",
-                                                                gen_table)
-        word = "encoder.embeddings.word_embeddings.weight"
-        for name, tensor in gen_state.items():
-            if name.startswith("encoder.embeddings.") and name in state and not torch.equal(state[name], tensor):
-                if name == word and "encoder.embeddings.word_embeddings.delta" in model.state_dict():
-                    continue  # disentangled: handled below
-                raise UserError(f"{where}: the generator's {name} differs from the discriminator's; ours share it")
-        if "encoder.embeddings.word_embeddings.delta" in model.state_dict():
-            effective = state[word]
-            state = {**state, **gen_state, "encoder.embeddings.word_embeddings.delta": effective - gen_state[word]}
-        else:
-            state = {**gen_state, **state}
-        absent = [link for link in absent] + gen_absent
-        unused = unused + [f"generator/{k}" for k in gen_unused]
-        state = fill_aliases(model, state)
-    return state, absent, unused
-
-
-# ----------------------------------------------------------------------------------------------
-# Push to the Hub
-
-
-def hub_token() -> str | None:
-    """HF_TOKEN, or the token stored by `hf auth login`."""
-    import huggingface_hub
-
-    return os.environ.get("HF_TOKEN") or huggingface_hub.get_token()
-
-
-def check_hub_token(repo_id: str) -> str:
-    token = hub_token()
-    if not token:
-        raise UserError(f"--push-to-hub {repo_id}: no Hugging Face token configured; set HF_TOKEN or run "
-                        "`hf auth login` (nothing was exported or uploaded)")
-    return token
-
-
-def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> str:
-    """Upload an export directory to the model repo `repo_id` (created if missing); returns its URL."""
-    import huggingface_hub
-
-    token = token or check_hub_token(repo_id)
-    api = huggingface_hub.HfApi(token=token)
-    api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
-                      commit_message=f"Upload {Path(folder).name} exported by pretrain")
-    return f"https://huggingface.co/{repo_id}"

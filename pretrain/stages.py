@@ -24,7 +24,7 @@ def is_main_process() -> bool:
 def stage_tokenizer(cfg: RunConfig) -> Path:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
-    from pretrain.hf_interop import resolve_init_from
+    from pretrain.hf_import import resolve_init_from
 
     resolve_init_from(cfg)  # model.init_from: DIR implies data.tokenizer: DIR (the checkpoint's vocabulary)
     out = cfg.tokenizer_dir
@@ -57,7 +57,7 @@ def stage_shards(cfg: RunConfig) -> dict:
 
 
 def stage_train(cfg: RunConfig) -> dict:
-    from pretrain.hf_interop import resolve_init_from
+    from pretrain.hf_import import resolve_init_from
     from pretrain.trainer import train
 
     resolve_init_from(cfg)  # before train() saves config.yaml, so that resuming reads the same tokenizer
@@ -93,7 +93,8 @@ def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool 
     `out`/generator for an ELECTRA (rtd) run, whose `out` holds the discriminator."""
     from pretrain.export import export_pretrained, verify_export
     from pretrain.export_electra import GENERATOR_DIR, export_electra, verify_electra_export
-    from pretrain.hf_interop import check_hub_token, push_to_hub as upload, select_architecture
+    from pretrain.hf_interop import select_architecture
+    from pretrain.hub import check_hub_token, push_to_hub as upload
     from pretrain.metrics import read_metrics
 
     token = check_hub_token(push_to_hub) if push_to_hub else None  # no token: fail before doing anything

@@ -54,12 +54,12 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
     model_cfg = model_config_for(cfg, tokens)
     init_from = cfg.model.init_from
     if init_from and (load_init_weights or (Path(init_from) / "config.json").is_file()):
-        from pretrain.hf_interop import init_model_config
+        from pretrain.hf_import import init_model_config
 
         model_cfg = init_model_config(cfg, model_cfg, tokens)
     model = PretrainingModel(model_cfg, objectives)
     if init_from and load_init_weights:
-        from pretrain.hf_interop import load_init_from
+        from pretrain.hf_import import load_init_from
 
         load_init_from(model, init_from)
     return model

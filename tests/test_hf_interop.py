@@ -18,7 +18,8 @@ from pretrain.config import ModelConfig, build_config
 from pretrain.errors import UserError
 from pretrain.evaluate import load_target
 from pretrain.export import _probe_batch, compare_with_hf, export_pretrained, lm_head_name, load_hf
-from pretrain.hf_interop import InitFromWarning, select_architecture
+from pretrain.hf_import import InitFromWarning, resolve_init_from
+from pretrain.hf_interop import select_architecture
 from pretrain.model import PretrainingModel
 from pretrain.trainer import build_model
 
@@ -203,7 +204,7 @@ def _import(tmp_path, directory, objectives, **overrides):
     cfg = build_config({"output_dir": str(tmp_path), "name": "run", "objectives": objectives,
                         "model": {"init_from": str(directory), "hidden_dropout": 0.0, "attention_dropout": 0.0,
                                   **overrides}})
-    hf_interop.resolve_init_from(cfg)
+    resolve_init_from(cfg)
     assert cfg.tokenizer_dir == directory  # init_from implies the checkpoint's tokenizer
     tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
     return cfg, tokens, build_model(cfg, tokens).eval()
