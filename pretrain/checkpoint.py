@@ -7,14 +7,13 @@ every rank has finished writing, so a job killed mid-write leaves the previous c
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import pickle
 import re
 import shutil
 import sys
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
 
 import torch
@@ -165,13 +164,15 @@ def make_universal(path: Path) -> Path:
     out = path / UNIVERSAL
     rank = dist.get_rank() if dist.is_initialized() else 0
     if rank == 0 and not out.is_dir():
+        print(f"{path} was written by another number of ranks: converting it once to DeepSpeed's universal "
+              f"checkpoint layout in {out}", file=sys.stderr, flush=True)
         verify_integrity(path)
         tmp = path / f".{UNIVERSAL}-tmp-{os.getpid()}"
         shutil.rmtree(tmp, ignore_errors=True)
         args = Namespace(input_folder=str(path), output_folder=str(tmp), num_extract_workers=1, num_merge_workers=1,
                          keep_temp_folder=False, strict=True, inject_missing_state=True)
         # In this process (1 worker), so DeepSpeed's own loads stay weights-only too
-        with weights_only_loads(path), contextlib.redirect_stdout(sys.stderr):
+        with weights_only_loads(path), redirect_stdout(sys.stderr):
             ds_to_universal(args)
         os.replace(tmp, out)
     _barrier()

@@ -30,15 +30,22 @@ def _vocab_size(cfg: RunConfig) -> int:
 
 
 def _model_on_meta(cfg: RunConfig, vocab_size: int):
+    """The run's model without memory or weights. Its tokenizer's special ids where it exists already
+    (a `model.init_from` checkpoint's, e.g. RoBERTa's pad id 1), BERT's layout otherwise."""
     import numpy as np
 
     from objectives import SpecialTokens
     from pretrain.trainer import build_model
 
-    tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=vocab_size,
-                           replaceable=np.arange(5, vocab_size))
+    if (cfg.tokenizer_dir / "tokenizer.json").is_file():
+        from data_pipeline.tokenizer import load_tokenizer, special_tokens
+
+        tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    else:
+        tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=vocab_size,
+                               replaceable=np.arange(5, vocab_size))
     with torch.device("meta"):
-        return build_model(cfg, tokens)
+        return build_model(cfg, tokens, load_init_weights=False)
 
 
 def _gib(n_bytes: float) -> str:
@@ -62,6 +69,9 @@ def _zero_estimate(stage: int, params: int, largest_layer: int, gpus_per_node: i
 
 
 def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | None = None) -> str:
+    from pretrain.hf_import import resolve_init_from
+
+    resolve_init_from(cfg)  # model.init_from: the checkpoint's architecture and tokenizer, as training takes them
     world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
     per_node = gpus_per_node or min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     nodes = max(1, world // max(1, per_node))

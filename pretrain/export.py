@@ -33,7 +33,6 @@ from objectives.base import SpecialTokens
 from pretrain import hf_interop as hf
 from pretrain.config import ModelConfig
 from pretrain.errors import UserError
-from pretrain.hf_interop import Target
 
 _ARCH_TITLE = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT", "electra": "ELECTRA",
                "modernbert": "ModernBERT"}
@@ -41,18 +40,6 @@ _ARCH_TITLE = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT", "electr
 
 class ExportError(RuntimeError):
     """The exported directory does not reproduce the model: a bug in the export, not a user mistake."""
-
-
-class _ConfigOnly:
-    """Stands in for a model where only its config is read (BERT's HF config needs nothing else)."""
-
-    def __init__(self, config: ModelConfig):
-        self.config = config
-
-
-def hf_bert_config(model_cfg: ModelConfig, tokens: SpecialTokens) -> Any:
-    """The `BertConfig` of an encoder + MLM head (BertForMaskedLM)."""
-    return hf.hf_config(_ConfigOnly(model_cfg), Target("bert", "BertForMaskedLM"), tokens)
 
 
 # ----------------------------------------------------------------------------------------------

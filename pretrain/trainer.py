@@ -11,8 +11,8 @@ import json
 import logging
 import math
 import os
+import inspect
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -130,13 +130,9 @@ def train(cfg: RunConfig) -> dict:
     latest = ckpt.latest_checkpoint(ckpt_root)
     # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
     universal = latest is not None and ckpt.needs_universal(latest, world)
-    if universal:
-        if is_main:
-            print(f"resuming {latest} on {world} rank(s): converting it to DeepSpeed's universal checkpoint "
-                  f"layout in {latest / ckpt.UNIVERSAL}", file=sys.stderr, flush=True)
-        ckpt.make_universal(latest)
     ds_config = deepspeed_config(cfg, world)
     if universal:
+        ckpt.make_universal(latest)
         ds_config["checkpoint"] = {"load_universal": True}
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t),
                                            config=ds_config)
@@ -178,6 +174,9 @@ def train(cfg: RunConfig) -> dict:
     flops_per_sample = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
     peak = device_peak_tflops(resolve_precision(t.precision), t.peak_tflops)
     exit_code, reason = 0, "max_steps"
+
+    def logs_now(step: int) -> bool:
+        return step % t.log_every == 0 or step == t.max_steps
     try:
         while state["step"] < t.max_steps:
             step_tokens, skipped_before = 0, engine.skipped_steps
@@ -189,7 +188,7 @@ def train(cfg: RunConfig) -> dict:
                 batch[LOSS_SCALES] = scale
                 loss, metrics = engine(batch)
                 engine.backward(loss * engine.optimizer.loss_scale if prescale_fp16 else loss)
-                if own_grad_norm and engine.is_gradient_accumulation_boundary():
+                if own_grad_norm and engine.is_gradient_accumulation_boundary() and logs_now(state["step"] + 1):
                     grad_norm = _own_grad_norm(model)  # complete and averaged over ranks by now; step clips
                 engine.step()
                 step_tokens += int(batch["attention_mask"].sum())
@@ -202,7 +201,7 @@ def train(cfg: RunConfig) -> dict:
             interval_steps += 1
             logger.advance(1)
 
-            if state["step"] % t.log_every == 0 or state["step"] == t.max_steps:
+            if logs_now(state["step"]):
                 tokens_all = _sum_ranks(interval_tokens)
                 state["tokens_seen"] += _sum_ranks(unflushed_tokens)
                 unflushed_tokens = 0
@@ -273,7 +272,7 @@ def probe_flops_per_sample(cfg: RunConfig, tokens: SpecialTokens, dataset: Pretr
 
     rng_state = torch.get_rng_state()
     try:
-        probe = build_model(cfg, tokens)
+        probe = build_model(cfg, tokens, load_init_weights=False)  # FLOPs need the shapes, not the weights
         batch = Collator(tokens.pad, probe.objectives)([dataset[position + i] for i in range(n)])
         flops = count_step_flops(lambda: probe(batch)[0].backward())
     finally:
@@ -305,7 +304,9 @@ def _grad_norm(engine) -> float | None:
     if norm is None:
         return None
     norm = float(norm)
-    if _zero0_fp16(engine.optimizer):  # measured on the loss-scaled gradients there (ZeRO unscales first)
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    if isinstance(engine.optimizer, FP16_UnfusedOptimizer):  # it measures the loss-scaled gradients
         norm /= engine.optimizer.loss_scale
     return _rounded(norm)
 
@@ -322,11 +323,18 @@ def _rounded(value: float | None) -> float | None:
 
 def _zero0_fp16(optimizer) -> bool:
     """DeepSpeed's ZeRO-0 fp16 wrappers (FP16_Optimizer, FP16_UnfusedOptimizer), which need two corrections."""
-    from deepspeed.runtime.base_optimizer import ZeROOptimizer
     from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
     from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
 
-    return isinstance(optimizer, (FP16_Optimizer, FP16_UnfusedOptimizer)) and not isinstance(optimizer, ZeROOptimizer)
+    return isinstance(optimizer, (FP16_Optimizer, FP16_UnfusedOptimizer))
+
+
+def _unwrapped(fn):
+    """The function a decorator wraps, followed through __wrapped__ and through closures (DeepSpeed's NVTX
+    wrapper keeps the original only in its closure)."""
+    fn = inspect.unwrap(fn)
+    inner = next((c.cell_contents for c in fn.__closure__ or () if inspect.isfunction(c.cell_contents)), None)
+    return fn if inner is None else _unwrapped(inner)
 
 
 def fp16_loss_needs_scaling(engine) -> bool:
@@ -335,11 +343,9 @@ def fp16_loss_needs_scaling(engine) -> bool:
     ZeRO optimizers (DeepSpeed <= 0.19; PR #8393 open). Updates then come out 65536x too small and Adam's epsilon
     swamps them. The trainer scales the loss itself, unless this DeepSpeed's backward handles fp16 (as the fix
     does)."""
-    import inspect
-
     from deepspeed.runtime.engine import DeepSpeedEngine
 
-    return _zero0_fp16(engine.optimizer) and "fp16" not in inspect.getsource(DeepSpeedEngine.backward)
+    return _zero0_fp16(engine.optimizer) and "fp16" not in inspect.getsource(_unwrapped(DeepSpeedEngine.backward))
 
 
 def drop_fp16_dummy_step(engine) -> None:

@@ -5,6 +5,7 @@ the architecture dispatch and its errors, and --push-to-hub (never the network).
 from __future__ import annotations
 
 import json
+import re
 
 import pytest
 import torch
@@ -16,6 +17,7 @@ from objectives import build_objectives
 from pretrain import hf_interop
 from pretrain.config import ModelConfig, build_config
 from pretrain.errors import UserError
+from pretrain.dryrun import dry_run
 from pretrain.evaluate import load_target
 from pretrain.export import _probe_batch, compare_with_hf, export_pretrained, lm_head_name, load_hf
 from pretrain.hf_import import InitFromWarning, resolve_init_from
@@ -222,6 +224,9 @@ def test_import_matches_transformers_and_reexports_the_same_tensors(name, tmp_pa
     diffs = compare_with_hf(model, hf, config.model_type)
     print(f"\nimported {name}: max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
     assert max(diffs.values()) <= ATOL, diffs
+    # `train --dry-run` plans the same model, from the checkpoint's config and tokenizer
+    total = re.search(r"^total\s+([\d,]+)$", dry_run(cfg), re.M).group(1)
+    assert int(total.replace(",", "")) == sum(p.numel() for p in model.parameters())
 
     if name == "ElectraForMaskedLM":
         return  # a generator imports as an MLM model; it re-exports as BERT (ELECTRA export needs an rtd run)
