@@ -18,13 +18,12 @@ Build protocol (safe against kill -9 at any instant):
   or whose checksum disagrees with it, is redone: a half-written shard can never verify.
 - The manifest is assembled from the done records and written last; then the records go.
 - An flock on `.lock` refuses a second concurrent build into the same directory (released by the kernel
-  even on kill -9).
+  even on kill -9); a directory holding anything else than a shard build of ours is refused, never cleared.
 """
 
 from __future__ import annotations
 
 import collections
-import contextlib
 import hashlib
 import itertools
 import json
@@ -40,6 +39,7 @@ from typing import Iterator
 import numpy as np
 
 from pretrain.errors import DataError
+from pretrain.outputs import check_not_input, claim_output, exclusive, mark_output
 from data_pipeline.readers import (DEFAULT_MAX_DOCUMENT_BYTES, describe_inputs, expand_inputs, input_fingerprint,
                                    iter_documents)
 from data_pipeline.sentences import SPLITTER_VERSION, split_sentences
@@ -49,7 +49,6 @@ FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
 BUILD_STATE = "build.json"
 DONE = ".done.json"
-LOCK = ".lock"
 SUFFIXES = (".tokens.bin", ".docs.npy", ".sents.npy", ".words.bin")
 TMP = ".tmp"
 
@@ -274,19 +273,6 @@ def _completed(out: Path, itemsize: int) -> dict[int, dict]:
     return done
 
 
-@contextlib.contextmanager
-def _exclusive(out: Path):
-    import fcntl
-
-    with open(out / LOCK, "a") as f:
-        try:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise DataError(f"another process is building shards in {out}; wait for it, or use another "
-                            f"data.shards directory") from None
-        yield  # the kernel drops the lock when the file closes or the process dies
-
-
 def _chunks(docs, size: int) -> Iterator[tuple[int, list[str]]]:
     for index in itertools.count():
         texts = [d.text for d in itertools.islice(docs, size)]
@@ -312,11 +298,14 @@ def build_shards(paths: list[str], tokenizer_dir: str | os.PathLike, out_dir: st
     settings = {"format_version": FORMAT_VERSION, "splitter_version": SPLITTER_VERSION, "text_field": text_field,
                 "docs_per_shard": docs_per_shard, "on_bad": on_bad, "max_document_bytes": max_document_bytes}
     key, fingerprint = build_key(paths, tok_hash, settings)
+    check_not_input(out, {"the tokenizer directory": tokenizer_dir,
+                          **{f"the corpus file {p}": p for p in expand_inputs(paths)}})
+    claim_output(out, "shards", "the shard directory")
     cached = _cached(out, key, tok_hash)  # lock-free fast path: the manifest is written atomically
     if cached is not None:
         return cached
-    out.mkdir(parents=True, exist_ok=True)
-    with _exclusive(out):
+    mark_output(out, "shards")
+    with exclusive(out, "building shards", ", or use another data.shards directory"):
         cached = _cached(out, key, tok_hash)  # another process may have finished it while we waited
         if cached is not None:
             return cached
@@ -507,6 +496,15 @@ class ShardSet:
     @property
     def num_sentences(self) -> int:
         return len(self._sent_offsets) - 1
+
+    def content_hash(self) -> str:
+        """sha256 of what the shards hold (each file's checksum, in order): equal for equal tokens and boundaries,
+        wherever and whenever they were built. A run records it to refuse resuming on other data."""
+        digest = hashlib.sha256()
+        for shard in self.manifest["shards"]:
+            for name in sorted(shard["sha256"]):
+                digest.update(f"{name}:{shard['sha256'][name]}\n".encode())
+        return digest.hexdigest()
 
     def doc_offsets(self) -> np.ndarray:
         """[D+1] int64 global token offsets of the documents (read-only view)."""

@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Iterator
 import numpy as np
 
 from pretrain.errors import DataError
+from pretrain.outputs import check_not_input, claim_output, mark_output
 from data_pipeline.readers import DEFAULT_MAX_DOCUMENT_BYTES, describe_inputs, iter_documents, iter_documents_sample
 
 if TYPE_CHECKING:
@@ -111,32 +112,96 @@ def _training_text(documents) -> Iterator[str]:
                 yield line
 
 
+def _continuation_alphabet(kind: str, lowercase: bool, strip_accents: bool, texts: Iterator[str]) -> list[str]:
+    """WordPiece's '##x' pieces, sorted. The trainer creates them while iterating a hash map of words, so their ids,
+    and through them the ties between equally frequent merges, change from one process to the next
+    (huggingface/tokenizers#1794). Registered up front, they get fixed ids and training is deterministic. This runs
+    the trainer once without merges (vocab_size 1): the pieces are exactly the ones it would create."""
+    from tokenizers import trainers
+
+    tok, _, _ = _build(kind, lowercase, strip_accents)
+    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=1, special_tokens=SPECIALS,
+                                                             show_progress=False, continuing_subword_prefix="##"))
+    return sorted(p for p in tok.get_vocab() if p.startswith("##") and len(p) > 2)
+
+
+_UNIGRAM_PENALTY = 1e-4  # tokenizers' UnigramTrainer: step between the scores of required chars it had to add
+
+
+def _canonical_unigram(pieces: list[list]) -> list[list]:
+    """Unigram pieces [[piece, log-prob]] in a fixed order with fixed scores. The trainer's EM sums floats in
+    hash-map order (the last digits vary: rounded to 1e-6 here, far below any difference a segmentation turns on),
+    and it adds the required characters it never learned at min_score + k * 1e-4, k in hash-set order. Those rungs
+    (single characters at low + k * 1e-4, k = 0, 1, ... without a gap; k = 0 ties the lowest learned piece) are
+    given k again in code-point order. Equal scores are ordered by piece."""
+    scored = [[piece, round(score, 6)] for piece, score in pieces]
+    low = min(score for _, score in scored)
+    rungs: dict[int, list[list]] = {}
+    for entry in scored:
+        k = round((entry[1] - low) / _UNIGRAM_PENALTY)
+        if len(entry[0]) == 1 and abs(entry[1] - (low + k * _UNIGRAM_PENALTY)) < 2e-6:
+            rungs.setdefault(k, []).append(entry)
+    ladder, k = [], 0
+    while k in rungs:
+        ladder += rungs[k]
+        k += 1
+    for k, entry in enumerate(sorted(ladder, key=lambda ps: ps[0])):
+        entry[1] = round(low + k * _UNIGRAM_PENALTY, 6)
+    return sorted(scored, key=lambda ps: (-ps[1], ps[0]))
+
+
+def _canonical(tok, kind: str):
+    """`tok` with a byte-identical vocabulary across runs. WordPiece: the '##x' pieces registered as trainer
+    specials are plain vocabulary again (not added tokens). Unigram: see `_canonical_unigram`."""
+    from tokenizers import Tokenizer
+
+    spec = json.loads(tok.to_str())
+    spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIALS]
+    if kind == "unigram":
+        vocab = spec["model"]["vocab"]  # [[piece, log-prob]]: SPECIALS first, then the learned pieces
+        spec["model"]["vocab"] = vocab[:len(SPECIALS)] + _canonical_unigram(vocab[len(SPECIALS):])
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "wordpiece", vocab_size: int = 8192,
                     lowercase: bool = True, strip_accents: bool = True, min_frequency: int = 2,
                     text_field: str = "text", sample_docs: int = 0, show_progress: bool = True,
                     on_bad: str = "skip", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
                     ) -> PreTrainedTokenizerFast:
-    """Train a tokenizer on the corpus, streamed, into `out_dir`.
+    """Train a tokenizer on the corpus, streamed, into `out_dir`. The same corpus and settings give byte-identical
+    files.
 
     sample_docs > 0 trains on about that many documents spread over all inputs (the first
     ceil(sample_docs / inputs) of each): a vocabulary converges long before a large corpus ends, and only
     the sampled part of each file is read. Memory is the trainer's word counts, not the corpus.
 
-    The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and renamed into place.
+    `out_dir` must be absent, empty or a tokenizer directory of ours (`pretrain.outputs.claim_output`), and hold no
+    input. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and renamed into place.
     """
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
+    out = Path(out_dir)
+    check_not_input(out, {f"the corpus file {p}": p for p in paths})
+    claim_output(out, "tokenizer", "--out")
     tok, trainer_cls, options = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
-    docs = iter_documents_sample(paths, sample_docs, **read) if sample_docs > 0 else iter_documents(paths, **read)
+
+    def documents():
+        return iter_documents_sample(paths, sample_docs, **read) if sample_docs > 0 else iter_documents(paths, **read)
+
+    docs = documents()
     first = next(docs, None)
     if first is None:
         raise DataError(f"empty corpus: no usable documents in {describe_inputs(paths)}")
-    trainer_options = dict(vocab_size=vocab_size, special_tokens=SPECIALS, show_progress=show_progress, **options)
+    specials = list(SPECIALS)
+    if kind == "wordpiece":
+        specials += _continuation_alphabet(kind, lowercase, strip_accents, _training_text(documents()))
+    trainer_options = dict(vocab_size=vocab_size, special_tokens=specials, show_progress=show_progress, **options)
     if kind != "unigram":
         trainer_options["min_frequency"] = min_frequency
     tok.train_from_iterator(_training_text(itertools.chain([first], docs)), trainer_cls(**trainer_options))
+    tok = _canonical(tok, kind)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
     if [ids[t] for t in SPECIALS] != list(range(len(SPECIALS))):
         raise AssertionError(f"special token ids {ids} are not 0..4")  # a trainer contract broke: a bug
@@ -149,12 +214,12 @@ def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "w
         tokenizer_object=tok, model_max_length=MODEL_MAX_LENGTH, do_lower_case=lowercase,
         strip_accents=strip_accents, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
         sep_token="[SEP]", mask_token="[MASK]", padding_side="right")
-    out = Path(out_dir)
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         fast.save_pretrained(tmp)
+        mark_output(tmp, "tokenizer")
         if out.exists():  # os.replace cannot overwrite a non-empty directory: move the old one aside first
             os.replace(out, old)
         os.replace(tmp, out)
@@ -162,6 +227,21 @@ def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "w
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
     return fast
+
+
+# The files a HuggingFace tokenizer directory may hold; a `model.init_from` checkpoint also holds weights.
+TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
+                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+
+
+def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """The tokenizer's own files, unchanged, into `dest` (checkpoints and exports carry the tokenizer): not our
+    output marker, nor the weights of a checkpoint directory that doubles as the tokenizer directory."""
+    dest = Path(dest)
+    dest.mkdir(parents=True, exist_ok=True)
+    for name in TOKENIZER_FILES:
+        if (Path(tokenizer_dir) / name).is_file():
+            shutil.copy2(Path(tokenizer_dir) / name, dest / name)
 
 
 def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerFast:

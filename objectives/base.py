@@ -150,6 +150,9 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
     for name, options in typed.items():
         if options.weight < 0:
             raise ConfigError(f"objectives.{name}.weight: must be >= 0, got {options.weight}")
+    if all(options.weight == 0 for options in typed.values()):
+        raise ConfigError(f"objectives: every weight is 0 ({', '.join(f'{n}.weight=0' for n in typed)}), so nothing "
+                          "would be trained; give at least one objective a weight > 0")
     return typed
 
 

@@ -42,6 +42,7 @@ import yaml
 from pretrain.config import (RunConfig, _deep_merge, _nearest, apply_overrides, build_config, load_yaml,
                              resolve_preset, save_config)
 from pretrain.errors import ConfigError, UserError
+from pretrain.outputs import claim_output, mark_output
 
 ROOT = Path(__file__).resolve().parent.parent
 TOP_KEYS = ("output_dir", "run", "arms", "budget", "eval", "launch")
@@ -240,7 +241,7 @@ def read_state(arm: Arm) -> dict:
 
 def write_state(arm: Arm, state: dict) -> None:
     path = arm.cfg.run_dir / "state.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
+    mark_output(path.parent, "run")  # an arm is a run directory of ours, also before its first step
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     os.replace(tmp, path)  # atomic: an interruption leaves the previous state, never half of one
@@ -399,7 +400,8 @@ def run_ablation(ab: Ablation, command: str | None = None) -> Path:
 
     if int(ab.launch["threads"]) > 0:
         torch.set_num_threads(int(ab.launch["threads"]))
-    ab.out.mkdir(parents=True, exist_ok=True)
+    claim_output(ab.out, "ablation", "output_dir")
+    mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
     prepare_data(ab)
     results, failed = {}, {}
@@ -428,6 +430,7 @@ def run_ablation(ab: Ablation, command: str | None = None) -> Path:
 
 def print_commands(ab: Ablation) -> list[str]:
     """Write each arm's config (budget applied) and return one launch command per arm."""
+    claim_output(ab.out, "ablation", "output_dir")
     procs = int(ab.launch["procs"])
     d = ab.base.data
     corpus = " ".join(shlex.quote(c) for c in d.corpus)
@@ -456,7 +459,7 @@ def print_commands(ab: Ablation) -> list[str]:
             lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
         else:
             lines.append(f"launch/single_node.sh {procs} {cfg_path}")
-    ab.out.mkdir(parents=True, exist_ok=True)
+    mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))
     lines += ["# 3. when the jobs are done: export, downstream evaluation and the report (trained arms are not retrained)",
               f"pretrain ablate {ab.out / 'ablation.yaml'}"]

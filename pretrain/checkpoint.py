@@ -7,6 +7,8 @@ every rank has finished writing, so a job killed mid-write leaves the previous c
 
 from __future__ import annotations
 
+import errno
+import io
 import json
 import os
 import pickle
@@ -96,15 +98,44 @@ def verify_integrity(path: Path) -> None:
 
 
 def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint directory the `latest` pointer names, or None when there is none yet."""
+    """The checkpoint directory the `latest` pointer names, or None when there is none yet. If the user moved that
+    checkpoint away (as a damaged checkpoint's message suggests), the newest complete one before it."""
     pointer = Path(root) / LATEST
     if not pointer.is_file():
         return None
     tag = pointer.read_text().strip()
     path = Path(root) / tag
-    if not (path / "trainer_state.json").is_file():
-        raise UserError(f"{pointer} names checkpoint '{tag}', but {path}/trainer_state.json is missing")
-    return path
+    if (path / "trainer_state.json").is_file():
+        return path
+    earlier = [c for c in all_checkpoints(root) if c.name < tag and (c / INTEGRITY).is_file()]
+    if not path.exists() and earlier:
+        print(f"{path} is gone: continuing from {earlier[-1].name}, the newest complete checkpoint before it",
+              file=sys.stderr, flush=True)
+        return earlier[-1]
+    raise UserError(f"{pointer} names checkpoint '{tag}', but {path}/trainer_state.json is missing")
+
+
+def _intact_before(path: Path) -> Path | None:
+    """The newest checkpoint before `path` (same run) whose files verify."""
+    for candidate in reversed(all_checkpoints(path.parent)):
+        if candidate.name < path.name:
+            try:
+                verify_integrity(candidate)
+                return candidate
+            except UserError:
+                continue
+    return None
+
+
+def damaged(path: Path, err: UserError, then: str = "run the same command again") -> UserError:
+    """`err` (a failed integrity check of checkpoint `path`) with what the user can do: the previous intact
+    checkpoint, if there is one, and how to continue from it."""
+    previous = _intact_before(Path(path))
+    if previous is None:
+        return UserError(f"{err}; no earlier intact checkpoint in {Path(path).parent}")
+    aside = Path(path).parent / f"damaged-{Path(path).name}"
+    return UserError(f"{err}. The previous checkpoint {previous.name} is intact: to continue from it, move the damaged "
+                     f"one out of the way (mv {path} {aside}) and {then}")
 
 
 def all_checkpoints(root: Path) -> list[Path]:
@@ -116,26 +147,59 @@ def _barrier() -> None:
         dist.barrier()
 
 
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()) if path else 0
+
+
+def _disk_full(err: BaseException, root: Path, previous: Path | None) -> str | None:
+    """A message when `err`, raised while writing a checkpoint into `root`, means the disk is full. torch.save
+    reports a full disk as a RuntimeError from its zip writer ("unexpected pos ..."), not as ENOSPC."""
+    free = shutil.disk_usage(root).free
+    if getattr(err, "errno", None) != errno.ENOSPC and free >= max(64 << 20, _size(previous)):
+        return None
+    return (f"no space left on device on {root} while writing a checkpoint ({free >> 20} MiB free"
+            + (f", a checkpoint takes {_size(previous) >> 20} MiB" if previous else "") + ")")
+
+
 def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer_dir: Path, keep: int) -> Path:
-    """Collective: every rank calls it. Returns the checkpoint directory."""
+    """Collective: every rank calls it. Returns the checkpoint directory. A rank that fails to write (a full disk)
+    fails every rank, and the half-written directory goes: `latest` still names the previous checkpoint."""
+    from pretrain.distributed import any_rank
+
     root = Path(root)
     tag = tag_for(state["step"])
-    rank = dist.get_rank() if dist.is_initialized() else 0
-    if rank == 0 and (root / tag).exists():  # left half-written by a killed job; `latest` never named it
-        shutil.rmtree(root / tag)
-    _barrier()
-    engine.save_checkpoint(str(root), tag=tag, save_latest=False)
     path = root / tag
-    rng = {"torch": torch.get_rng_state()}
-    if torch.cuda.is_available():
-        rng["cuda"] = torch.cuda.get_rng_state()
-    torch.save(rng, path / f"rng_rank{rank}.pt")
-    if rank == 0:
-        (path / "config.yaml").write_text(config_text)
-        if tokenizer_dir and Path(tokenizer_dir).is_dir() and not (path / "tokenizer").exists():
-            shutil.copytree(tokenizer_dir, path / "tokenizer")
-        write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
-    _barrier()  # every rank has written its files
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    previous = latest_checkpoint(root) if rank == 0 else None
+    if rank == 0 and path.exists():  # left half-written by a killed job; `latest` never named it
+        shutil.rmtree(path)
+    _barrier()
+    failure = None
+    try:
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, path / f"rng_rank{rank}.pt")
+        if rank == 0:
+            (path / "config.yaml").write_text(config_text)
+            if tokenizer_dir and Path(tokenizer_dir).is_dir() and not (path / "tokenizer").exists():
+                from data_pipeline.tokenizer import copy_tokenizer_files
+
+                copy_tokenizer_files(tokenizer_dir, path / "tokenizer")
+            write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
+    except (OSError, RuntimeError) as err:
+        failure = err
+    if any_rank(failure is not None):  # also the barrier after every rank's writes
+        full = _disk_full(failure, root, previous) if failure is not None else None
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
+        if full:
+            raise UserError(f"{full}; {kept}. Free some space and run the same command again") from failure
+        if failure is not None:
+            raise failure
+        raise UserError(f"another rank failed to write checkpoint {tag} (its message says why); {kept}")
     if rank == 0:
         write_integrity(path)
         write_atomic(root / LATEST, tag)
@@ -186,10 +250,16 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> dict:
     DeepSpeed's `checkpoint.load_universal`."""
     path = Path(path)
     rank = dist.get_rank() if dist.is_initialized() else 0
-    verify_integrity(path)
+    try:
+        verify_integrity(path)
+    except UserError as err:
+        raise damaged(path, err) from None
     load_dir, tag = (path, UNIVERSAL) if universal else (path.parent, path.name)
     with weights_only_loads(path):
-        load_path, _ = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True)
+        try:
+            load_path, _ = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True)
+        except RuntimeError as err:  # shapes or names that do not fit (only past train.allow_changes)
+            raise UserError(f"checkpoint {path} does not fit this model: {str(err).strip().splitlines()[0]}") from None
     if load_path is None:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
     rng_file = path / f"rng_rank{rank}.pt"
@@ -215,19 +285,63 @@ def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
     raise UserError(f"no checkpoint in '{path}' (looked for checkpoints/latest and trainer_state.json)")
 
 
-def load_module_state(path: Path) -> dict[str, torch.Tensor]:
-    """fp32 weights of a checkpoint without a DeepSpeed engine (any ZeRO stage, any precision, any world size).
+def _zero0_masters(model_states: dict) -> dict[str, torch.Tensor] | None:
+    """The fp32 master weights DeepSpeed's ZeRO-0 fp16 wrappers keep (fp16, and bf16 before it ran under torch
+    autocast): FP16_UnfusedOptimizer saves `fp32_groups`, one tensor per parameter; FP16_Optimizer (fused)
+    `fp32_groups_flat`, one flat tensor per group. Neither saves names: they follow our optimizer's parameter
+    order (`optim.param_groups`), and every master must round to the saved low-precision weight (DeepSpeed copies
+    master -> module after each step), which catches any other order. None for other checkpoints."""
+    from pretrain.optim import decays
 
-    Where DeepSpeed keeps fp32 master partitions (bf16/fp16, ZeRO 1-3) they are the exact weights and are
-    merged with its own zero_to_fp32; otherwise (fp32, ZeRO 0) the module state is the full model.
+    opt = model_states.get("optimizer") or {}
+    if not ({"fp32_groups", "fp32_groups_flat"} & set(opt)):
+        return None
+    module = model_states["module"]
+    first, aliases = {}, {}  # tied weights share storage in the saved module
+    for name, t in module.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in first and t.numel():
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    names = list(first.values())
+    names = [n for n in names if decays(n, module[n])] + [n for n in names if not decays(n, module[n])]
+    if "fp32_groups" in opt:
+        masters = [t for group in opt["fp32_groups"] for t in group]
+    else:
+        flat = torch.cat([g.view(-1) for g in opt["fp32_groups_flat"]])
+        sizes = [module[n].numel() for n in names]
+        masters = [t.view(module[n].shape) for n, t in zip(names, flat[:sum(sizes)].split(sizes))]
+    state = {}
+    for name, master in zip(names, masters, strict=True):
+        if master.shape != module[name].shape or not torch.equal(master.to(module[name].dtype), module[name]):
+            raise UserError(f"fp32 master weights of the checkpoint do not match its parameter {name}: "
+                            "it was written by an optimizer with another parameter order")
+        state[name] = master.clone()
+    for alias, name in aliases.items():
+        state[alias] = state[name]
+    return {**{k: v for k, v in module.items() if k not in state}, **state}  # buffers, as saved
+
+
+def load_module_state(path: Path) -> dict[str, torch.Tensor]:
+    """The exact fp32 weights of a checkpoint without a DeepSpeed engine (any ZeRO stage, precision, world size):
+    where DeepSpeed keeps fp32 master copies they are the weights, never the module's bf16/fp16 copy.
+
+    ZeRO 1-3: the fp32 partitions, merged by DeepSpeed's zero_to_fp32. ZeRO-0 under DeepSpeed's fp16 wrappers: their
+    fp32 groups (`_zero0_masters`). ZeRO-0 otherwise (fp32, or bf16 under autocast): the module, fp32 already.
     """
     path = Path(path)
-    verify_integrity(path)
+    try:
+        verify_integrity(path)
+    except UserError as err:
+        raise damaged(path, err, "use the intact one") from None
     with weights_only_loads(path):
         if any(path.glob("*optim_states.pt")):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+            with redirect_stdout(io.StringIO()):
+                state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
         else:
-            state = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu")["module"]
+            model_states = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu")
+            state = _zero0_masters(model_states) or model_states["module"]
     return {k: v.float() for k, v in state.items() if v is not None}

@@ -7,6 +7,7 @@ culprit and exit with status 2; nothing already built is lost.
 from __future__ import annotations
 
 import argparse
+import errno
 import os
 import sys
 import textwrap
@@ -365,6 +366,13 @@ def main(argv: list[str] | None = None) -> int:
         return args.func(args)
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
+        return 2
+    except OSError as err:
+        if err.errno != errno.ENOSPC:
+            raise
+        where = f" while writing {err.filename}" if err.filename else ""
+        print(f"error: no space left on device{where}; free some space and run the same command again (finished "
+              "work is kept)", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -157,9 +157,12 @@ class TrainConfig:
     log_every: int = 10
     """Steps between metric lines in metrics.jsonl."""
     save_every: int = 200
-    """Steps between checkpoints (a final one is always written)."""
+    """Steps between checkpoints (0 = none in between; a final one, and one when stopped, are always written)."""
     keep_checkpoints: int = 2
     """How many recent checkpoints to keep."""
+    allow_changes: list[str] = field(default_factory=list)
+    """Settings a resume may change although the run fixed them (tokenizer, data, model, objectives, global batch,
+    seed, ...), by key or prefix, e.g. [model.num_heads] or [objectives]: for users who mean it."""
 
 
 @dataclass
@@ -336,8 +339,11 @@ def resolve_preset(name_or_path: str) -> Path:
                       f"presets: {', '.join(presets)}")
 
 
-def load_yaml(path: Path) -> dict:
+def load_yaml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
     """Read a YAML preset; `base: other.yaml` inherits from another preset (relative to this file)."""
+    if path.resolve() in _chain:
+        loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
+        raise ConfigError(f"{path}: base: presets inherit from each other in a loop ({loop})")
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as err:
@@ -351,7 +357,7 @@ def load_yaml(path: Path) -> dict:
         base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
         if not base_path.is_file():
             base_path = resolve_preset(base)
-        data = _deep_merge(load_yaml(base_path), data, replace=REPLACED_BY_PRESET)
+        data = _deep_merge(load_yaml(base_path, (*_chain, path.resolve())), data, replace=REPLACED_BY_PRESET)
     return data
 
 
@@ -407,9 +413,15 @@ def _check_values(cfg: RunConfig) -> None:
     if cfg.data.max_seq_len > cfg.model.max_position_embeddings:
         raise ConfigError(f"data.max_seq_len ({cfg.data.max_seq_len}) exceeds "
                           f"model.max_position_embeddings ({cfg.model.max_position_embeddings})")
-    for key in ("micro_batch_size", "grad_accum_steps", "max_steps"):
+    for key in ("micro_batch_size", "grad_accum_steps", "max_steps", "log_every"):
         if getattr(cfg.train, key) < 1:
             raise ConfigError(f"train.{key}: must be >= 1, got {getattr(cfg.train, key)}")
+    for key in ("save_every", "keep_checkpoints"):
+        if getattr(cfg.train, key) < 0:
+            raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
+    for key in ("num_layers", "num_heads", "hidden_size", "intermediate_size"):
+        if getattr(cfg.model, key) < 1:
+            raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg.model, key)}")
 
 
 def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -420,7 +432,7 @@ def load_config(name_or_path: str | None, overrides: list[str] | None = None) ->
 def save_config(cfg: RunConfig, path: os.PathLike) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
     os.replace(tmp, path)
 

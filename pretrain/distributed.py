@@ -9,6 +9,7 @@ from functools import lru_cache
 from pretrain.config import RunConfig
 
 
+
 def has_cuda() -> bool:
     import torch
 
@@ -33,6 +34,14 @@ def resolve_precision(requested: str) -> str:
     if has_cuda():
         return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
     return "bf16" if cpu_supports_bf16() else "fp32"
+
+
+def precision_mode(precision: str, zero_stage: int) -> str:
+    """How a resolved precision runs. bf16 under ZeRO-0 is torch autocast over fp32 weights, as DDP with AMP and
+    transformers' Trainer run it: no DeepSpeed low-precision wrapper in the step, fp32 weights in checkpoints and
+    exports. Under ZeRO 1-3 it is DeepSpeed's bf16 (bf16 weights and gradients, fp32 master partitions: half the
+    communication). fp16 is DeepSpeed's, with dynamic loss scaling."""
+    return "bf16-autocast" if precision == "bf16" and zero_stage == 0 else precision
 
 
 def _free_port() -> int:
@@ -63,11 +72,29 @@ def init_distributed() -> tuple[int, int]:
     if not dist.is_initialized():
         deepspeed.init_distributed(dist_backend=None, verbose=False)
         _unlink_shm_allreduce_buffer(dist)
+        _make_control_group(dist)
     if has_cuda():
         import torch
 
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_rank(), dist.get_world_size()
+
+
+_control_group = None
+
+
+def _make_control_group(dist) -> None:
+    """Collective (every rank, right after init): a gloo group over all ranks for the trainer's small CPU-side
+    decisions (stop flags, target counts, metric sums). Under NCCL the default group takes CUDA tensors only, and
+    moving a flag to the GPU to reduce it would make the host wait for the GPU."""
+    global _control_group
+    if dist.get_world_size() > 1 and dist.get_backend() != "gloo":
+        _control_group = dist.new_group(backend="gloo")
+
+
+def control_group():
+    """The process group for CPU tensors: the gloo control group, or None (the default group) where that is gloo."""
+    return _control_group
 
 
 def _unlink_shm_allreduce_buffer(dist) -> None:
@@ -89,6 +116,21 @@ def _unlink_shm_allreduce_buffer(dist) -> None:
         pass
 
 
+def any_rank(*flags: bool) -> bool | list[bool]:
+    """Collective: each flag OR-ed over ranks in one all-reduce, so every rank takes the same decision (one flag:
+    a bool; several: a list). Also a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        out = [bool(f) for f in flags]
+    else:
+        t = torch.tensor([1.0 if f else 0.0 for f in flags])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control_group())
+        out = [bool(v) for v in t.tolist()]
+    return out[0] if len(flags) == 1 else out
+
+
 def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
     t = cfg.train
     precision = resolve_precision(t.precision)
@@ -102,7 +144,7 @@ def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
         "steps_per_print": 10**9,  # we log ourselves
         "wall_clock_breakdown": False,
     }
-    if precision == "bf16":
+    if precision_mode(precision, t.zero_stage) == "bf16":  # bf16-autocast: DeepSpeed sees an fp32 model
         ds["bf16"] = {"enabled": True}
     elif precision == "fp16":
         ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,

@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from pretrain.config import RunConfig, to_dict
-from pretrain.distributed import deepspeed_config, resolve_precision
+from pretrain.distributed import deepspeed_config, precision_mode, resolve_precision
 
 
 def _vocab_size(cfg: RunConfig) -> int:
@@ -76,7 +76,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     per_node = gpus_per_node or min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     nodes = max(1, world // max(1, per_node))
     t, m = cfg.train, cfg.model
-    precision = resolve_precision(t.precision)
+    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
     vocab = _vocab_size(cfg)
     model = _model_on_meta(cfg, vocab)
     parts: dict[str, int] = {}
@@ -107,8 +107,8 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     lines += [f"{'total':<24} {total:>14,}", "",
               f"# memory per device (ZeRO stage {t.zero_stage}, {precision}, {world} rank(s) on {nodes} node(s))"]
     if t.zero_stage == 0:
-        weights = {"fp32": 4, "bf16": 2, "fp16": 2}[precision]
-        master = 0 if precision == "fp32" else 4
+        weights = {"fp32": 4, "bf16-autocast": 4, "fp16": 2}[precision]  # autocast: fp32 weights and gradients
+        master = 0 if weights == 4 else 4
         states = total * (weights + master + 8 + weights)  # weights, fp32 master, Adam moments, gradients
         lines.append(f"model states (weights, master copy, Adam moments, gradients): {_gib(states)}")
     else:

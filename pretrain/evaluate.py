@@ -32,8 +32,9 @@ def _is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "trainer_state.json").is_file()
 
 
-def load_target(target: Path) -> tuple[Callable, Path, str]:
-    """(logits_fn(input_ids, token_type_ids, attention_mask) -> [B, L, V], tokenizer dir, description)."""
+def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
+    """(logits_fn(input_ids, token_type_ids, attention_mask) -> [B, L, V], tokenizer dir, description, the longest
+    sequence the model takes, or None where positions have no table (RoPE))."""
     target = Path(target)
     if not target.exists():
         raise UserError(f"'{target}' not found: expected a run, checkpoint or exported HuggingFace directory")
@@ -58,7 +59,11 @@ def load_target(target: Path) -> tuple[Callable, Path, str]:
             extra = {"token_type_ids": types} if takes_types else {}
             return model(input_ids=ids, attention_mask=mask.long(), **extra).logits
 
-        return logits_fn, target, f"{model_dir} ({type(model).__name__})"
+        hf = model.config
+        limit = hf.max_position_embeddings - (hf.pad_token_id + 1 if hf.model_type == "roberta" else 0)
+        if hf.model_type == "modernbert":
+            limit = None
+        return logits_fn, target, f"{model_dir} ({type(model).__name__})", limit
 
     from pretrain.export import lm_head_name
     from pretrain.stages import load_checkpoint_model
@@ -69,7 +74,9 @@ def load_target(target: Path) -> tuple[Callable, Path, str]:
     def logits_fn(ids, types, mask):
         return head(model.encoder(ids, types, mask))
 
-    return logits_fn, tokenizer_dir, f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})"
+    m = model.config
+    limit = m.max_position_embeddings if m.position_embedding == "learned" else None
+    return logits_fn, tokenizer_dir, f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})", limit
 
 
 def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path) -> Path:
@@ -101,7 +108,9 @@ def evaluate_mlm(target: Path, shards: str | None = None, corpus: list[str] | No
     from objectives.mlm import MaskedLM, MLMOptions
 
     torch.manual_seed(seed)
-    logits_fn, tokenizer_dir, description = load_target(target)
+    logits_fn, tokenizer_dir, description, limit = load_target(target)
+    if limit is not None and max_seq_len > limit:
+        raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
     cache_root = Path(target) if not _is_hf_dir(Path(target)) else Path(target).parent
     shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
     tokens = special_tokens(load_tokenizer(tokenizer_dir))

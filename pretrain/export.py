@@ -32,7 +32,9 @@ from torch import nn
 from objectives.base import SpecialTokens
 from pretrain import hf_interop as hf
 from pretrain.config import ModelConfig
+from data_pipeline.tokenizer import copy_tokenizer_files
 from pretrain.errors import UserError
+from pretrain.outputs import check_not_input, claim_output, mark_output, marked_kind
 
 _ARCH_TITLE = {"bert": "BERT", "roberta": "RoBERTa", "albert": "ALBERT", "electra": "ELECTRA",
                "modernbert": "ModernBERT"}
@@ -151,11 +153,20 @@ def model_card(model_cfg: ModelConfig, num_params: int, card: dict, hf_class: st
     return "\n".join(lines)
 
 
+def _remove_leftover(path: Path) -> None:
+    """A temporary directory a crashed export left beside the output: removed only if it carries our marker (or is
+    empty: a crash before the marker was written)."""
+    if path.exists():
+        if marked_kind(path) != "export" and any(path.iterdir()):
+            raise UserError(f"{path} is in the way of the export (this tool uses that name for its temporary "
+                            "directory, and did not write it): move it away")
+        shutil.rmtree(path)
+
+
 def _replace_dir(tmp: Path, out_dir: Path) -> None:
     """Swap a finished `tmp` into place: at every instant out_dir is either the old or the new export."""
     old = out_dir.parent / (".old-" + out_dir.name)
-    if old.exists():
-        shutil.rmtree(old)
+    _remove_leftover(old)
     if out_dir.exists():
         out_dir.rename(old)
     tmp.rename(out_dir)
@@ -164,20 +175,23 @@ def _replace_dir(tmp: Path, out_dir: Path) -> None:
 
 
 def write_hf_dir(out_dir: Path, parts: list[tuple[str, Any, dict[str, torch.Tensor], str]],
-                 tokenizer_dir: Path) -> Path:
+                 tokenizer_dir: Path, inputs: dict[str, Path] | None = None) -> Path:
     """Write each part (subdirectory, HF config, HF state dict, README text) with the tokenizer files into a
-    temporary directory, then swap it into place: at every instant out_dir is the old or the new export."""
+    temporary directory, then swap it into place: at every instant out_dir is the old or the new export.
+
+    out_dir must be absent, empty or an export of ours (`outputs.claim_output`), and neither one of `inputs`
+    (description -> path; the tokenizer directory always counts) nor a directory holding one."""
+    out_dir = Path(out_dir)
+    check_not_input(out_dir, {**(inputs or {}), "the tokenizer directory": tokenizer_dir})
+    claim_output(out_dir, "export", "--out")
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = out_dir.parent / (".tmp-" + out_dir.name)
-    if tmp.exists():  # left by an export that crashed
-        shutil.rmtree(tmp)
-    tmp.mkdir()
+    _remove_leftover(tmp)  # left by an export that crashed
+    mark_output(tmp, "export")
     try:
         for sub, config, state, readme in parts:
             where = tmp / sub
-            where.mkdir(exist_ok=True)
-            for item in tokenizer_dir.iterdir():
-                (shutil.copytree if item.is_dir() else shutil.copy2)(item, where / item.name)
+            copy_tokenizer_files(tokenizer_dir, where)
             config.save_pretrained(where)  # writes config.json
             save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # "pt": what HF's loader expects
             (where / "README.md").write_text(readme)
@@ -190,13 +204,13 @@ def write_hf_dir(out_dir: Path, parts: list[tuple[str, Any, dict[str, torch.Tens
 
 def check_tokenizer_dir(tokenizer_dir: str | Path) -> Path:
     tokenizer_dir = Path(tokenizer_dir)
-    if not tokenizer_dir.is_dir() or not any(tokenizer_dir.iterdir()):
-        raise UserError(f"tokenizer directory {tokenizer_dir} is missing or empty")
+    if not (tokenizer_dir / "tokenizer.json").is_file():
+        raise UserError(f"tokenizer directory {tokenizer_dir} is missing or has no tokenizer.json")
     return tokenizer_dir
 
 
 def export_pretrained(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str | Path, out_dir: str | Path,
-                      card: dict, arch: str | None = None) -> Path:
+                      card: dict, arch: str | None = None, inputs: dict[str, Path] | None = None) -> Path:
     """Write a `from_pretrained`-loadable directory (config, safetensors, tokenizer, README) of the HF class
     `select_architecture` picks for this model (`arch` forces bert / roberta / albert / modernbert); returns
     it. ELECTRA (rtd) runs: `pretrain.export_electra.export_electra`."""
@@ -210,7 +224,7 @@ def export_pretrained(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: st
     num_params = sum(t.numel() for t in state.values())  # tied decoder not in `state`: counted once
     card = {**card, "notes": list(card.get("notes") or []) + list(target.notes)}
     readme = model_card(model.config, num_params, card, target.hf_class, target.arch)
-    return write_hf_dir(out_dir, [("", config, state, readme)], tokenizer_dir)
+    return write_hf_dir(out_dir, [("", config, state, readme)], tokenizer_dir, inputs)
 
 
 # ----------------------------------------------------------------------------------------------

@@ -24,7 +24,8 @@ from objectives.base import SpecialTokens
 from objectives.rtd import DisentangledWordEmbedding, RTDHead
 from pretrain.config import ModelConfig
 from pretrain.errors import UserError
-from pretrain.export import ExportError, _probe_batch, fp32_eval, intro_line, model_card, write_hf_dir
+from pretrain.export import (ExportError, _probe_batch, check_tokenizer_dir, fp32_eval, intro_line, model_card,
+                             write_hf_dir)
 from pretrain.hf_interop import Link, Table, bert_body, from_hf, to_hf
 
 HEAD = "heads.rtd"
@@ -181,12 +182,10 @@ def electra_card(model_cfg: ModelConfig, num_params: int, card: dict, role: str)
 
 
 def export_electra(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str | Path, out_dir: str | Path,
-                   card: dict) -> Path:
+                   card: dict, inputs: dict[str, Path] | None = None) -> Path:
     """Write out_dir (discriminator) and out_dir/generator, each config + safetensors + tokenizer + README,
     swapped into place at once; returns out_dir."""
-    tokenizer_dir, out_dir = Path(tokenizer_dir), Path(out_dir)
-    if not tokenizer_dir.is_dir() or not any(tokenizer_dir.iterdir()):
-        raise UserError(f"tokenizer directory {tokenizer_dir} is missing or empty")
+    tokenizer_dir, out_dir = check_tokenizer_dir(tokenizer_dir), Path(out_dir)
     gen_cfg = rtd_head(model).generator.config
     disc_state, gen_state = to_hf_electra_state_dicts(model)
     parts = [("discriminator", "", hf_electra_config(model.config, model.config, tokens, "ElectraForPreTraining"),
@@ -196,7 +195,7 @@ def export_electra(model: nn.Module, tokens: SpecialTokens, tokenizer_dir: str |
 
     return write_hf_dir(out_dir, [(sub, config, state, electra_card(body_cfg, sum(t.numel() for t in state.values()),
                                                                      card, role))
-                                  for role, sub, config, state, body_cfg in parts], tokenizer_dir)
+                                  for role, sub, config, state, body_cfg in parts], tokenizer_dir, inputs)
 
 
 # ----------------------------------------------------------------------------------------------

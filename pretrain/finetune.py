@@ -103,11 +103,17 @@ def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Ta
     if (train_2 is None) != (dev_2 is None):
         raise UserError(f"{task_dir}: train.tsv and dev.tsv disagree on single sentence vs sentence pair columns")
     everything = train_y + dev_y
-    if task_type == "auto":  # ints or strings -> classes; any non-integer number -> regression
-        numeric = all(_is_float(y) for y in everything)
-        task_type = "regression" if numeric and not all(_is_int(y) for y in everything) else "classification"
+    numeric = all(_is_float(y) for y in everything)
+    integral = numeric and all(float(y).is_integer() for y in everything)
+    if task_type == "auto":  # ints, integral numbers (0.0/1.0) or strings -> classes; other numbers -> regression
+        task_type = "regression" if numeric and not integral else "classification"
+        if integral and not all(_is_int(y) for y in everything):
+            print(f"note: {task_dir}: labels such as '{next(y for y in everything if not _is_int(y))}' are whole "
+                  "numbers, read as classes; use --task-type regression if they are scores", file=sys.stderr)
     if task_type not in ("classification", "regression"):
         raise UserError(f"task type '{task_type}' is not one of auto, classification, regression")
+    if task_type == "classification" and integral:  # one name per class: '1.0' in train and '1' in dev agree
+        train_y, dev_y = [str(int(float(y))) for y in train_y], [str(int(float(y))) for y in dev_y]
     if task_type == "regression":
         for split, ys in (("train.tsv", train_y), ("dev.tsv", dev_y)):
             bad = next((i for i, y in enumerate(ys) if not _is_float(y)), None)
@@ -117,6 +123,9 @@ def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Ta
         train_lab, dev_lab = [float(y) for y in train_y], [float(y) for y in dev_y]
     else:
         names = sorted(set(train_y), key=lambda y: (not _is_int(y), int(y) if _is_int(y) else 0, y))
+        if len(names) < 2:
+            raise UserError(f"{task_dir / 'train.tsv'}: every label is '{names[0]}': classification needs at least "
+                            "two classes (or --task-type regression for scores)")
         index = {y: i for i, y in enumerate(names)}
         unseen = sorted(set(dev_y) - set(index))
         if unseen:

@@ -6,6 +6,7 @@ import os
 from pathlib import Path
 
 from pretrain.errors import UserError
+from pretrain.outputs import MARKER
 
 
 def hub_token() -> str | None:
@@ -30,6 +31,6 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
     token = token or check_hub_token(repo_id)
     api = huggingface_hub.HfApi(token=token)
     api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True)
-    api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model",
+    api.upload_folder(repo_id=repo_id, folder_path=str(folder), repo_type="model", ignore_patterns=[f"**/{MARKER}", MARKER],
                       commit_message=f"Upload {Path(folder).name} exported by pretrain")
     return f"https://huggingface.co/{repo_id}"

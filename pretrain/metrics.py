@@ -64,7 +64,23 @@ def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of <run_dir>/metrics.jsonl. A last line cut short (a crash or a full disk while logging) is left
+    out, and the trainer rewrites the file without it before appending; any other line that is not a JSON record is
+    skipped with a warning naming it."""
     path = Path(run_dir) / "metrics.jsonl"
     if not path.is_file():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    lines = path.read_text(errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+        elif number < len(lines):
+            print(f"warning: {path}:{number}: not a metrics record, skipped", file=sys.stderr)
+    return records

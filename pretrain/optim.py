@@ -74,13 +74,17 @@ class Lamb(SkipNonFinite, _Lamb):
     pass
 
 
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Weight decay applies to matrices, not to biases and LayerNorm weights (BERT)."""
+    return param.ndim >= 2 and "norm" not in name
+
+
 def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
-    """No weight decay on biases and LayerNorm weights (BERT)."""
+    """Two groups, in named_parameters order: decayed, then not decayed (`decays`)."""
     decay, no_decay = [], []
     for name, param in model.named_parameters():
-        if not param.requires_grad:
-            continue
-        (no_decay if param.ndim < 2 or "norm" in name else decay).append(param)
+        if param.requires_grad:
+            (decay if decays(name, param) else no_decay).append(param)
     return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
 
 

@@ -15,12 +15,6 @@ def say(message: str) -> None:
     print(f"[pretrain] {message}", file=sys.stderr, flush=True)
 
 
-def is_main_process() -> bool:
-    import os
-
-    return os.environ.get("RANK", "0") == "0"
-
-
 def stage_tokenizer(cfg: RunConfig) -> Path:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
@@ -98,9 +92,13 @@ def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool 
     from pretrain.metrics import read_metrics
 
     token = check_hub_token(push_to_hub) if push_to_hub else None  # no token: fail before doing anything
-    cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(Path(run_or_checkpoint))
+    source = Path(run_or_checkpoint)
+    cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(source)
     target = select_architecture(model, arch)  # a UserError for options with no HF equivalent
     out = Path(out) if out else cfg.hf_dir
+    inputs = {"the run directory being exported": source, "its checkpoints": source / "checkpoints"}
+    if not (source / "checkpoints").is_dir():
+        inputs = {"the checkpoint being exported": source}
     history = [r for r in read_metrics(cfg.run_dir) if r["step"] <= state["step"]]
     card = {
         "run_name": cfg.name,
@@ -115,7 +113,7 @@ def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool 
     for note in target.notes:
         say(f"export: {note}")
     if target.arch == "electra":
-        export_electra(model, tokens, tokenizer_dir, out, card)
+        export_electra(model, tokens, tokenizer_dir, out, card, inputs)
         demo = out / GENERATOR_DIR
         if verify:
             diffs = verify_electra_export(model, out)
@@ -124,7 +122,7 @@ def stage_export(run_or_checkpoint: Path, out: Path | None = None, verify: bool 
         else:
             say(f"export: {out} and {demo}")
     else:
-        export_pretrained(model, tokens, tokenizer_dir, out, card, arch=target.arch)
+        export_pretrained(model, tokens, tokenizer_dir, out, card, arch=target.arch, inputs=inputs)
         demo = out
         if verify:
             diff = verify_export(model, out)
@@ -154,17 +152,19 @@ def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:
 def run_all(cfg: RunConfig, demo: bool = True) -> dict:
     """tokenizer -> shards -> train -> export -> fill-mask demo, skipping stages whose output exists."""
     from pretrain.distributed import init_distributed
+    from pretrain.trainer import own_run_dir
     import torch.distributed as dist
 
     rank, world = init_distributed()
-    if rank == 0:
-        stage_tokenizer(cfg)
-        stage_shards(cfg)
-    if world > 1:
-        dist.barrier()
-    summary = stage_train(cfg)
-    if rank == 0 and summary["complete"]:
-        out = stage_export(cfg.run_dir)
-        if demo:
-            fill_mask_demo(out)
+    with own_run_dir(cfg.run_dir, rank == 0, "running"):
+        if rank == 0:
+            stage_tokenizer(cfg)
+            stage_shards(cfg)
+        if world > 1:
+            dist.barrier()
+        summary = stage_train(cfg)
+        if rank == 0 and summary["complete"]:
+            out = stage_export(cfg.run_dir)
+            if demo:
+                fill_mask_demo(out)
     return summary

@@ -7,12 +7,14 @@
 
 from __future__ import annotations
 
+import contextlib
+import inspect
 import json
 import logging
 import math
 import os
-import inspect
 import signal
+import sys
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -28,8 +30,12 @@ from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
 from objectives import LOSS_SCALES, SpecialTokens, build_objectives, sample_builder_for
 from pretrain import checkpoint as ckpt
-from pretrain.config import RunConfig, save_config, to_dict
-from pretrain.distributed import deepspeed_config, init_distributed, resolve_precision
+from pretrain.config import RunConfig, build_config, load_yaml, save_config, to_dict
+from pretrain.errors import ConfigError, UserError
+from pretrain.fingerprint import changed_settings, check_resume, fingerprint
+from pretrain.outputs import claim_output, exclusive, mark_output
+from pretrain.distributed import (any_rank, control_group, deepspeed_config, init_distributed, precision_mode,
+                                  resolve_precision)
 from pretrain.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.metrics import MetricsLogger, read_metrics
 from pretrain.model import PretrainingModel
@@ -41,6 +47,9 @@ EXIT_NONFINITE = 76  # stopped by train.nan_policy: the last good checkpoint is 
 
 def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
     """The model config with vocabulary and padding id taken from the tokenizer."""
+    if 0 < cfg.model.vocab_size < tokens.vocab_size:
+        raise ConfigError(f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's vocabulary "
+                          f"({tokens.vocab_size} tokens, {cfg.tokenizer_dir}): leave it 0 to take the tokenizer's")
     return replace(cfg.model, vocab_size=cfg.model.vocab_size or tokens.vocab_size, pad_token_id=tokens.pad)
 
 
@@ -63,6 +72,22 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
 
         load_init_from(model, init_from)
     return model
+
+
+def saved_fingerprint(checkpoint: Path) -> dict:
+    """The fingerprint a checkpoint recorded; for one written before fingerprints existed, what its config.yaml and
+    tokenizer say (its data is then not compared)."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    if "fingerprint" in state:
+        return state["fingerprint"]
+    saved = build_config(load_yaml(checkpoint / "config.yaml"))
+    tokenizer_dir = checkpoint / "tokenizer" if (checkpoint / "tokenizer" / "tokenizer.json").is_file() else None
+    model = saved.model
+    if tokenizer_dir is not None:
+        model = model_config_for(saved, special_tokens(load_tokenizer(tokenizer_dir)))
+    # before fingerprints, bf16 under ZeRO-0 ran on DeepSpeed's bf16 wrapper: precision 'bf16', not 'bf16-autocast'
+    return fingerprint(saved, model, resolve_precision(saved.train.precision), state.get("world_size", 1),
+                       tokenizer_hash(tokenizer_dir) if tokenizer_dir else None, None)
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
@@ -89,61 +114,95 @@ class _StopFlag:
             signal.signal(sig, handler)
 
 
-def _all_ranks_any(*flags: bool) -> list[bool]:
-    """Each flag OR-ed over ranks, in one all-reduce, so every rank takes the same decision."""
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return [bool(f) for f in flags]
-    t = torch.tensor([1.0 if f else 0.0 for f in flags])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
-    return [bool(v) for v in t.tolist()]
-
-
 def _trim_metrics(run_dir: Path, last_step: int) -> None:
-    """On resume, drop metric lines written after the checkpoint we resume from: steps only increase."""
+    """Before training, drop metric lines after the step we start from (steps only increase), and a line torn by
+    a crash or a full disk, which the next append would run into."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
     records = read_metrics(run_dir)
     kept = [r for r in records if r["step"] <= last_step]
-    if len(kept) != len(records):
-        ckpt.write_atomic(run_dir / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if path.read_text() != text:
+        ckpt.write_atomic(path, text)
+
+
+@contextlib.contextmanager
+def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
+    """Collective. Rank 0 claims the run directory (absent, empty, or a run directory of ours: see
+    `pretrain.outputs`) and holds its lock for the body: one trainer per run directory. Every rank fails together."""
+    error, held = None, contextlib.ExitStack()
+    if is_main:
+        try:
+            claim_output(run_dir, "run", "the run directory")
+            held.enter_context(exclusive(run_dir, doing, ", or use another run name (name=...)"))
+            mark_output(run_dir, "run")
+        except UserError as err:
+            held.close()
+            error = err
+    if any_rank(error is not None):
+        raise error or UserError(f"rank 0 could not take the run directory {run_dir} (its message says why)")
+    with held:
+        yield
 
 
 def train(cfg: RunConfig) -> dict:
     """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rank, world = init_distributed()
+    with own_run_dir(cfg.run_dir, rank == 0):
+        return _train(cfg, rank, world)
+
+
+def _train(cfg: RunConfig, rank: int, world: int) -> dict:
     import deepspeed
     from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
 
-    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    rank, world = init_distributed()
     run_dir = cfg.run_dir
     is_main = rank == 0
-    if is_main:
-        run_dir.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, run_dir / "config.yaml")
-
+    t = cfg.train
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     tokens = special_tokens(tokenizer)
-    shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(cfg.tokenizer_dir))
-    model = build_model(cfg, tokens)
-    samples = build_sample_source(cfg, shards, tokens, model.objectives)
-    t = cfg.train
-    optimizer = build_optimizer(model, t)
+    tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
+    shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
     ckpt_root = run_dir / "checkpoints"
     latest = ckpt.latest_checkpoint(ckpt_root)
+    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+    identity = fingerprint(cfg, model_config_for(cfg, tokens), precision, world, tokenizer_sha, shards.content_hash())
+    if latest is not None:  # before anything is written: a refused resume leaves the run directory as it was
+        check_resume(saved_fingerprint(latest), identity, t.allow_changes, latest)
+    if is_main:
+        if latest is not None and (run_dir / "config.yaml").is_file():
+            changed = changed_settings(yaml.safe_load((run_dir / "config.yaml").read_text()), to_dict(cfg))
+            if changed:
+                print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
+        save_config(cfg, run_dir / "config.yaml")
+
+    model = build_model(cfg, tokens)
+    samples = build_sample_source(cfg, shards, tokens, model.objectives)
+    optimizer = build_optimizer(model, t)
     # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
     universal = latest is not None and ckpt.needs_universal(latest, world)
     ds_config = deepspeed_config(cfg, world)
     if universal:
         ckpt.make_universal(latest)
         ds_config["checkpoint"] = {"load_universal": True}
+    # DeepSpeed casts the module to bf16/fp16 in place and builds its fp32 masters from that copy
+    fp32_weights = ({n: p.detach().clone() for n, p in model.named_parameters()}
+                    if latest is None and precision in ("bf16", "fp16") else None)
     engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t),
                                            config=ds_config)
     drop_fp16_dummy_step(engine)
+    if fp32_weights is not None:
+        restore_fp32_masters(engine, fp32_weights)
     torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
 
     state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0, "skipped_steps": 0,
-             "skipped_in_a_row": 0, "world_size": world}
+             "skipped_in_a_row": 0, "world_size": world, "fingerprint": identity}
     if latest is not None:
-        state = {**state, **ckpt.load_checkpoint(engine, latest, universal=universal), "world_size": world}
-    if is_main and latest is not None:
+        state = {**state, **ckpt.load_checkpoint(engine, latest, universal=universal), "world_size": world,
+                 "fingerprint": identity}
+    if is_main:
         _trim_metrics(run_dir, state["step"])
     config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
 
@@ -157,11 +216,13 @@ def train(cfg: RunConfig) -> dict:
     if latest is not None:
         logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
     logger.write(f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
-                 f"process(es), {resolve_precision(t.precision)}, global batch {global_batch} "
+                 f"process(es), {precision}, global batch {global_batch} "
                  f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
                  f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch")
 
     device = engine.device
+    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-autocast"
+                else contextlib.nullcontext())
     prescale_fp16 = fp16_loss_needs_scaling(engine)
     # fp32 under ZeRO-0 runs our optimizer unwrapped, and DeepSpeed then keeps no gradient norm: measure it here
     own_grad_norm, grad_norm = not isinstance(engine.optimizer, DeepSpeedOptimizer), None
@@ -186,7 +247,8 @@ def train(cfg: RunConfig) -> dict:
             for micro_batch, scale in zip(micro_batches, scales):
                 batch = {k: v.to(device, non_blocking=True) for k, v in micro_batch.items()}
                 batch[LOSS_SCALES] = scale
-                loss, metrics = engine(batch)
+                with autocast:
+                    loss, metrics = engine(batch)
                 engine.backward(loss * engine.optimizer.loss_scale if prescale_fp16 else loss)
                 if own_grad_norm and engine.is_gradient_accumulation_boundary() and logs_now(state["step"] + 1):
                     grad_norm = _own_grad_norm(model)  # complete and averaged over ranks by now; step clips
@@ -226,7 +288,7 @@ def train(cfg: RunConfig) -> dict:
             timed_out = t.max_minutes > 0 and (time.time() - started) / 60 >= t.max_minutes
             # DeepSpeed skips a step whose gradient norm is not finite (same decision on every rank)
             skipped = engine.skipped_steps > skipped_before
-            stop_now, nonfinite = _all_ranks_any(
+            stop_now, nonfinite = any_rank(
                 bool(stop.signal) or timed_out or (t.exit_after_steps > 0 and ran >= t.exit_after_steps),
                 skipped and resolve_precision(t.precision) != "fp16")  # fp16: loss-scale overflows are routine
             if nonfinite:
@@ -241,7 +303,7 @@ def train(cfg: RunConfig) -> dict:
                     break
             else:
                 state["skipped_in_a_row"] = 0
-            if stop_now or state["step"] % t.save_every == 0 or state["step"] == t.max_steps:
+            if stop_now or (t.save_every and state["step"] % t.save_every == 0) or state["step"] == t.max_steps:
                 state["tokens_seen"] += _sum_ranks(unflushed_tokens)
                 unflushed_tokens = 0
                 state["elapsed_s"] = state.get("elapsed_s", 0.0) + (time.time() - started)
@@ -292,7 +354,7 @@ def step_loss_scales(objectives, micro_batches: list[dict]) -> list[dict[str, fl
     total = local.sum(0)  # [T]
     world = 1
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(total)
+        dist.all_reduce(total, group=control_group())
         world = dist.get_world_size()
     scale = torch.where(total > 0, local * (len(micro_batches) * world) / total.clamp(min=1), 0.0)  # [A, T]
     return [dict(zip(terms, row)) for row in scale.tolist()]
@@ -356,6 +418,29 @@ def drop_fp16_dummy_step(engine) -> None:
         engine.optimizer.optimizer.state.clear()
 
 
+def restore_fp32_masters(engine, weights: dict[str, torch.Tensor]) -> None:
+    """Make DeepSpeed's fp32 master weights the model's fp32 weights. DeepSpeed builds them from the module after
+    casting it to bf16/fp16, so they start rounded: a `model.init_from` checkpoint lost about 1e-3 of precision
+    before the first step, for good. ZeRO 1-3 through DeepSpeed's own setter; ZeRO-0's fp16 wrappers keep one fp32
+    tensor per parameter (unfused) or one flat tensor per group (fused), in their fp16 groups' order."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    if _zero0_fp16(engine.optimizer):
+        opt = engine.optimizer
+        for i, group in enumerate(opt.fp16_groups):
+            flat = opt.fp32_groups_flat[i] if hasattr(opt, "fp32_groups_flat") else None
+            offset = 0
+            for j, param in enumerate(group):
+                value = weights[names[id(param)]].to(param.device).view(-1)
+                target = flat[offset:offset + value.numel()] if flat is not None else opt.fp32_groups[i][j].view(-1)
+                target.data.copy_(value)
+                offset += value.numel()
+        return
+    for name, param in engine.module.named_parameters():
+        safe_set_full_fp32_param(param, weights[name].to(engine.device))
+
+
 def _loss_scale(engine) -> float | None:
     """fp16's current dynamic loss scale: every DeepSpeed fp16 optimizer (fused, unfused, ZeRO 1-3) has it."""
     scale = getattr(engine.optimizer, "loss_scale", None)
@@ -366,7 +451,7 @@ def _sum_ranks(value: int) -> int:
     if not dist.is_initialized() or dist.get_world_size() == 1:
         return value
     t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=control_group())
     return int(t.item())
 
 
@@ -375,7 +460,7 @@ def _mean_ranks(metrics: dict[str, float]) -> dict[str, float]:
         return metrics
     keys = sorted(metrics)
     t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t)
+    dist.all_reduce(t, group=control_group())
     return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
 
 

@@ -32,3 +32,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+def _deepspeed_fp16_here() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
+
+
+# DeepSpeed trains fp16 on a CPU only where oneDNN has fp16 kernels (AVX512-FP16 / AMX-FP16, e.g. Sapphire Rapids);
+# elsewhere it refuses ("Type fp16 is not supported on your device"). GPUs and such CPUs run these tests.
+requires_fp16 = pytest.mark.skipif(not _deepspeed_fp16_here(),
+                                   reason="DeepSpeed refuses fp16 on this CPU (oneDNN without fp16 kernels)")

@@ -60,3 +60,66 @@ def test_resolved_config_round_trips(tmp_path):
 def test_every_field_is_documented():
     undocumented = [key for key, _, doc in describe_fields(RunConfig) if not doc]
     assert undocumented == []
+
+
+def test_defects_that_used_to_crash_late_fail_when_read(tmp_path):
+    loop = tmp_path / "a.yaml"
+    loop.write_text("base: b.yaml\nname: a\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\n")
+    with pytest.raises(ConfigError, match=r"a\.yaml: base: presets inherit from each other in a loop .*b\.yaml"):
+        load_config(str(loop))
+    (tmp_path / "self.yaml").write_text("base: self.yaml\n")
+    with pytest.raises(ConfigError, match="in a loop"):
+        load_config(str(tmp_path / "self.yaml"))
+    with pytest.raises(ConfigError, match=r"model.num_layers: must be >= 1, got 0"):
+        load_config("tiny", ["model.num_layers=0"])
+    with pytest.raises(ConfigError, match=r"every weight is 0 \(mlm.weight=0\).*nothing"):
+        load_config("tiny", ["objectives.mlm.weight=0"])
+    with pytest.raises(ConfigError, match=r"train.log_every: must be >= 1"):
+        load_config("tiny", ["train.log_every=0"])
+    assert load_config("tiny", ["train.save_every=0"]).train.save_every == 0  # only the final checkpoint
+
+
+def test_model_vocab_smaller_than_the_tokenizer_is_named():
+    import numpy as np
+
+    from objectives import SpecialTokens
+    from pretrain.trainer import model_config_for
+
+    tokens = SpecialTokens(0, 1, 2, 3, 4, vocab_size=1024, replaceable=np.arange(5, 1024))
+    with pytest.raises(ConfigError, match=r"model.vocab_size \(512\) is smaller than the tokenizer's vocabulary "
+                                          r"\(1024 tokens"):
+        model_config_for(load_config("tiny", ["model.vocab_size=512"]), tokens)
+    assert model_config_for(load_config("tiny", ["model.vocab_size=2048"]), tokens).vocab_size == 2048
+
+
+def test_resume_fingerprint_names_each_fixed_difference_and_the_override():
+    from pretrain.errors import UserError
+    from pretrain.fingerprint import changed_settings, check_resume, differences, fingerprint
+
+    cfg = load_config("tiny")
+    saved = fingerprint(cfg, cfg.model, "bf16", 2, "a" * 64, "b" * 64)
+    # the same global batch on another split and number of ranks, and the free settings: no difference
+    same = load_config("tiny", ["train.micro_batch_size=4", "train.lr=1", "train.max_steps=9", "model.compile=true",
+                                "model.hidden_dropout=0"])
+    check_resume(saved, fingerprint(same, same.model, "bf16", 4, "a" * 64, "b" * 64), [], "ckpt")
+    other = load_config("tiny", ["model.num_heads=2", "objectives.mlm.whole_word=true", "data.packing=doc_bounded"])
+    current = fingerprint(other, other.model, "fp32", 2, "c" * 64, "b" * 64)
+    with pytest.raises(UserError) as err:
+        check_resume(saved, current, [], "ckpt")
+    message = str(err.value)
+    for needle in ("model.num_heads: 4 in the checkpoint, 2 now", "objectives.mlm.whole_word: False in the checkpoint",
+                   "data.packing: full_sentences", "train.precision: bf16", "tokenizer (sha256 of tokenizer.json): "
+                   "aaaaaaaaaaaa... in the checkpoint, cccccccccccc... now",
+                   "train.allow_changes=[data.packing,model.num_heads,objectives.mlm.whole_word,tokenizer,"
+                   "train.precision]"):
+        assert needle in message, (needle, message)
+    check_resume(saved, current, ["model", "objectives", "data", "tokenizer", "train.precision"], "ckpt")
+    # a checkpoint from before fingerprints recorded no data hash: not compared
+    check_resume({**saved, "data (content of the shards)": None},
+                 fingerprint(cfg, cfg.model, "bf16", 2, "a" * 64, "z" * 64), [], "ckpt")
+    with_sop = load_config("tiny", ["objectives.sop.weight=1"])
+    assert ("objectives.sop.weight", "absent", 1.0) in differences(
+        saved, fingerprint(with_sop, with_sop.model, "bf16", 2, "a" * 64, "b" * 64))
+    assert changed_settings({"train": {"lr": 1.0, "allow_changes": []}, "name": "a"},
+                            {"train": {"lr": 2.0, "allow_changes": ["x"]}, "name": "b"}) == ["train.lr: 1.0 -> 2.0"]

@@ -6,7 +6,9 @@ import collections
 import gzip
 import json
 import random
+import shutil
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +18,7 @@ from data_pipeline.samples import PackedSequences
 from data_pipeline.sentences import split_sentences
 from data_pipeline.shards import ShardSet, build_shards
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash, train_tokenizer
-from pretrain.errors import DataError
+from pretrain.errors import DataError, UserError
 
 SUBJECTS = ["The committee", "Our nation", "The senator", "Every citizen", "The government", "This council",
             "The people", "Mr. Smith", "The army", "Congress"]
@@ -262,3 +264,51 @@ def test_packed_sequences_reproduce_stream(shard_dir, max_seq_len):
     assert np.concatenate(starts).tolist() == want_starts[:len(got)].tolist()
     with pytest.raises(IndexError):
         packed[len(packed)]
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_tokenizer_training_is_byte_identical(tmp_path, kind):
+    """The same corpus and settings give the same files: WordPiece's '##x' ids and Unigram's float scores used to
+    depend on hash-map order (two trainings here differed every time)."""
+    corpus = Path(__file__).resolve().parent.parent / "data" / "us-speeches.public-domain.jsonl"
+    outputs = []
+    for i in range(3):
+        train_tokenizer([str(corpus)], tmp_path / str(i), kind=kind, vocab_size=2048, show_progress=False)
+        outputs.append({p.name: p.read_bytes() for p in (tmp_path / str(i)).iterdir()})
+    assert outputs[0] == outputs[1] == outputs[2]
+    vocab = json.loads(outputs[0]["tokenizer.json"])
+    assert [t["content"] for t in vocab["added_tokens"]] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+
+def test_outputs_are_replaced_only_when_ours(tmp_path, tok_dir):
+    from pretrain.outputs import check_not_input, claim_output, mark_output
+
+    claim_output(tmp_path / "absent", "tokenizer")
+    (tmp_path / "empty").mkdir()
+    claim_output(tmp_path / "empty", "export")
+    claim_output(tok_dir, "tokenizer")  # marked by train_tokenizer
+    with pytest.raises(UserError, match="is a tokenizer directory of this tool, not a shards directory"):
+        claim_output(tok_dir, "shards")
+    # written by a version before the marker: recognised by its signature, a hub tokenizer is not
+    legacy = tmp_path / "legacy"
+    shutil.copytree(tok_dir, legacy)
+    (legacy / ".bert-pretrain.json").unlink()
+    claim_output(legacy, "tokenizer")
+    spec = json.loads((legacy / "tokenizer.json").read_text())
+    spec["added_tokens"][0]["id"] = 100  # BERT-base's [PAD] is 0 but its [UNK] is 100: not one of ours
+    spec["added_tokens"][0], spec["added_tokens"][1] = spec["added_tokens"][1], spec["added_tokens"][0]
+    (legacy / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(UserError, match="did not write"):
+        claim_output(legacy, "tokenizer")
+    hub = tmp_path / "bert-base-uncased"
+    hub.mkdir()
+    for name in ("config.json", "model.safetensors", "README.md"):
+        (hub / name).write_text("{}")
+    with pytest.raises(UserError, match="did not write"):
+        claim_output(hub, "export")
+    (hub / "README.md").write_text("# run\n\n- Objective(s): mlm ()\n")  # our model card: an export of ours
+    claim_output(hub, "export")
+    mark_output(tmp_path / "run", "run")
+    with pytest.raises(UserError, match=r"--out .*/run holds the corpus \("):
+        check_not_input(tmp_path / "run", {"the corpus": tmp_path / "run" / "data" / "c.jsonl"})
+    check_not_input(tmp_path / "run" / "tok", {"the corpus": tmp_path / "run" / "c.jsonl"})  # beside it: fine

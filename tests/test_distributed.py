@@ -15,6 +15,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from conftest import requires_fp16
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
 pytestmark = pytest.mark.slow
@@ -219,6 +221,7 @@ def metrics(data, name):
     return [json.loads(l) for l in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
 
 
+@requires_fp16
 def test_fp16_under_zero0_trains_like_zero2_and_fp32(data):
     """DeepSpeed's ZeRO-0 fp16 path unscales gradients that were never scaled, and starts Adam with a dummy
     step; the trainer corrects both, so ZeRO-0 follows ZeRO-2 (which has neither problem) and fp32."""

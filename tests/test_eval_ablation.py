@@ -131,6 +131,9 @@ def test_eval_on_a_run_gives_accuracy_and_perplexity(ablation):
     exported = evaluate_mlm(run / "hf", shards=result["shards"], max_samples=8, max_seq_len=64)
     assert exported["masked_tokens"] == result["masked_tokens"]
     assert exported["loss"] == pytest.approx(result["loss"], rel=1e-3)
+    # longer than the model's positions: named, not an IndexError
+    proc = pretrain("eval", run, "--shards", result["shards"], "--max-seq-len", 4096, cwd=ROOT, check_rc=2)
+    assert "--max-seq-len 4096 is longer than" in proc.stderr and "(128 positions)" in proc.stderr
 
 
 @pytest.mark.slow
@@ -190,3 +193,22 @@ def test_ablation_config_errors_name_the_key(tmp_path):
         load_ablation(cfg, [task, "arms.mlm.model.hidden_size=128"])
     with pytest.raises(ConfigError, match="eval.tasks.*nowhere"):
         load_ablation(cfg, ["eval.tasks=[nowhere]"])
+
+
+def test_labels_one_class_and_whole_numbers(tmp_path, capsys):
+    from pretrain.finetune import load_task
+
+    one = tmp_path / "one"
+    one.mkdir()
+    for split in ("train", "dev"):
+        (one / f"{split}.tsv").write_text("sentence\tlabel\na b\tyes\nc d\tyes\n")
+    with pytest.raises(UserError, match=r"train\.tsv: every label is 'yes': classification needs at least two"):
+        load_task(one)
+    floats = tmp_path / "floats"
+    floats.mkdir()
+    (floats / "train.tsv").write_text("sentence\tlabel\na b\t0.0\nc d\t1.0\ne f\t1.0\n")
+    (floats / "dev.tsv").write_text("sentence\tlabel\na b\t1\nc d\t0.0\n")
+    task = load_task(floats)
+    assert task.kind == "classification" and task.labels == ["0", "1"] and task.dev[2] == [1, 0]
+    assert "whole numbers, read as classes" in capsys.readouterr().err
+    assert load_task(floats, "regression").kind == "regression"

@@ -107,7 +107,7 @@ def test_export_parity(name, tokens, tokenizer_dir, tmp_path):
     assert {"hidden", "logits", *extra} <= diffs.keys()
     assert max(diffs.values()) <= ATOL, diffs
     # `pretrain eval` on the export gives our logits for every architecture (ModernBERT takes no token types)
-    logits_fn, _, _ = load_target(out)
+    logits_fn, _, _, _ = load_target(out)
     ids, types, mask = _probe_batch(model.config)
     types = torch.zeros_like(types) if target.arch == "modernbert" else types
     with torch.no_grad():
