@@ -8,7 +8,8 @@ Span selection draws a span length (in words), then places it uniformly among th
 it never truncates or shrinks a span. Whether to draw another span is decided *before* its length is known,
 so the lengths of the spans placed follow the sampler's distribution (Wald's identity: the pooled mean over
 many samples is the sampler's mean), while the expected number of masked tokens is close to the budget.
-The first span is always drawn: a sample is never left without targets.
+The first span is always placed, so a sample is never left without targets: where its drawn length fits nowhere (a
+short sample), its length is drawn again among the lengths that fit, from the same distribution cut there.
 """
 
 from __future__ import annotations
@@ -109,6 +110,12 @@ class SpanLengths:
         return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), len(cdf) - 1) + 1
 
 
+def _longest_run(free: np.ndarray) -> int:
+    """Length of the longest run of True in a bool array (>= 1 where any is True)."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], free.astype(np.int8), [0]))))  # starts and ends of runs
+    return int((edges[1::2] - edges[::2]).max()) if len(edges) else 0
+
+
 def select_word_spans(word_starts: np.ndarray, ineligible: np.ndarray, rate: float, lengths: SpanLengths,
                       rng: np.random.Generator, separate: bool = False) -> WordSpans:
     """Choose non-overlapping spans of whole candidate words until about round(rate * candidate tokens)
@@ -175,6 +182,10 @@ def select_word_spans(word_starts: np.ndarray, ineligible: np.ndarray, rate: flo
         L = drawn[i]
         np.cumsum(free, out=run[1:])
         fits = np.flatnonzero(run[L:] - run[:-L] == L)  # [F] first words of L free words in a row
+        if len(fits) == 0 and i == 0:  # the first span must be placed: its length among those that fit
+            longest = _longest_run(free)
+            L = int(SpanLengths(lengths.pmf[:longest]).draw(rng, 1)[0])
+            fits = np.flatnonzero(run[L:] - run[:-L] == L)
         if len(fits) == 0:  # no room for this length: stop rather than redraw (redrawing favours short spans)
             break
         s = int(fits[int(u_place[i] * len(fits))])
