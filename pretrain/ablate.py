@@ -7,17 +7,20 @@ An ablation config (YAML; see configs/ablation-tiny.yaml):
     arms:                               # name -> overrides of `run` (objectives replace the shared ones)
       mlm: {objectives: {mlm: {}}}
       none: {pretrain: false}           # baseline: random init, same config and tokenizer, no training
-    budget: {kind: tokens, amount: 2e5} # tokens | flops | time (minutes); the same for every arm
-    eval: {tasks: [dir, ...], seeds: [1, 2, 3], mode: probe, pooling: mean, epochs: 0, lr: 0,
+    seeds: [1234, 1235, 1236]           # pretraining seeds: every arm is pretrained (or, `none`, initialised)
+                                        # once per seed (default: run.train.seed alone)
+    budget: {kind: flops, amount: 2e15} # flops | tokens | time (minutes); the same for every arm
+    eval: {tasks: [dir, ...], seeds: [1, 2, 3], mode: [probe, full], pooling: mean, epochs: 0, lr: 0,
            batch_size: 0, max_seq_len: 128, max_train_examples: 0}
     launch: {procs: 8, scheduler: single_node, threads: 0}
                                         # procs, scheduler (single_node | slurm): for --print-commands;
                                         # threads: torch threads here and per arm (0 = torch's default;
                                         # 1 on a shared, oversubscribed CPU, where more threads spin-wait)
 
-Layout: <dir>/tokenizer and <dir>/shards (built once, shared), <dir>/configs/<arm>.yaml (each arm's resolved
-run config: what the cluster commands point at), <dir>/arms/<arm>/ (a run directory, with hf/ and
-state.json), <dir>/report.md with its plots.
+Layout: <dir>/tokenizer and <dir>/shards (built once, shared), <dir>/configs/<run>.yaml (each run's resolved
+config: what the cluster commands point at), <dir>/arms/<run>/ (a run directory, with hf/ and state.json; <run> is
+the arm's name, or <arm>-seed<S> with several seeds), <dir>/report.md with its plots and results.json (every score
+and every dev prediction, from which the report's paired tests are computed: `pretrain.stats`).
 
 Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed engines, signal handlers and
 the distributed group are per process, and it is exactly the command a cluster runs. state.json records
@@ -45,7 +48,8 @@ from pretrain.errors import ConfigError, UserError
 from pretrain.outputs import claim_output, mark_output
 
 ROOT = Path(__file__).resolve().parent.parent
-TOP_KEYS = ("output_dir", "run", "arms", "budget", "eval", "launch")
+TOP_KEYS = ("output_dir", "run", "arms", "seeds", "budget", "eval", "launch")
+MODES = ("probe", "full")
 BUDGET_KINDS = ("tokens", "flops", "time")
 EVAL_DEFAULTS = {"tasks": [], "seeds": [1, 2, 3], "mode": "probe", "pooling": "mean", "epochs": 0, "lr": 0.0,
                  "batch_size": 0, "max_seq_len": 128, "max_train_examples": 0}
@@ -58,9 +62,13 @@ def say(message: str) -> None:
 
 @dataclass
 class Arm:
-    name: str
+    """One run of an arm: its objectives at one pretraining seed."""
+
+    name: str  # the run: the arm's name, or <arm>-seed<S> when the ablation has several seeds
     cfg: RunConfig  # resolved; run_dir = <ablation>/arms/<name>
     pretrain: bool = True
+    group: str = ""  # the arm this run belongs to
+    seed: int = 0
 
 
 @dataclass
@@ -74,6 +82,14 @@ class Ablation:
     eval: dict
     launch: dict
     raw: dict = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
+
+    def groups(self) -> dict[str, list[Arm]]:
+        """Arm name -> its runs (one per pretraining seed), in config order."""
+        out: dict[str, list[Arm]] = {}
+        for arm in self.arms:
+            out.setdefault(arm.group, []).append(arm)
+        return out
 
     def arm_config_path(self, arm: Arm) -> Path:
         return self.out / "configs" / f"{arm.name}.yaml"
@@ -132,8 +148,10 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
         ev[key] = value
     if isinstance(ev["tasks"], str):
         ev["tasks"] = [ev["tasks"]]
-    if ev["mode"] not in ("probe", "full"):
-        raise ConfigError(f"{path}: eval.mode: '{ev['mode']}' is not one of probe, full")
+    ev["modes"] = [ev["mode"]] if isinstance(ev["mode"], str) else list(ev["mode"] or [])
+    for mode in ev["modes"] or [None]:
+        if mode not in MODES:
+            raise ConfigError(f"{path}: eval.mode: '{mode}' is not one of {', '.join(MODES)} (or a list of them)")
     for task in ev["tasks"]:
         if not (Path(task) / "train.tsv").is_file():
             raise ConfigError(f"{path}: eval.tasks: '{task}' has no train.tsv (paths are relative to the "
@@ -153,6 +171,11 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
     arms_raw = raw.get("arms")
     if not isinstance(arms_raw, dict) or not arms_raw:
         raise ConfigError(f"{path}: arms: expected a mapping of arm name -> overrides, e.g. arms: {{mlm: {{}}}}")
+    seeds = raw.get("seeds", [base.train.seed])
+    if isinstance(seeds, int):
+        seeds = [seeds]
+    if not isinstance(seeds, list) or not seeds or not all(isinstance(x, int) for x in seeds) or len(set(seeds)) < len(seeds):
+        raise ConfigError(f"{path}: seeds: expected a list of distinct integers (pretraining seeds), got {seeds!r}")
     arms = []
     for name, spec in arms_raw.items():
         spec = dict(spec or {})
@@ -163,19 +186,24 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
         if not pretrain:  # the baseline exports an mlm model: the same encoder and tokenizer, untrained
             data = {**data, "objectives": {"mlm": {}}}
         data = _deep_merge(data, spec)
-        data = {**data, "name": str(name), "output_dir": str(out / "arms"),
-                "data": {**data.get("data", {}), **shared["data"]}}
-        try:
-            cfg = build_config(data)
-        except ConfigError as err:
-            raise ConfigError(f"{path}: arms.{name}: {err}") from None
-        if cfg.model != base.model or cfg.train.seed != base.train.seed or cfg.data.max_seq_len != base.data.max_seq_len:
-            raise ConfigError(f"{path}: arms.{name}: an arm may change objectives and training options, not the "
-                              "encoder, seed or sequence length (they are what the arms share)")
-        arms.append(Arm(str(name), cfg, pretrain))
+        for seed in seeds:
+            run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
+            seeded = _deep_merge(data, {"train": {"seed": seed}})
+            seeded = {**seeded, "name": run_name, "output_dir": str(out / "arms"),
+                      "data": {**seeded.get("data", {}), **shared["data"]}}
+            try:
+                cfg = build_config(seeded)
+            except ConfigError as err:
+                raise ConfigError(f"{path}: arms.{name}: {err}") from None
+            if cfg.model != base.model or cfg.data.max_seq_len != base.data.max_seq_len or (
+                    "seed" in (spec.get("train") or {})):
+                raise ConfigError(f"{path}: arms.{name}: an arm may change objectives and training options, not the "
+                                  "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
+                                  "pretraining seeds of every arm)")
+            arms.append(Arm(run_name, cfg, pretrain, str(name), seed))
     # saved as <dir>/ablation.yaml: self-contained (the `run.base` preset merged in, overrides applied)
     resolved = {**raw, "run": run}
-    return Ablation(path, out, base, arms, kind, amount, ev, launch, resolved)
+    return Ablation(path, out, base, arms, kind, amount, ev, launch, resolved, seeds)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -320,33 +348,48 @@ def export_baseline(arm: Arm) -> Path:
     return export_pretrained(model, tokens, arm.cfg.tokenizer_dir, arm.cfg.hf_dir, card)
 
 
-def downstream(ab: Ablation, model_dir: Path) -> dict[str, dict]:
+def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=None) -> dict[str, dict[str, dict]]:
+    """{mode: {task: finetune result}} for every eval mode and task. `done` holds results already computed (kept:
+    an interrupted evaluation resumes per mode and task); `save(results)` is called after each new one."""
     from pretrain.finetune import finetune
 
     ev = ab.eval
-    results = {}
-    for task in ev["tasks"]:
-        result = finetune(model_dir, Path(task), [int(s) for s in ev["seeds"]], ev["mode"], ev["epochs"] or None,
-                          ev["lr"] or None, ev["batch_size"] or None, ev["max_seq_len"], pooling=ev["pooling"],
-                          max_train=ev["max_train_examples"])
-        s = result["summary"][result["main_metric"]]
-        say(f"  {result['task']}: {result['main_metric']} {s['mean']:.4f} +- {s['std']:.4f}")
-        results[result["task"]] = result
+    results = {mode: dict((done or {}).get(mode, {})) for mode in ev["modes"]}
+    for mode in ev["modes"]:
+        for task in ev["tasks"]:
+            if Path(task).name in results[mode]:
+                continue
+            result = finetune(model_dir, Path(task), [int(s) for s in ev["seeds"]], mode, ev["epochs"] or None,
+                              ev["lr"] or None, ev["batch_size"] or None, ev["max_seq_len"], pooling=ev["pooling"],
+                              max_train=ev["max_train_examples"])
+            s = result["summary"][result["main_metric"]]
+            say(f"  {mode} {result['task']}: {result['main_metric']} {s['mean']:.4f} +- {s['std']:.4f}")
+            results[mode][result["task"]] = result
+            if save is not None:
+                save(results)
     return results
 
 
+def evaluated(ab: Ablation, state: dict) -> bool:
+    """Whether a run has a downstream result for every eval mode and task of this ablation."""
+    done = state.get("downstream") or {}
+    return all(Path(task).name in done.get(mode, {}) for mode in ab.eval["modes"] for task in ab.eval["tasks"])
+
+
 def _final_losses(cfg: RunConfig) -> dict[str, float]:
-    """Pretraining loss per objective: mean of the last few logged intervals (one is noisy)."""
+    """Pretraining loss per objective, and the discriminator's AUC for rtd: mean of the last few logged intervals
+    (one is noisy)."""
     from pretrain.metrics import read_metrics
 
     records = read_metrics(cfg.run_dir)[-3:]
-    keys = [k for k in (records[-1] if records else {}) if k == "loss" or k.endswith("/loss")]
-    return {k: sum(r[k] for r in records) / len(records) for k in keys}
+    keys = [k for k in (records[-1] if records else {}) if k == "loss" or k.endswith(("/loss", "_auc"))]
+    values = {k: [r[k] for r in records if r.get(k) is not None] for k in keys}
+    return {k: sum(v) / len(v) for k, v in values.items() if v}
 
 
 def run_arm(ab: Ablation, arm: Arm) -> dict:
     state = read_state(arm)
-    if state.get("evaluated"):
+    if state.get("evaluated") and evaluated(ab, state):
         say(f"arm {arm.name}: finished earlier, skipped ({arm.cfg.run_dir / 'state.json'})")
         return state
     cfg_path = ab.arm_config_path(arm)
@@ -384,9 +427,13 @@ def run_arm(ab: Ablation, arm: Arm) -> dict:
             export_baseline(arm)
             state["exported"] = True
             write_state(arm, state)
-    say(f"arm {arm.name}: downstream ({ab.eval['mode']}, seeds {ab.eval['seeds']}) on "
+    say(f"arm {arm.name}: downstream ({', '.join(ab.eval['modes'])}, seeds {ab.eval['seeds']}) on "
         f"{len(ab.eval['tasks'])} task(s)")
-    state["downstream"] = downstream(ab, arm.cfg.hf_dir)
+    def save(results):
+        state["downstream"] = results
+        write_state(arm, state)
+
+    state["downstream"] = downstream(ab, arm.cfg.hf_dir, state.get("downstream"), save)
     state["eval_s"] = time.time() - started
     state["evaluated"] = True
     write_state(arm, state)

@@ -211,6 +211,16 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
     return tokenizer, model
 
 
+def device() -> torch.device:
+    """The GPU when there is one (bf16 autocast there, as transformers' Trainer with bf16), else the CPU in fp32."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _autocast():
+    return (torch.autocast("cuda", dtype=torch.bfloat16) if torch.cuda.is_available()
+            else torch.autocast("cpu", enabled=False))
+
+
 def _encode(tokenizer, split, max_seq_len: int) -> dict[str, torch.Tensor]:
     first, second, _ = split
     return tokenizer(first, second, truncation=True, max_length=max_seq_len, padding=True, return_tensors="pt")
@@ -223,10 +233,10 @@ def _batches(n: int, batch_size: int, generator: torch.Generator | None = None):
 
 
 def _trim(enc: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Rows `idx`, cut to their longest real length (padding was to the whole split's longest)."""
+    """Rows `idx`, cut to their longest real length (padding was to the whole split's longest), on `device()`."""
     mask = enc["attention_mask"][idx]
-    width = int(mask.sum(1).max())
-    return {k: v[idx, :width] for k, v in enc.items()}
+    width = int(mask.sum(1).max())  # host tensors: no device read
+    return {k: v[idx, :width].to(device(), non_blocking=True) for k, v in enc.items()}
 
 
 @torch.no_grad()
@@ -238,7 +248,7 @@ def encoder_features(model_dir: Path, task: Task, pooling: str = "mean", max_seq
     tokenizer, cls_model = load_model(model_dir, task.num_labels, task.kind, random_init)
     base = getattr(cls_model, cls_model.base_model_prefix, None)
     encoder = base if base is not None else AutoModel.from_config(cls_model.config)
-    encoder.eval()
+    encoder.eval().to(device())
     out = []
     for split_name, split in (("train", task.train), ("dev", task.dev)):
         enc = _encode(tokenizer, split, max_seq_len)
@@ -246,18 +256,19 @@ def encoder_features(model_dir: Path, task: Task, pooling: str = "mean", max_seq
         for idx in tqdm(list(_batches(len(split[0]), batch_size)), desc=f"features {task.name}/{split_name}",
                         unit="batch", file=sys.stderr, mininterval=1.0, leave=False):
             b = _trim(enc, idx)
-            hidden = encoder(**b).last_hidden_state  # [B, L, H]
+            with _autocast():
+                hidden = encoder(**b).last_hidden_state.float()  # [B, L, H]
             if pooling == "cls":
                 feats.append(hidden[:, 0])
             else:
                 m = b["attention_mask"].unsqueeze(-1).to(hidden.dtype)  # [B, L, 1]
                 feats.append((hidden * m).sum(1) / m.sum(1).clamp(min=1))
-        out.append(torch.cat(feats))
+        out.append(torch.cat(feats).cpu())
     return out[0], out[1]
 
 
 def train_probe(task: Task, train_x: torch.Tensor, dev_x: torch.Tensor, seed: int, epochs: int = 20,
-                lr: float = 1e-2, batch_size: int = 64, weight_decay: float = 1e-4) -> dict[str, float]:
+                lr: float = 1e-2, batch_size: int = 64, weight_decay: float = 1e-4) -> tuple[dict[str, float], list]:
     """A linear head on fixed features (standardised with train statistics), minibatch AdamW."""
     torch.manual_seed(seed)
     gen = torch.Generator().manual_seed(seed)
@@ -282,18 +293,21 @@ def train_probe(task: Task, train_x: torch.Tensor, dev_x: torch.Tensor, seed: in
     return _score(task, out)
 
 
-def _score(task: Task, out: torch.Tensor) -> dict[str, float]:
+def _score(task: Task, out: torch.Tensor) -> tuple[dict[str, float], list]:
+    """(metrics, per-example dev predictions: class indices, or scores for regression)."""
     labels = np.asarray(task.dev[2])
     preds = out.squeeze(-1).numpy() if task.kind == "regression" else out.argmax(-1).numpy()
-    return task_metrics(task, preds, labels)
+    return task_metrics(task, preds, labels), preds.tolist()
 
 
 def train_full(model_dir: Path, task: Task, seed: int, epochs: int = 3, lr: float = 5e-5, batch_size: int = 32,
-               max_seq_len: int = 128, warmup_frac: float = 0.1, random_init: bool = False) -> dict[str, float]:
+               max_seq_len: int = 128, warmup_frac: float = 0.1, random_init: bool = False
+               ) -> tuple[dict[str, float], list]:
     """Fine-tune the whole model: AdamW, linear warmup then linear decay to 0."""
     torch.manual_seed(seed)  # the head's initialisation and dropout
     gen = torch.Generator().manual_seed(seed)
     tokenizer, model = load_model(model_dir, task.num_labels, task.kind, random_init)
+    model.to(device())
     train_enc, dev_enc = _encode(tokenizer, task.train, max_seq_len), _encode(tokenizer, task.dev, max_seq_len)
     y = torch.tensor(task.train[2])
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
@@ -305,20 +319,22 @@ def train_full(model_dir: Path, task: Task, seed: int, epochs: int = 3, lr: floa
                mininterval=1.0, leave=False)
     for _ in range(epochs):
         for idx in _batches(len(y), batch_size, gen):
-            labels = y[idx].float() if task.kind == "regression" else y[idx]
-            loss = model(**_trim(train_enc, idx), labels=labels).loss
+            labels = (y[idx].float() if task.kind == "regression" else y[idx]).to(device())
+            with _autocast():
+                loss = model(**_trim(train_enc, idx), labels=labels).loss
             opt.zero_grad()
             loss.backward()
             torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
             opt.step()
             sched.step()
             bar.update(1)
-            bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+            if bar.n % 50 == 0:  # reading the loss makes the host wait for the GPU: now and then
+                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
     bar.close()
     model.eval()
-    with torch.no_grad():
-        out = torch.cat([model(**_trim(dev_enc, idx)).logits for idx in _batches(len(task.dev[2]), 128)])
-    return _score(task, out)
+    with torch.no_grad(), _autocast():
+        out = torch.cat([model(**_trim(dev_enc, idx)).logits.float() for idx in _batches(len(task.dev[2]), 128)])
+    return _score(task, out.cpu())
 
 
 def summarize(per_seed: list[dict[str, float]]) -> dict[str, dict[str, float]]:
@@ -341,19 +357,21 @@ def finetune(model_dir: Path, task_dir: Path, seeds: list[int], mode: str = "pro
     if not seeds:
         raise UserError("at least one seed is needed")
     task = load_task(Path(task_dir), task_type, max_train)
-    per_seed = []
+    runs = []
     if mode == "probe":
         train_x, dev_x = encoder_features(Path(model_dir), task, pooling, max_seq_len, random_init=random_init)
         for seed in tqdm(seeds, desc=f"probe {task.name}", unit="seed", file=sys.stderr, leave=False):
-            per_seed.append(train_probe(task, train_x, dev_x, seed, epochs or 20, lr or 1e-2, batch_size or 64))
+            runs.append(train_probe(task, train_x, dev_x, seed, epochs or 20, lr or 1e-2, batch_size or 64))
     else:
         for seed in seeds:
-            per_seed.append(train_full(Path(model_dir), task, seed, epochs or 3, lr or 5e-5, batch_size or 32,
-                                       max_seq_len, random_init=random_init))
+            runs.append(train_full(Path(model_dir), task, seed, epochs or 3, lr or 5e-5, batch_size or 32,
+                                   max_seq_len, random_init=random_init))
+    per_seed = [metrics for metrics, _ in runs]
     return {"task": task.name, "task_dir": str(task_dir), "kind": task.kind, "pair": task.pair,
             "num_labels": task.num_labels, "train_examples": len(task.train[2]), "dev_examples": len(task.dev[2]),
             "mode": mode, "seeds": list(seeds), "main_metric": main_metric(task.name, task.kind, task.num_labels),
-            "per_seed": per_seed, "summary": summarize(per_seed)}
+            "per_seed": per_seed, "summary": summarize(per_seed),
+            "dev_labels": list(task.dev[2]), "dev_predictions": [predictions for _, predictions in runs]}
 
 
 def format_finetune(result: dict) -> str:

@@ -76,27 +76,33 @@ def ablation(tmp_path_factory):
 def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
     out = ablation["dir"]
     results = json.loads((out / "results.json").read_text())
-    trained = {k: v for k, v in results.items() if v["pretraining"]["steps"]}
-    assert "none" in results and results["none"]["pretraining"]["tokens_seen"] == 0
+    runs = results["runs"]
+    trained = {k: v for k, v in runs.items() if v["pretraining"]["steps"]}
+    assert "none" in runs and runs["none"]["pretraining"]["tokens_seen"] == 0
     assert set(trained) >= {"mlm"}
     # budget kind tokens: every pretrained arm ran the same steps and consumed the same tokens
     assert {v["pretraining"]["steps"] for v in trained.values()} == {1536 // (8 * 64)}
     assert len({v["pretraining"]["token_slots"] for v in trained.values()}) == 1
     assert len({v["pretraining"]["tokens_seen"] for v in trained.values()}) == 1  # packed arms: same samples
-    for name, v in results.items():
-        (ds,) = v["downstream"].values()
+    for name, v in runs.items():
+        (ds,) = v["downstream"]["probe"].values()
         assert ds["pair"] and len(ds["per_seed"]) == 2 and 0 <= ds["summary"]["accuracy"]["mean"] <= 1
+        assert len(ds["dev_predictions"]) == 2 and len(ds["dev_predictions"][0]) == len(ds["dev_labels"]) == 24
         assert (out / "arms" / name / "hf" / "config.json").is_file()
         assert (out / "configs" / f"{name}.yaml").is_file()
+    # every arm against none, and the pretrained arms against each other, with Holm-adjusted p-values
+    pairs = {(c["a"], c["b"]) for c in results["comparisons"]}
+    assert ("mlm", "none") in pairs and all(c["p_holm"] >= c["p"] for c in results["comparisons"])
     report = (out / "report.md").read_text()
     assert report.startswith("# ") and "pretrain ablate" in report and "What this budget can and cannot show" in report
-    assert "| mlm |" in report and "| none |" in report and " ± " in report
-    for png in ("loss_curves.png", "downstream.png"):
+    assert "| mlm |" in report and "| none |" in report and " ± " in report and "vs none" in report
+    assert "one pretraining seed per arm" in report  # the notes say what a single seed leaves out
+    for png in ("loss_curves.png", "downstream.png", "significance.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
     # the same command again: nothing retrained or re-evaluated, fast
     again = pretrain(*ablation_args(ablation["tmp"], ablation["corpus"], ablation["task"]), cwd=ROOT)
-    assert again.stdout.count("finished earlier, skipped") == len(results)
+    assert again.stdout.count("finished earlier, skipped") == len(runs)
     assert "training (" not in again.stdout
 
 
@@ -212,3 +218,82 @@ def test_labels_one_class_and_whole_numbers(tmp_path, capsys):
     assert task.kind == "classification" and task.labels == ["0", "1"] and task.dev[2] == [1, 0]
     assert "whole numbers, read as classes" in capsys.readouterr().err
     assert load_task(floats, "regression").kind == "regression"
+
+
+def test_several_pretraining_seeds_make_one_run_per_arm_and_seed(tmp_path):
+    from pretrain.ablate import load_ablation
+    from pretrain.errors import ConfigError
+
+    cfg = str(ROOT / "configs" / "ablation-tiny.yaml")
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(cfg, [task, "seeds=[7, 8]", "eval.mode=[probe, full]"])
+    assert [(a.name, a.group, a.seed, a.cfg.train.seed) for a in ab.arms][:2] == [("mlm-seed7", "mlm", 7, 7),
+                                                                                  ("mlm-seed8", "mlm", 8, 8)]
+    assert list(ab.groups()) == ["mlm", "span", "none"] and ab.eval["modes"] == ["probe", "full"]
+    with pytest.raises(ConfigError, match="seeds: expected a list of distinct integers"):
+        load_ablation(cfg, [task, "seeds=[7, 7]"])
+    with pytest.raises(ConfigError, match="eval.mode: 'fine' is not one of probe, full"):
+        load_ablation(cfg, [task, "eval.mode=fine"])
+
+
+def test_paired_bootstrap_against_hand_computed_cases():
+    import numpy as np
+
+    from pretrain.stats import holm, paired_bootstrap
+
+    y = np.array([0, 1] * 50)
+    same = np.tile(y, (2, 3, 1))  # 2 pretraining seeds x 3 probe seeds, all right
+    r = paired_bootstrap("accuracy", y, same, same)
+    assert (r["diff"], r["low"], r["high"], r["p"]) == (0.0, 0.0, 0.0, 1.0)
+    wrong = 1 - same
+    r = paired_bootstrap("accuracy", y, same, wrong, replicates=999)
+    assert r["diff"] == r["low"] == r["high"] == 1.0 and r["p"] == pytest.approx(2 / 1000)  # (0 + 1) / (999 + 1), x2
+    # independent errors: the interval's half width is the normal one, 1.96 sqrt(var(a - b) / n)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 2000)
+    right_a, right_b = rng.random(2000) < 0.8, rng.random(2000) < 0.7
+    a, b = np.where(right_a, y, 1 - y)[None, None], np.where(right_b, y, 1 - y)[None, None]
+    r = paired_bootstrap("accuracy", y, a, b)
+    half = 1.96 * np.sqrt(np.var(right_a.astype(float) - right_b) / 2000)
+    assert r["diff"] == pytest.approx(right_a.mean() - right_b.mean())
+    assert (r["high"] - r["low"]) / 2 == pytest.approx(half, rel=0.1) and r["p"] < 0.01
+    # MCC (CoLA's metric) resamples whole confusion matrices: a perfect and a constant predictor differ by 1
+    r = paired_bootstrap("mcc", y, y[None, None], np.zeros_like(y)[None, None], replicates=200)
+    assert r["diff"] == 1.0 and r["low"] == 1.0
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+
+
+def _fake_results(ab, accuracy: dict[str, float], n: int = 400) -> dict:
+    """States of every run of `ab` with probe predictions right with the given probability per arm."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, n)
+    results = {}
+    for arm in ab.arms:
+        preds = [np.where(rng.random(n) < accuracy[arm.group], labels, 1 - labels).tolist() for _ in ab.eval["seeds"]]
+        result = {"task": "t", "main_metric": "accuracy", "dev_labels": labels.tolist(), "dev_predictions": preds}
+        results[arm.name] = {"plan": {"max_steps": 10, "global_batch": 8, "tokens_per_step": 512,
+                                      "flops_per_step": 1e9 * (2 if arm.group == "span" else 1)},
+                             "pretraining": {"steps": 10 if arm.pretrain else 0, "tokens_seen": 5000 if arm.pretrain
+                                             else 0, "flops": 1e10, "wall_s": 3.0, "final_loss": {"mlm/loss": 6.0}},
+                             "downstream": {"probe": {"t": result}}}
+    return results
+
+
+def test_report_notes_follow_the_numbers(tmp_path):
+    from pretrain.ablate import load_ablation
+    from pretrain.report import write_report
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}",
+                                                                      "seeds=[1, 2]"])
+    ab.out.mkdir(parents=True)
+    clear = (write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})).read_text())
+    assert "above a random encoder: mlm +0.2" in clear and "within noise of it: span" in clear
+    assert "Pairs of pretrained arms that differ: mlm vs span" in clear
+    assert "span 2.00x" in clear  # FLOPs per token relative to mlm, from the plans
+    assert "No pretrained arm separates" not in clear
+    flat = write_report(ab, _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})).read_text()
+    assert "No pretrained arm separates from the random encoder" in flat and "above a random encoder" not in flat
+    assert "No pair of pretrained arms differs significantly" in flat
