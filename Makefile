@@ -3,7 +3,10 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU build of torch where there is no NVIDIA GPU (torch==2.13.0 is the local CPU wheel on our machines),
 # the regular CUDA build where there is one. Override with `make TORCH_SPEC=... setup`.
-TORCH_SPEC ?= $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo "torch"; else echo "torch==2.13.0"; fi)
+HAS_GPU := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo 1; fi)
+TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
+# The demo: a few minutes of BERT-mini on a CPU; on a GPU the same run ~25x longer (configs/default-gpu.yaml)
+DEMO_CONFIG ?= $(if $(HAS_GPU),default-gpu,default)
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false
 # DeepSpeed's JIT-built ops live with this venv: a fresh clone never meets a stale build lock from elsewhere
@@ -19,7 +22,7 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 demo: setup
-	$(VENV)/bin/pretrain run default
+	$(VENV)/bin/pretrain run $(DEMO_CONFIG)
 
 # DeepSpeed JIT-compiles its CPU comm op on first use; build it once here so that test processes (and
 # several ranks) never race to compile it at the same time.

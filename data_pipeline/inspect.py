@@ -44,6 +44,17 @@ def packing_efficiency(builder, max_seq_len: int, probe: int = 512) -> float:
     return float(np.mean(lengths) / max_seq_len)
 
 
+def unigram_entropy(shards, special_ids: tuple[int, ...] = (), max_tokens: int = 10_000_000) -> float:
+    """Entropy (nats) of the corpus's token frequencies, specials left out, over its first `max_tokens` tokens: the
+    masked-LM loss of a model that predicts every masked token from frequency alone, ignoring its context (the
+    'unigram plateau' a short run sits on before it learns to use context)."""
+    n = min(shards.num_tokens, max_tokens)
+    counts = np.bincount(shards.read_span(0, n)[0].astype(np.int64)).astype(np.float64)
+    counts[[i for i in special_ids if i < len(counts)]] = 0
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())
+
+
 def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: str) -> Path:
     """Histogram of document lengths (tokens, log-spaced bins) with the sequence length marked."""
     import matplotlib

@@ -8,12 +8,14 @@ O(1), no batches replayed, and any world size continues the same global order.
 
 from __future__ import annotations
 
+import os
 from typing import Iterator, Sequence
 
 import numpy as np
 import torch
 
 from objectives.base import IGNORE_INDEX, Objective
+from pretrain.batch import Batch
 
 _ORDER_STREAM = 0  # distinct SeedSequence streams: sample order vs. per-sample corruption
 _SAMPLE_STREAM = 1
@@ -91,15 +93,15 @@ class StreamBatchSampler(torch.utils.data.Sampler):
         return 2**62
 
 
-def collate(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: dict[str, int]) -> dict[str, torch.Tensor]:
+def pad_arrays(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: dict[str, int]) -> dict[str, np.ndarray]:
     """Pad per-token arrays to the longest sample: input_ids with [PAD], *labels with -100, others with
     `pad_values` or 0; per-sample scalars are stacked. Adds attention_mask [B, L] (True = real token)."""
-    lengths = [len(s["input_ids"]) for s in samples]
-    width = max(lengths)
-    batch: dict[str, torch.Tensor] = {}
+    lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
+    width = int(lengths.max())
+    arrays: dict[str, np.ndarray] = {}
     for key, first in samples[0].items():
         if np.ndim(first) == 0:
-            batch[key] = torch.as_tensor(np.array([s[key] for s in samples]))
+            arrays[key] = np.array([s[key] for s in samples])
             continue
         if key == "input_ids":
             fill = pad_id
@@ -110,34 +112,49 @@ def collate(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: dict[
         arr = np.full((len(samples), width), fill, dtype=first.dtype)
         for i, s in enumerate(samples):
             arr[i, : len(s[key])] = s[key]
-        batch[key] = torch.from_numpy(arr)
+        arrays[key] = arr
     for key in ("input_ids", "token_type_ids"):
-        if key in batch:
-            batch[key] = batch[key].long()
-    batch["attention_mask"] = torch.arange(width)[None, :] < torch.tensor(lengths)[:, None]
-    return batch
+        if key in arrays:
+            arrays[key] = arrays[key].astype(np.int64)
+    arrays["attention_mask"] = np.arange(width)[None, :] < lengths[:, None]  # [B, L] True = real token
+    return arrays
 
 
 class Collator:
-    """Picklable collate_fn for DataLoader workers."""
+    """The collate_fn (picklable, for loader workers): a `Batch` of padded samples (see `pretrain.batch`)."""
 
     def __init__(self, pad_id: int, objectives: list[Objective]):
         self.pad_id = pad_id
+        self.objectives = objectives
         self.pad_values: dict[str, int] = {}
         for objective in objectives:
             self.pad_values.update(objective.pad_values)
 
-    def __call__(self, samples):
-        return collate(samples, self.pad_id, self.pad_values)
+    def __call__(self, samples: list[dict[str, np.ndarray]]) -> Batch:
+        return Batch.from_arrays(pad_arrays(samples, self.pad_id, self.pad_values), self.objectives)
+
+
+def auto_workers(ranks_on_this_machine: int = 1) -> int:
+    """Loader workers per rank: on a GPU machine up to 4, leaving a core per rank for the training process; none
+    on a CPU-only machine, where the training process itself uses every core (workers would compete with it)."""
+    if not torch.cuda.is_available():
+        return 0
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    return max(0, min(4, cores // max(1, ranks_on_this_machine) - 1))
 
 
 def build_loader(dataset: PretrainDataset, pad_id: int, consumed_samples: int, micro_batch_size: int,
                  grad_accum_steps: int, rank: int, world_size: int, num_workers: int = 0
                  ) -> torch.utils.data.DataLoader:
+    """This rank's micro-batches from `consumed_samples` on. num_workers < 0: `auto_workers`. Batches are prepared
+    ahead in the workers (4 each) and, on a GPU, collated into pinned memory so copies to it do not block."""
+    if num_workers < 0:
+        num_workers = auto_workers(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1"))))
     sampler = StreamBatchSampler(consumed_samples, micro_batch_size, grad_accum_steps, rank, world_size)
     return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collator(pad_id, dataset.objectives),
                                        num_workers=num_workers, persistent_workers=num_workers > 0,
                                        prefetch_factor=4 if num_workers > 0 else None,
+                                       pin_memory=torch.cuda.is_available(),
                                        # its own generator: making an iterator must not draw from the global
                                        # torch rng, which is checkpointed for dropout (bitwise resume)
                                        generator=torch.Generator().manual_seed(0))

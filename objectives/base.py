@@ -1,41 +1,49 @@
 """The Objective contract, the registry, and validation of a run's mix of objectives.
 
-An objective has a data half, `prepare(sample, rng)`, pure numpy and deterministic given `rng`, run in the
-loader; and a model half, `loss(batch, hidden, model)`, which owns its head (built by `build_head`).
-A run sums `weight * loss` over its objectives and logs every loss and metric unweighted.
+An objective has a data half, run in the loader on the host, and a model half, which owns its head:
+- `prepare(sample, rng)`: corrupt one sample or add its targets (numpy, deterministic given `rng`);
+- `collate(arrays)`: from the padded batch, what the model side needs to gather its targets without a device-side
+  `nonzero` (flat target positions and the targets themselves), and `target_counts(arrays)`, each loss term's number
+  of targets: host numbers, known before the forward;
+- `before_encoder(batch, forward, model)`: change the encoder's inputs (`Forward`: ELECTRA's sampled tokens, PLM's
+  query stream and masks) and keep what its loss needs in `forward.carry[name]`;
+- `loss(batch, forward, model, weights)`: its loss from the encoder's output, with `build_head`'s head.
+A run sums `weight * loss` over its objectives and logs every loss and metric unweighted. The batch holds data only.
 
-Each loss term is a mean over targets. So that an optimizer step weights every target alike however the step's
-batch is split into micro-batches and ranks, an objective reports its terms' target counts (`target_counts`,
-countable before the forward) and multiplies each term by the trainer's `loss_scale` for it.
+Each loss term is a sum over its targets times a per-target weight (`LossWeights`): 1 / the targets of this
+micro-batch (a mean, outside training), or micro-batches x ranks / the targets of the whole optimizer step, which
+after DeepSpeed's division by micro-batches x ranks makes every target of the step weigh alike however the batch is
+split (`train.loss_normalization=step`, set by the trainer).
+
+Metrics are sums and counts (`Mean`) or histograms (`BinaryAUC`), so that micro-batches and ranks combine exactly.
 """
 
 from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from collections.abc import Mapping
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
 from pretrain.errors import ConfigError
+from pretrain.measures import BinaryAUC, Mean
+
+if TYPE_CHECKING:
+    from pretrain.model import Forward, LossWeights
 
 IGNORE_INDEX = -100
-LOSS_SCALES = "_loss_scales"
-"""Batch key of {loss term: factor} set by the trainer (see `loss_scale`); absent outside training."""
 
 
-def count_targets(labels: torch.Tensor) -> torch.Tensor:
-    """Number of labelled positions (not IGNORE_INDEX) in a labels tensor of any shape."""
-    return (labels != IGNORE_INDEX).sum()
-
-
-def loss_scale(batch: dict, term: str) -> float:
-    """Factor that turns a term's mean over this micro-batch into its share of the mean over the whole optimizer
-    step: (targets here) x (micro-batches x ranks) / (targets in the step). DeepSpeed divides the gradient by
-    micro-batches x ranks, which leaves the gradient of the step-wide mean. 1.0 when the trainer sets none."""
-    return batch.get(LOSS_SCALES, {}).get(term, 1.0)
+def flat_targets(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(positions [M] into labels.ravel(), the labels there [M]) of the labelled entries (not IGNORE_INDEX) of a
+    padded labels array, in row-major order: what a head gathers with index_select instead of a boolean mask."""
+    flat = labels.reshape(-1)
+    positions = np.flatnonzero(flat != IGNORE_INDEX).astype(np.int64)
+    return positions, flat[positions].astype(np.int64)
 
 
 @dataclass(frozen=True)
@@ -67,8 +75,9 @@ class ObjectiveOptions:
 class ObjectiveOutput:
     loss: torch.Tensor
     """Scalar, unweighted."""
-    metrics: dict[str, torch.Tensor] = field(default_factory=dict)
-    """Unweighted scalars to log, e.g. accuracy."""
+    metrics: dict[str, torch.Tensor | Mean | BinaryAUC] = field(default_factory=dict)
+    """Unweighted metrics to log, e.g. accuracy: a `Mean` (sum and count) or `BinaryAUC`; a plain 0-d tensor is a
+    mean over this micro-batch (Mean(value, 1))."""
 
 
 class Objective:
@@ -97,21 +106,25 @@ class Objective:
         """Add targets / corrupt inputs of one sample (numpy, no torch). Must be deterministic given rng."""
         return sample
 
-    def before_encoder(self, batch: dict[str, torch.Tensor], model: nn.Module) -> dict[str, torch.Tensor]:
-        """Rewrite the batch on the model side before the encoder runs (e.g. ELECTRA's generator samples)."""
-        return batch
+    def collate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        """Extra arrays from the padded batch (numpy, in the loader): e.g. the flat positions of the targets."""
+        return {}
+
+    def target_counts(self, arrays: dict[str, np.ndarray]) -> dict[str, int]:
+        """{loss term: its number of targets in this padded batch}. Terms are named "<objective>" or
+        "<objective>_<part>"; `loss` weighs each by `weights(term)`."""
+        return {}
+
+    def before_encoder(self, batch: Mapping[str, torch.Tensor], forward: Forward, model: nn.Module) -> None:
+        """Change the encoder's inputs in `forward`, and keep what `loss` needs in forward.carry[self.name]."""
 
     def build_head(self, model_config: Any, encoder: nn.Module) -> nn.Module | None:
         """The head this objective trains, if any; stored as model.heads[self.name]."""
         return None
 
-    def loss(self, batch: dict[str, torch.Tensor], hidden: torch.Tensor, model: nn.Module) -> ObjectiveOutput:
+    def loss(self, batch: Mapping[str, torch.Tensor], forward: Forward, model: nn.Module,
+             weights: LossWeights) -> ObjectiveOutput:
         raise NotImplementedError
-
-    def target_counts(self, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """{loss term: how many targets its mean is over in this collated micro-batch}; `loss` scales each term
-        by `loss_scale(batch, term)`. Terms are named "<objective>" or "<objective>_<part>"."""
-        return {}
 
 
 REGISTRY: dict[str, type[Objective]] = {}

@@ -5,7 +5,8 @@ ALBERT n-grams of whole words with p(n) proportional to 1/n (implies whole words
 stays per token in both, as in Google's whole-word-masking release: a word may come out partly [MASK].
 
 The head projects only the chosen positions onto the vocabulary (sparse head): the dense vocabulary
-projection is most of a small encoder's FLOPs, and 85% of it would be thrown away.
+projection is most of a small encoder's FLOPs, and 85% of it would be thrown away. The positions come from the
+collator (`collate`: flat indices into [B * L]), so the head gathers them without a device-side nonzero.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import (IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, SpecialTokens, count_targets,
-                             loss_scale, register)
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, SpecialTokens, flat_targets, register
+from pretrain.measures import Mean
 from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
                                 select_word_spans)
 from pretrain.errors import ConfigError
@@ -95,18 +96,17 @@ class MLMHead(nn.Module):
         return F.linear(x, self.decoder_weight, self.bias)
 
 
-def masked_lm_loss(head: nn.Module, hidden: torch.Tensor, labels: torch.Tensor, scale: float = 1.0) -> ObjectiveOutput:
-    """Cross-entropy over the labelled positions only, times `scale` (see `loss_scale`).
-    hidden [B, L, H], labels [B, L] (-100 = ignore)."""
-    selected = labels != IGNORE_INDEX  # [B, L]
-    targets = labels[selected]  # [M]
-    if targets.numel() == 0:  # keep the graph connected so every rank runs the same backward
-        zero = hidden.sum() * 0.0
-        return ObjectiveOutput(zero, {"accuracy": zero.detach()})
-    logits = head(hidden[selected]).float()  # [M, V]
-    loss = F.cross_entropy(logits, targets) * scale
-    accuracy = (logits.argmax(-1) == targets).float().mean()
-    return ObjectiveOutput(loss, {"accuracy": accuracy})
+def token_predictions(head: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
+                      weight: float) -> tuple[torch.Tensor, torch.Tensor, Mean, Mean]:
+    """The head on the rows `positions` of hidden [B, L, H] (flat indices into [B * L]) against `targets` [M]:
+    (cross-entropy summed over the targets times `weight`, its sum, accuracy, mean cross-entropy). With no target
+    the loss is a zero still connected to the graph, so every rank runs the same backward."""
+    rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)  # [M, H]
+    logits = head(rows).float()  # [M, V]
+    ce_sum = F.cross_entropy(logits, targets, reduction="sum")
+    n = targets.shape[0]  # a shape: known on the host
+    return (ce_sum * weight, ce_sum.detach(), Mean((logits.argmax(-1) == targets).sum(), n),
+            Mean(ce_sum.detach(), n))
 
 
 @register
@@ -131,12 +131,18 @@ class MaskedLM(Objective):
                                                             self.tokens, rng)
         return sample
 
+    def collate(self, arrays):
+        positions, targets = flat_targets(arrays["mlm_labels"])
+        return {"mlm_positions": positions, "mlm_targets": targets}
+
+    def target_counts(self, arrays):
+        return {self.name: len(arrays["mlm_positions"])}
+
     def build_head(self, model_config, encoder):
         return MLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
                        bias=model_config.use_bias)
 
-    def loss(self, batch, hidden, model):
-        return masked_lm_loss(model.heads[self.name], hidden, batch["mlm_labels"], loss_scale(batch, self.name))
-
-    def target_counts(self, batch):
-        return {self.name: count_targets(batch["mlm_labels"])}
+    def loss(self, batch, forward, model, weights):
+        loss, _, accuracy, ce = token_predictions(model.heads[self.name], forward.hidden, batch["mlm_positions"],
+                                                  batch["mlm_targets"], weights(self.name))
+        return ObjectiveOutput(loss, {"loss": ce, "accuracy": accuracy})

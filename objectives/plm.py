@@ -32,8 +32,8 @@ import numpy as np
 import torch
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, count_targets, loss_scale, register
-from objectives.mlm import MLMHead, candidate_positions, masked_lm_loss
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from objectives.mlm import MLMHead, candidate_positions, token_predictions
 from pretrain.errors import ConfigError
 
 CONTEXT_RANK = -1
@@ -94,35 +94,40 @@ class PermutationLM(Objective):
                                                                   self.options.predict_fraction_k, rng)
         return sample
 
+    def collate(self, arrays):
+        # The query stream runs at the targets only (T = most targets in a row, >= 1 so shapes stay valid): a stable
+        # sort brings each row's targets first, in position order. Rows with fewer targets are filled with other
+        # positions, left out of the loss (their flat index is not in plm_query_index).
+        labels = arrays["plm_labels"]  # [B, L]
+        is_target = labels != IGNORE_INDEX
+        t = max(1, int(is_target.sum(1).max()))
+        positions = np.argsort(~is_target, axis=1, kind="stable")[:, :t].astype(np.int64)  # [B, T]
+        index, targets = flat_targets(np.take_along_axis(labels, positions, axis=1))  # [M] into [B * T], [M]
+        return {"plm_query_positions": positions, "plm_query_index": index, "plm_query_targets": targets}
+
+    def target_counts(self, arrays):
+        return {self.name: len(arrays["plm_query_index"])}  # the query stream predicts exactly these
+
     def build_head(self, model_config, encoder):
         return PLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
                        model_config.initializer_range)
 
-    def before_encoder(self, batch, model):
+    def before_encoder(self, batch, forward, model):
         rank = batch["plm_order"]  # [B, L]
-        labels = batch["plm_labels"]  # [B, L]
-        real = batch["attention_mask"].bool()  # [B, L]
-        content_mask = (rank[:, None, :] <= rank[:, :, None]) & real[:, None, :]  # [B, L query, L key]
-
-        # The query stream runs at the targets only (T = most targets in a row, >= 1 so shapes stay valid):
-        # a stable sort brings each row's targets first, in position order. Rows with fewer targets are
-        # filled with non-target positions, whose gathered label is -100, so the loss ignores them.
-        is_target = labels != IGNORE_INDEX  # [B, L]
-        num_targets = max(1, int(is_target.sum(1).max()))
-        positions = torch.sort((~is_target).to(torch.uint8), dim=1, stable=True).indices[:, :num_targets]  # [B, T]
+        real = batch["attention_mask"]  # [B, L] bool
+        positions = batch["plm_query_positions"]  # [B, T]
+        forward.attention_mask = (rank[:, None, :] <= rank[:, :, None]) & real[:, None, :]  # [B, L query, L key]
         query_rank = rank.gather(1, positions)  # [B, T]
-        query_mask = (rank[:, None, :] < query_rank[:, :, None]) & real[:, None, :]  # [B, T, L], strict: not itself
-
-        types = batch.get("token_type_ids")
+        forward.query_mask = (rank[:, None, :] < query_rank[:, :, None]) & real[:, None, :]  # [B, T, L], not itself
+        types = forward.token_type_ids
         types = torch.zeros_like(positions) if types is None else types.gather(1, positions)
-        query_stream = model.encoder.embeddings.query_stream(model.heads[self.name].query_embedding, positions, types)
-        return {**batch, "content_mask": content_mask, "query_stream": query_stream, "query_mask": query_mask,
-                "plm_query_positions": positions, "plm_query_labels": labels.gather(1, positions)}
+        forward.query_stream = model.encoder.embeddings.query_stream(model.heads[self.name].query_embedding,
+                                                                     positions, types)
+        forward.query_positions = positions  # RoPE rotates the query stream's queries by them
 
-    def loss(self, batch, hidden, model):
-        # Predictions come from the final query stream [B, T, H], never from the content stream `hidden`.
-        return masked_lm_loss(model.heads[self.name], batch["query_hidden"], batch["plm_query_labels"],
-                              loss_scale(batch, self.name))
-
-    def target_counts(self, batch):
-        return {self.name: count_targets(batch["plm_labels"])}  # the query stream predicts exactly these
+    def loss(self, batch, forward, model, weights):
+        # Predictions come from the final query stream [B, T, H], never from the content stream.
+        loss, _, accuracy, ce = token_predictions(model.heads[self.name], forward.query_hidden,
+                                                  batch["plm_query_index"], batch["plm_query_targets"],
+                                                  weights(self.name))
+        return ObjectiveOutput(loss, {"loss": ce, "accuracy": accuracy})

@@ -17,12 +17,14 @@ from __future__ import annotations
 
 import contextlib
 from dataclasses import dataclass, replace
+from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOutput, count_targets, loss_scale, register
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOutput, flat_targets, register
+from pretrain.measures import BinaryAUC, Mean
 from objectives.mlm import MLMOptions, candidate_positions, choose_positions, corrupt
 from pretrain.errors import ConfigError
 from pretrain.model import EncoderLayer, Embeddings, attention_bias
@@ -184,6 +186,15 @@ def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
     return torch.searchsorted(cdf, u, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
 
 
+class Sampled(NamedTuple):
+    """What the generator's pass leaves for the losses."""
+
+    gen_sum: torch.Tensor  # generator cross-entropy summed over the M masked tokens
+    gen_correct: torch.Tensor  # its argmax right at how many of them
+    replaced: torch.Tensor  # [M] 1.0 where the sample differs from the original token
+    labels: torch.Tensor  # [B, L] the discriminator's targets: 1.0 at replaced tokens
+
+
 @register
 class ReplacedTokenDetection(Objective):
     name = "rtd"
@@ -197,61 +208,58 @@ class ReplacedTokenDetection(Objective):
                                                                 self.tokens, rng)
         return sample
 
+    def collate(self, arrays):
+        positions, targets = flat_targets(arrays["rtd_mlm_labels"])  # [M] into [B * L], [M] the original tokens
+        return {"rtd_positions": positions, "rtd_targets": targets}
+
+    def target_counts(self, arrays):
+        # The generator predicts the masked tokens; the discriminator scores every non-padding token.
+        return {f"{self.name}_gen": len(arrays["rtd_positions"]), f"{self.name}_disc": int(arrays["attention_mask"].sum())}
+
     def build_head(self, model_config, encoder):
         return RTDHead(model_config, self.options, encoder)
 
-    def before_encoder(self, batch, model):
-        """Run the generator, keep its loss, and swap input_ids for original-with-samples (+ rtd_labels)."""
+    def before_encoder(self, batch, forward, model):
+        """Run the generator at the masked positions, keep its loss, and give the encoder (the discriminator) the
+        original ids with the masked positions replaced by samples."""
         head: RTDHead = model.heads[self.name]
-        ids, mlm_labels = batch["input_ids"], batch["rtd_mlm_labels"]  # [B, L] each
-        attention_mask = batch.get("attention_mask")
-        masked = mlm_labels != IGNORE_INDEX  # [B, L]
-        original = torch.where(masked, mlm_labels, ids)  # [B, L]
-
-        gen_hidden = head.generator(model.encoder.embeddings, ids, batch.get("token_type_ids"), attention_mask)
-        # Sparse, like mlm's masked_lm_loss; computed here rather than through it because sampling needs the logits.
-        logits = head.generator.head(gen_hidden[masked]).float()  # [M, V]
-        targets = mlm_labels[masked]  # [M]
-        if targets.numel():
-            gen_loss = F.cross_entropy(logits, targets)
-            gen_accuracy = (logits.argmax(-1) == targets).float().mean()
-        else:  # keep the graph connected so every rank runs the same backward
-            gen_loss = gen_hidden.sum() * 0.0
-            gen_accuracy = gen_loss.detach()
-
+        ids = forward.input_ids  # [B, L] as masked for the generator
+        positions, targets = batch["rtd_positions"], batch["rtd_targets"]  # [M] each
+        gen_hidden = head.generator(model.encoder.embeddings, ids, forward.token_type_ids, forward.attention_mask)
+        # Sparse, like mlm's head; not through token_predictions because sampling needs the logits.
+        logits = head.generator.head(gen_hidden.reshape(-1, gen_hidden.shape[-1]).index_select(0, positions)).float()
+        gen_sum = F.cross_entropy(logits, targets, reduction="sum")  # logits [M, V]
         with torch.no_grad():
             # Torch's default generator (CPU or CUDA per device): checkpoints save and restore both, so a
             # resumed run draws the same samples. Special tokens are never drawn: the discriminator should
             # only ever see real text (no [MASK] at pretraining that fine-tuning would not show).
             scores = logits / self.options.temperature
             scores[:, list(self.tokens.special_ids)] = float("-inf")
-            sampled = sample_categorical(torch.softmax(scores.float(), dim=-1))  # [M]
-            disc_ids = original.masked_scatter(masked, sampled)  # [B, L]
-            # ELECTRA scores every non-padding token, [CLS]/[SEP] included (they are never replaced: label 0).
-            rtd_labels = (disc_ids != original).long()
-            if attention_mask is not None:
-                rtd_labels.masked_fill_(~attention_mask.bool(), IGNORE_INDEX)
+            sampled = sample_categorical(torch.softmax(scores, dim=-1))  # [M]
+            flat = ids.reshape(-1)
+            disc_ids = flat.index_copy(0, positions, sampled).view_as(ids)  # [B, L] the original ids, samples in
+            replaced = (sampled != targets).float()  # [M]: a sample equal to the original is not a replacement
+            # ELECTRA scores every non-padding token, [CLS]/[SEP] included (never replaced: label 0).
+            labels = torch.zeros_like(flat, dtype=torch.float32).index_copy(0, positions, replaced).view_as(ids)
+        forward.input_ids = disc_ids
+        forward.carry[self.name] = Sampled(gen_sum, (logits.argmax(-1) == targets).sum(), replaced, labels)
 
-        return {**batch, "input_ids": disc_ids, "rtd_labels": rtd_labels,
-                "_rtd_gen_loss": gen_loss, "_rtd_gen_accuracy": gen_accuracy}
-
-    def loss(self, batch, hidden, model):
+    def loss(self, batch, forward, model, weights):
         head: RTDHead = model.heads[self.name]
-        labels = batch["rtd_labels"]  # [B, L]
-        scored = labels != IGNORE_INDEX
-        logits = head.discriminate(hidden[scored]).float()  # [T, H] -> [T]; padding never reaches the head
-        targets = labels[scored].float()  # [T]
-        disc_loss = F.binary_cross_entropy_with_logits(logits, targets) * loss_scale(batch, f"{self.name}_disc")
-        gen_loss = batch["_rtd_gen_loss"] * loss_scale(batch, f"{self.name}_gen")
-        total = self.options.gen_weight * gen_loss + self.options.disc_weight * disc_loss
+        gen_sum, gen_correct, replaced, labels = forward.carry[self.name]  # Sampled
+        real = batch["attention_mask"].float()  # [B, L]: padding weighs 0
+        logits = head.discriminate(forward.hidden).float()  # [B, L] (> 0: "replaced")
+        disc_sum = F.binary_cross_entropy_with_logits(logits, labels, weight=real, reduction="sum")
+        gen_term, disc_term = f"{self.name}_gen", f"{self.name}_disc"
+        total = (self.options.gen_weight * gen_sum * weights(gen_term)
+                 + self.options.disc_weight * disc_sum * weights(disc_term))
+        m, t = replaced.shape[0], weights.counts.get(disc_term, 0)  # host numbers
         return ObjectiveOutput(total, {
-            "gen_loss": gen_loss.detach(), "gen_accuracy": batch["_rtd_gen_accuracy"],
-            "disc_loss": disc_loss.detach(), "disc_accuracy": ((logits > 0) == targets.bool()).float().mean(),
-            "replaced_fraction": targets.mean(),  # of non-padding tokens: the discriminator's positive rate
+            "gen_loss": Mean(gen_sum.detach(), m), "gen_accuracy": Mean(gen_correct, m),
+            # how often the generator's sample is the original token (then it is no replacement)
+            "gen_sampled_original": Mean(m - replaced.sum(), m),
+            "disc_loss": Mean(disc_sum.detach(), t),
+            "disc_accuracy": Mean((((logits > 0).float() == labels).float() * real).sum(), t),
+            "disc_auc": BinaryAUC(logits, labels, real),
+            "replaced_fraction": Mean((labels * real).sum(), t),  # of non-padding tokens: the positive rate
         })
-
-    def target_counts(self, batch):
-        # The generator predicts the masked tokens; the discriminator scores every non-padding token.
-        mask = batch.get("attention_mask")
-        scored = mask.sum() if mask is not None else torch.tensor(batch["input_ids"].numel())
-        return {f"{self.name}_gen": count_targets(batch["rtd_mlm_labels"]), f"{self.name}_disc": scored}

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from data_pipeline.pairs import assemble_pair, pop_raw
-from objectives.base import Objective, ObjectiveOutput, count_targets, loss_scale
+from objectives.base import Objective, ObjectiveOutput
+from pretrain.measures import Mean
 
 
 class Pooler(nn.Module):
@@ -60,11 +61,13 @@ class SentencePairObjective(Objective):
     def build_head(self, model_config, encoder):
         return SentencePairHead(model_config.hidden_size)
 
-    def loss(self, batch, hidden, model):
-        logits = model.heads[self.name](hidden).float()  # [B, 2]
-        labels = batch[self.label_key]  # [B]
-        accuracy = (logits.argmax(-1) == labels).float().mean()
-        return ObjectiveOutput(F.cross_entropy(logits, labels) * loss_scale(batch, self.name), {"accuracy": accuracy})
+    def target_counts(self, arrays):
+        return {self.name: len(arrays[self.label_key])}  # one label per row
 
-    def target_counts(self, batch):
-        return {self.name: count_targets(batch[self.label_key])}
+    def loss(self, batch, forward, model, weights):
+        logits = model.heads[self.name](forward.hidden).float()  # [B, 2]
+        labels = batch[self.label_key]  # [B]
+        ce_sum = F.cross_entropy(logits, labels, reduction="sum")
+        n = labels.shape[0]
+        return ObjectiveOutput(ce_sum * weights(self.name), {"loss": Mean(ce_sum.detach(), n),
+                                                             "accuracy": Mean((logits.argmax(-1) == labels).sum(), n)})

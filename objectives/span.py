@@ -17,11 +17,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import (IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, count_targets, loss_scale,
-                             register)
+from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from pretrain.measures import Mean
 from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
                                 select_word_spans)
-from objectives.mlm import MLMHead, masked_lm_loss
+from objectives.mlm import MLMHead, token_predictions
 from pretrain.errors import ConfigError
 
 
@@ -124,30 +124,35 @@ class SpanMasking(Objective):
         sample.update(span_labels=labels, span_left=left, span_right=right, span_pos=pos)
         return sample
 
+    def collate(self, arrays):
+        positions, targets = flat_targets(arrays["span_labels"])  # [M] flat into [B * L], [M]
+        width = arrays["span_labels"].shape[1]
+        row_start = positions - positions % width  # [M] flat index of each target's row start
+        return {"span_positions": positions, "span_targets": targets,
+                "span_left_at": row_start + arrays["span_left"].reshape(-1)[positions],
+                "span_right_at": row_start + arrays["span_right"].reshape(-1)[positions],
+                "span_pos_at": arrays["span_pos"].reshape(-1)[positions]}
+
+    def target_counts(self, arrays):
+        return {self.name: len(arrays["span_positions"])}
+
     def build_head(self, model_config, encoder):
         return SpanHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
                         self.options.position_embedding_size)
 
-    def loss(self, batch, hidden, model):
-        head = model.heads[self.name]
-        labels = batch["span_labels"]  # [B, L]
-        scale = loss_scale(batch, self.name)  # the MLM and SBO terms share their targets
-        mlm = masked_lm_loss(head.mlm, hidden, labels, scale)
-        selected = labels != IGNORE_INDEX  # [B, L]
-        if not selected.any():  # masked_lm_loss already returned a connected zero
-            zero = mlm.loss.detach()
-            return ObjectiveOutput(mlm.loss, {**mlm.metrics, "mlm_loss": zero, "sbo_loss": zero,
-                                              "sbo_accuracy": zero})
-        rows = selected.nonzero(as_tuple=True)[0]  # [M] batch row of each target
-        targets = labels[selected]  # [M]
-        left = hidden[rows, batch["span_left"][selected]]  # [M, H]
-        right = hidden[rows, batch["span_right"][selected]]  # [M, H]
-        logits = head.sbo(left, right, batch["span_pos"][selected]).float()  # [M, V], sparse like the MLM head
-        sbo_loss = F.cross_entropy(logits, targets) * scale
-        sbo_accuracy = (logits.argmax(-1) == targets).float().mean()
-        loss = mlm.loss + self.options.sbo_weight * sbo_loss
-        return ObjectiveOutput(loss, {"accuracy": mlm.metrics["accuracy"], "mlm_loss": mlm.loss.detach(),
-                                      "sbo_loss": sbo_loss.detach(), "sbo_accuracy": sbo_accuracy})
-
-    def target_counts(self, batch):
-        return {self.name: count_targets(batch["span_labels"])}
+    def loss(self, batch, forward, model, weights):
+        head, hidden = model.heads[self.name], forward.hidden  # hidden [B, L, H]
+        weight = weights(self.name)  # the MLM and SBO terms share their targets
+        mlm_loss, mlm_sum, accuracy, mlm_ce = token_predictions(head.mlm, hidden, batch["span_positions"],
+                                                                batch["span_targets"], weight)
+        flat = hidden.reshape(-1, hidden.shape[-1])  # [B * L, H]
+        left, right = flat.index_select(0, batch["span_left_at"]), flat.index_select(0, batch["span_right_at"])
+        logits = head.sbo(left, right, batch["span_pos_at"]).float()  # [M, V], sparse like the MLM head
+        targets = batch["span_targets"]  # [M]
+        n = targets.shape[0]
+        sbo_sum = F.cross_entropy(logits, targets, reduction="sum")
+        loss = mlm_loss + self.options.sbo_weight * sbo_sum * weight
+        return ObjectiveOutput(loss, {
+            "loss": Mean(mlm_sum + self.options.sbo_weight * sbo_sum.detach(), n), "accuracy": accuracy,
+            "mlm_loss": mlm_ce, "sbo_loss": Mean(sbo_sum.detach(), n),
+            "sbo_accuracy": Mean((logits.argmax(-1) == targets).sum(), n)})

@@ -50,8 +50,9 @@ class DataConfig:
     """What to do with a document that cannot be used (invalid UTF-8, empty): skip (counted) or error."""
     max_seq_len: int = 128
     """Tokens per training sequence, [CLS] and [SEP] included."""
-    loader_workers: int = 0
-    """DataLoader worker processes (0 = in the training process)."""
+    loader_workers: int = -1
+    """DataLoader worker processes per rank: -1 = chosen from the cores present (up to 4 per GPU rank, none on a
+    CPU-only machine, where the training process uses every core); 0 = in the training process."""
     tokenizer_sample_docs: int = 0
     """Train the tokenizer on about this many documents, spread over all corpus files (0 = all)."""
     max_document_bytes: int = 16777216

@@ -1,12 +1,10 @@
-"""Process-group set-up and the DeepSpeed config, derived from the RunConfig (one source of truth)."""
+"""Process groups: joining them (any launcher, or none), a gloo group for small CPU-side decisions, and precision."""
 
 from __future__ import annotations
 
 import os
 import socket
 from functools import lru_cache
-
-from pretrain.config import RunConfig
 
 
 
@@ -129,24 +127,3 @@ def any_rank(*flags: bool) -> bool | list[bool]:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control_group())
         out = [bool(v) for v in t.tolist()]
     return out[0] if len(flags) == 1 else out
-
-
-def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
-    t = cfg.train
-    precision = resolve_precision(t.precision)
-    ds = {
-        "train_micro_batch_size_per_gpu": t.micro_batch_size,
-        "gradient_accumulation_steps": t.grad_accum_steps,
-        "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world_size,
-        "gradient_clipping": t.grad_clip,
-        "zero_optimization": {"stage": t.zero_stage},
-        "zero_allow_untested_optimizer": True,  # our AdamW/LAMB are torch optimizers with a non-finite guard
-        "steps_per_print": 10**9,  # we log ourselves
-        "wall_clock_breakdown": False,
-    }
-    if precision_mode(precision, t.zero_stage) == "bf16":  # bf16-autocast: DeepSpeed sees an fp32 model
-        ds["bf16"] = {"enabled": True}
-    elif precision == "fp16":
-        ds["fp16"] = {"enabled": True, "loss_scale": 0, "initial_scale_power": 16, "loss_scale_window": 1000,
-                      "hysteresis": 2, "min_loss_scale": 1}
-    return ds

@@ -16,7 +16,8 @@ import torch
 import yaml
 
 from pretrain.config import RunConfig, to_dict
-from pretrain.distributed import deepspeed_config, precision_mode, resolve_precision
+from pretrain.distributed import precision_mode, resolve_precision
+from pretrain.engine import deepspeed_config
 
 
 def _vocab_size(cfg: RunConfig) -> int:

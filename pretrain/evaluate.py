@@ -28,6 +28,11 @@ from pretrain.errors import UserError
 EVAL_SEED = 20240607  # fixed, independent of any run's seed: every model is scored on the same masks
 
 
+def eval_device() -> torch.device:
+    """The GPU when there is one (this process's), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
 def _is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "trainer_state.json").is_file()
 
@@ -48,7 +53,7 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
             model_dir = target / "generator"
         try:
             AutoConfig.from_pretrained(str(model_dir))
-            model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval()
+            model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval().to(eval_device())
         except (OSError, ValueError) as err:
             raise UserError(f"{model_dir}: cannot load a masked-LM model with transformers ({err})") from None
 
@@ -69,6 +74,7 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
     from pretrain.stages import load_checkpoint_model
 
     cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
+    model.to(eval_device())
     head = model.get_submodule(lm_head_name(model))  # raises a UserError without a token-prediction head
 
     def logits_fn(ids, types, mask):
@@ -101,7 +107,7 @@ def evaluate_mlm(target: Path, shards: str | None = None, corpus: list[str] | No
                  max_samples: int = 0, max_seq_len: int = 128, batch_size: int = 32,
                  mask_prob: float = 0.15, seed: int = EVAL_SEED) -> dict:
     """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards."""
-    from data_pipeline.loader import collate
+    from data_pipeline.loader import Collator
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -124,8 +130,9 @@ def evaluate_mlm(target: Path, shards: str | None = None, corpus: list[str] | No
     total_loss, correct, count = 0.0, 0, 0
     for start in tqdm(range(0, n, batch_size), desc="eval", unit="batch", file=sys.stderr, mininterval=1.0):
         # mask of sample i depends only on (seed, i): the same for every model and batch size
-        batch = collate([masker.prepare(dict(samples[i]), np.random.default_rng([seed, i]))
-                         for i in range(start, min(start + batch_size, n))], tokens.pad, masker.pad_values)
+        batch = Collator(tokens.pad, [masker])([masker.prepare(dict(samples[i]), np.random.default_rng([seed, i]))
+                                                for i in range(start, min(start + batch_size, n))])
+        batch = {k: v.to(eval_device(), non_blocking=True) for k, v in batch.items()}
         labels = batch["mlm_labels"]
         logits = logits_fn(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
         selected = labels != IGNORE_INDEX

@@ -9,7 +9,47 @@ import secrets
 import sys
 from pathlib import Path
 
+import torch
 from tqdm import tqdm
+
+from pretrain.measures import Mean
+
+
+class MetricSums:
+    """Running sums of a log interval's metrics, kept on the device: adding a micro-batch's metrics reads nothing
+    back to the host. `read` moves them to the host once, sums them over ranks in one CPU all-reduce (the gloo
+    control group) and finalises each (a Mean divides, an AUC integrates its histograms)."""
+
+    def __init__(self):
+        self.device: dict[str, torch.Tensor] = {}
+        self.host: dict[str, float] = {}
+        self.kinds: dict[str, type] = {}
+
+    def add(self, metrics: dict) -> None:
+        for name, stat in metrics.items():
+            if isinstance(stat, torch.Tensor):
+                stat = Mean(stat)  # a micro-batch mean
+            part = stat.device_part()
+            self.device[name] = part if name not in self.device else self.device[name] + part
+            self.host[name] = self.host.get(name, 0.0) + stat.host_part()
+            self.kinds[name] = type(stat)
+
+    def read(self, group=None) -> dict[str, float | None]:
+        """Collective. The interval's value of every metric over all ranks; starts a new interval."""
+        import torch.distributed as dist
+
+        names = sorted(self.device)
+        if not names:
+            return {}
+        sizes = [self.device[n].numel() for n in names]
+        flat = torch.cat([torch.cat([self.device[n] for n in names]).cpu().double(),
+                          torch.tensor([self.host[n] for n in names], dtype=torch.float64)])
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flat, group=group)
+        device, host = flat[:sum(sizes)].split(sizes), flat[sum(sizes):].tolist()
+        values = {n: self.kinds[n].finish(d, h) for n, d, h in zip(names, device, host)}
+        self.device, self.host = {}, {}
+        return values
 
 
 class MetricsLogger:

@@ -33,13 +33,16 @@ positions (`query_positions`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from pretrain.batch import Batch
+from pretrain.measures import Mean
 from pretrain.config import ModelConfig
 
 
@@ -128,11 +131,17 @@ class Packed:
     """[B, 1, 1, Lp] additive key mask of the attention grid."""
 
     @staticmethod
-    def from_mask(attention_mask: torch.Tensor, dtype: torch.dtype) -> Packed:
+    def from_mask(attention_mask: torch.Tensor, dtype: torch.dtype, num_tokens: int | None = None) -> Packed:
+        """From a [B, L] key mask. With `num_tokens` (T, known on the host from the collator) nothing is read back
+        from the device: rows padded to the longest one fill the last column, so the attention grid is all of L."""
         real = attention_mask.bool()  # [B, L]
         B, L = real.shape
-        indices = real.flatten().nonzero().squeeze(1)  # [T]
-        attn_length = int(real.any(0).nonzero().max()) + 1 if indices.numel() else 1
+        if num_tokens is not None:
+            indices = real.flatten().nonzero_static(size=num_tokens).squeeze(1)  # [T]
+            attn_length = L
+        else:
+            indices = real.flatten().nonzero().squeeze(1)  # [T]
+            attn_length = int(real.any(0).nonzero().max()) + 1 if indices.numel() else 1
         attn_indices = indices // L * attn_length + indices % L
         return Packed(indices, attn_indices, B, L, attn_length, attention_bias(real[:, :attn_length], dtype))
 
@@ -372,19 +381,20 @@ class BertEncoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None = None,
                 attention_mask: torch.Tensor | None = None, query_stream: torch.Tensor | None = None,
-                query_mask: torch.Tensor | None = None, query_positions: torch.Tensor | None = None
-                ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+                query_mask: torch.Tensor | None = None, query_positions: torch.Tensor | None = None,
+                num_tokens: int | None = None) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids [B, L] -> hidden states [B, L, H]. attention_mask: [B, L] or per-query [B, L, L].
         Two-stream: with query_stream [B, Lq, H] (initial state) and query_mask [B, Lq, L] (which content
         positions each query may see), returns (content [B, L, H], query stream [B, Lq, H]); with RoPE,
         query_positions [B, Lq] are the query stream's positions.
         With config.unpadded and a [B, L] key mask, the layers run on the real tokens only; the result is
-        re-padded with zeros at padding (the padded path leaves values there that nothing should read)."""
+        re-padded with zeros at padding (the padded path leaves values there that nothing should read).
+        num_tokens: the real tokens of the batch when the caller knows them (`Packed.from_mask`)."""
         cfg = self.config
         stack = _compiled() if cfg.compile and not _dispatch_mode_active() else _layer_stack
         packed = None
         if (cfg.unpadded and query_stream is None and attention_mask is not None and attention_mask.dim() == 2):
-            packed = Packed.from_mask(attention_mask, self.embeddings.word_embeddings.weight.dtype)
+            packed = Packed.from_mask(attention_mask, self.embeddings.word_embeddings.weight.dtype, num_tokens)
         if packed is not None:
             positions = packed.indices % packed.length  # [T]: the column, as in the padded path
             types = None if token_type_ids is None else packed.gather(token_type_ids)
@@ -407,6 +417,36 @@ class BertEncoder(nn.Module):
             cos, sin = rope_tables(input_ids.shape[1], self._head_dim(), cfg.rope_theta, x.device, x.dtype)
             query_rope = (cos[query_positions, None], sin[query_positions, None])  # [B, Lq, 1, D]
         return stack(self, x, bias, query_stream, g_bias, None, query_rope, None)
+
+
+@dataclass
+class Forward:
+    """One forward pass: the encoder's inputs, which objectives may change before it runs, its outputs, and what each
+    objective keeps between `before_encoder` and `loss` (`carry`, by objective name)."""
+
+    input_ids: torch.Tensor  # [B, L]
+    token_type_ids: torch.Tensor | None = None  # [B, L]
+    attention_mask: torch.Tensor | None = None  # [B, L] key mask (None: no padding), or per query [B, L, L]
+    query_stream: torch.Tensor | None = None  # [B, Lq, H] a second stream through the same layers (PLM)
+    query_mask: torch.Tensor | None = None  # [B, Lq, L]
+    query_positions: torch.Tensor | None = None  # [B, Lq]
+    hidden: torch.Tensor | None = None  # [B, L, H] after the encoder
+    query_hidden: torch.Tensor | None = None  # [B, Lq, H]
+    carry: dict[str, Any] = field(default_factory=dict)
+
+
+class LossWeights:
+    """Per loss term, the weight of one target's loss (see the module doc): the trainer's per-step weights where it
+    gives them, else 1 / the term's targets in this micro-batch (a mean). A term with no target weighs 0."""
+
+    def __init__(self, counts: dict[str, int], step: dict[str, float] | None = None):
+        self.counts, self.step = counts, step or {}
+
+    def __call__(self, term: str) -> float:
+        if term in self.step:
+            return self.step[term]
+        n = self.counts.get(term, 0)
+        return 1.0 / n if n else 0.0
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -445,27 +485,34 @@ class PretrainingModel(nn.Module):
             if hasattr(head, "reset_parameters"):
                 head.reset_parameters()
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-        for objective in self.objectives:
-            batch = objective.before_encoder(batch, self)
-        # An objective may swap the [B, L] key mask for a per-query one ("content_mask" [B, L, L]), and may
-        # add a query stream (plm): its final state goes to the objectives as batch["query_hidden"].
-        mask = batch.get("content_mask", batch.get("attention_mask"))
-        if batch.get("query_stream") is None:
-            hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), mask)
+    def forward(self, batch, loss_weights: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
+        """The weighted total loss and every objective's metrics (unweighted) of one micro-batch.
+
+        batch: a collated `data_pipeline.loader.Batch` (tensors by name, and host-side counts: real tokens and each
+        loss term's targets, which size the losses with nothing read back from the device). loss_weights: the
+        trainer's per-target weight of each loss term (`objectives.base.LossWeights`); default: a mean over this
+        micro-batch."""
+        if not isinstance(batch, Batch):  # plain tensors: as the collator would make them (reads them: not in training)
+            batch = Batch.of(batch, self.objectives)
+        forward = Forward(batch["input_ids"], batch.get("token_type_ids"),
+                          batch["attention_mask"] if batch.padded else None)
+        for objective in self.objectives:  # an objective may swap inputs, masks, or add a query stream (plm)
+            objective.before_encoder(batch, forward, self)
+        if forward.query_stream is None:
+            forward.hidden = self.encoder(forward.input_ids, forward.token_type_ids, forward.attention_mask,
+                                          num_tokens=batch.tokens)
         else:
-            # plm_query_positions: where PLM's query stream sits (RoPE rotates its queries by them)
-            hidden, query_hidden = self.encoder(batch["input_ids"], batch.get("token_type_ids"), mask,
-                                                query_stream=batch["query_stream"], query_mask=batch["query_mask"],
-                                                query_positions=batch.get("plm_query_positions"))
-            batch = {**batch, "query_hidden": query_hidden}
-        total = hidden.new_zeros((), dtype=torch.float32)
-        metrics: dict[str, torch.Tensor] = {}
+            forward.hidden, forward.query_hidden = self.encoder(
+                forward.input_ids, forward.token_type_ids, forward.attention_mask, query_stream=forward.query_stream,
+                query_mask=forward.query_mask, query_positions=forward.query_positions)
+        weights = LossWeights(batch.counts, loss_weights)
+        total = forward.hidden.new_zeros((), dtype=torch.float32)
+        metrics: dict = {}
         for objective in self.objectives:
-            out = objective.loss(batch, hidden, self)
+            out = objective.loss(batch, forward, self, weights)
             total = total + objective.weight * out.loss.float()
-            metrics[f"{objective.name}/loss"] = out.loss.detach().float()
-            for key, value in out.metrics.items():
-                metrics[f"{objective.name}/{key}"] = value.detach().float()
-        metrics["loss"] = total.detach()
+            reported = {f"{objective.name}/{k}": v for k, v in out.metrics.items()}
+            metrics[f"{objective.name}/loss"] = reported.pop(f"{objective.name}/loss", Mean(out.loss.detach().float()))
+            metrics.update(reported)
+        metrics["loss"] = Mean(total.detach())
         return total, metrics

@@ -167,4 +167,30 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
             out = stage_export(cfg.run_dir)
             if demo:
                 fill_mask_demo(out)
+                say(plateau_note(cfg))
     return summary
+
+
+def plateau_note(cfg: RunConfig) -> str:
+    """What the run's masked-LM loss says: compared with the corpus's unigram entropy, the loss of predicting each
+    masked token from word frequencies alone, it shows whether the model has started to use context."""
+    from data_pipeline.inspect import unigram_entropy
+    from data_pipeline.shards import ShardSet
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+    from pretrain.metrics import read_metrics
+
+    records = [r for r in read_metrics(cfg.run_dir) if "mlm/loss" in r]
+    if not records:
+        return "run finished"
+    loss = sum(r["mlm/loss"] for r in records[-3:]) / len(records[-3:])
+    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    plateau = unigram_entropy(ShardSet(cfg.shards_dir, verify=False), tokens.special_ids)
+    more = "that takes more than a few CPU minutes (on a GPU, `make demo` trains long enough)"
+    if loss < plateau - 0.25:
+        where = f"{plateau - loss:.2f} nats below it, so the model has begun to use context"
+    elif loss <= plateau + 0.25:
+        where = f"the model is at that plateau: it predicts frequent words and does not use context yet; {more}"
+    else:
+        where = f"the model is still learning word frequencies, before it can learn to use context; {more}"
+    return (f"masked-LM loss {loss:.2f} after {records[-1]['tokens']:,} tokens; predicting every masked token from "
+            f"word frequencies alone would give {plateau:.2f} (the unigram entropy of this corpus): {where}")

@@ -1,49 +1,46 @@
-"""The training loop: always through `deepspeed.initialize`, also for one process on CPU.
+"""The training loop: always through `deepspeed.initialize` (`pretrain.engine`), also for one process on CPU.
 
-    data (shards -> packed samples -> objectives.prepare -> collate)
-    -> engine(batch) -> weighted loss -> engine.backward -> engine.step  (x grad_accum_steps)
-    -> log, checkpoint, stop (max_steps, max_minutes, exit_after_steps, SIGTERM)
+    data (shards -> packed samples -> objectives.prepare -> collate, in loader workers)
+    -> `train_step`: engine(batch) -> weighted loss -> backward -> step  (x grad_accum_steps)
+    -> `after_step`: log (`MetricSums`, read once per log_every), stop (`pretrain.stopping`), checkpoint
+
+Between logging steps nothing is read back from the device: metrics and the optimizer's gradient norm and skip flags
+accumulate there, token counts come from the host-side batch, and ranks agree on stopping through a CPU all-reduce.
 """
 
 from __future__ import annotations
 
 import contextlib
-import inspect
 import json
 import logging
 import math
 import os
-import signal
 import sys
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from torch import nn
 import yaml
 
 from data_pipeline.loader import PretrainDataset, build_loader
 from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
-from objectives import LOSS_SCALES, SpecialTokens, build_objectives, sample_builder_for
+from objectives import SpecialTokens, build_objectives, sample_builder_for
 from pretrain import checkpoint as ckpt
+from pretrain.batch import Batch
 from pretrain.config import RunConfig, build_config, load_yaml, save_config, to_dict
+from pretrain.distributed import any_rank, control_group, init_distributed, precision_mode, resolve_precision
+from pretrain.engine import Engine, build_engine
 from pretrain.errors import ConfigError, UserError
 from pretrain.fingerprint import changed_settings, check_resume, fingerprint
-from pretrain.outputs import claim_output, exclusive, mark_output
-from pretrain.distributed import (any_rank, control_group, deepspeed_config, init_distributed, precision_mode,
-                                  resolve_precision)
 from pretrain.flops import count_step_flops, device_peak_tflops, throughput_metrics
-from pretrain.metrics import MetricsLogger, read_metrics
+from pretrain.metrics import MetricSums, MetricsLogger, read_metrics
 from pretrain.model import PretrainingModel
-from pretrain.optim import build_optimizer, build_scheduler
-
-EXIT_PREEMPTED = 75  # SIGTERM: the step finished, a checkpoint was written; run the same command to resume
-EXIT_NONFINITE = 76  # stopped by train.nan_policy: the last good checkpoint is the latest
-
+from pretrain.outputs import claim_output, exclusive, mark_output
+from pretrain.stopping import Stopping
 
 def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
     """The model config with vocabulary and padding id taken from the tokenizer."""
@@ -95,25 +92,6 @@ def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens,
     return build_samples(kind, shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
 
 
-class _StopFlag:
-    """Set by SIGTERM/SIGINT; the step in progress finishes, then we checkpoint and exit."""
-
-    def __init__(self):
-        self.signal = 0
-        self._previous = {}
-
-    def install(self):
-        for sig in (signal.SIGTERM, signal.SIGINT):
-            self._previous[sig] = signal.signal(sig, self._handle)
-
-    def _handle(self, signum, frame):
-        self.signal = signum
-
-    def restore(self):
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-
-
 def _trim_metrics(run_dir: Path, last_step: int) -> None:
     """Before training, drop metric lines after the step we start from (steps only increase), and a line torn by
     a crash or a full disk, which the next append would run into."""
@@ -151,176 +129,209 @@ def train(cfg: RunConfig) -> dict:
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = init_distributed()
     with own_run_dir(cfg.run_dir, rank == 0):
-        return _train(cfg, rank, world)
+        return Trainer.start(cfg, rank, world).run()
 
 
-def _train(cfg: RunConfig, rank: int, world: int) -> dict:
-    import deepspeed
-    from deepspeed.runtime.base_optimizer import DeepSpeedOptimizer
+@dataclass
+class Interval:
+    """What happened since the last log line: steps, wall time, this rank's real tokens."""
 
-    run_dir = cfg.run_dir
-    is_main = rank == 0
-    t = cfg.train
-    tokenizer = load_tokenizer(cfg.tokenizer_dir)
-    tokens = special_tokens(tokenizer)
-    tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
-    shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
-    ckpt_root = run_dir / "checkpoints"
-    latest = ckpt.latest_checkpoint(ckpt_root)
-    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
-    identity = fingerprint(cfg, model_config_for(cfg, tokens), precision, world, tokenizer_sha, shards.content_hash())
-    if latest is not None:  # before anything is written: a refused resume leaves the run directory as it was
-        check_resume(saved_fingerprint(latest), identity, t.allow_changes, latest)
-    if is_main:
-        if latest is not None and (run_dir / "config.yaml").is_file():
-            changed = changed_settings(yaml.safe_load((run_dir / "config.yaml").read_text()), to_dict(cfg))
-            if changed:
-                print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
-        save_config(cfg, run_dir / "config.yaml")
+    steps: int = 0
+    tokens: int = 0
+    started: float = field(default_factory=time.time)
 
-    model = build_model(cfg, tokens)
-    samples = build_sample_source(cfg, shards, tokens, model.objectives)
-    optimizer = build_optimizer(model, t)
-    # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
-    universal = latest is not None and ckpt.needs_universal(latest, world)
-    ds_config = deepspeed_config(cfg, world)
-    if universal:
-        ckpt.make_universal(latest)
-        ds_config["checkpoint"] = {"load_universal": True}
-    # DeepSpeed casts the module to bf16/fp16 in place and builds its fp32 masters from that copy
-    fp32_weights = ({n: p.detach().clone() for n, p in model.named_parameters()}
-                    if latest is None and precision in ("bf16", "fp16") else None)
-    engine, _, _, _ = deepspeed.initialize(model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t),
-                                           config=ds_config)
-    drop_fp16_dummy_step(engine)
-    if fp32_weights is not None:
-        restore_fp32_masters(engine, fp32_weights)
-    torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
 
-    state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0, "skipped_steps": 0,
-             "skipped_in_a_row": 0, "world_size": world, "fingerprint": identity}
-    if latest is not None:
-        state = {**state, **ckpt.load_checkpoint(engine, latest, universal=universal), "world_size": world,
-                 "fingerprint": identity}
-    if is_main:
-        _trim_metrics(run_dir, state["step"])
-    config_text = yaml.safe_dump(to_dict(cfg), sort_keys=False)
+@dataclass
+class Trainer:
+    cfg: RunConfig
+    rank: int
+    world: int
+    engine: Engine
+    dataset: PretrainDataset
+    state: dict
+    """Saved with every checkpoint: step, consumed_samples, tokens_seen, elapsed_s, skipped steps, fingerprint."""
+    logger: MetricsLogger
+    flops_per_sample: float
+    metrics: MetricSums = field(default_factory=MetricSums)
+    interval: Interval = field(default_factory=Interval)
+    unflushed_tokens: int = 0  # this rank's tokens not yet summed over ranks into state["tokens_seen"]
+    clock: float = field(default_factory=time.time)  # training time since, not yet in state["elapsed_s"]
 
-    global_batch = t.micro_batch_size * t.grad_accum_steps * world
-    dataset = PretrainDataset(samples, engine.module.objectives, t.seed)
-    loader = build_loader(dataset, tokens.pad,
-                          state["consumed_samples"], t.micro_batch_size, t.grad_accum_steps, rank, world,
-                          cfg.data.loader_workers)
-    logger = MetricsLogger(run_dir, to_dict(cfg), t.max_steps, state["step"], cfg.wandb.mode, cfg.wandb.project,
-                           enabled=is_main)
-    if latest is not None:
-        logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
-    logger.write(f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
-                 f"process(es), {precision}, global batch {global_batch} "
-                 f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
-                 f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch")
+    @classmethod
+    def start(cls, cfg: RunConfig, rank: int, world: int) -> "Trainer":
+        """Data, model, engine and the checkpoint to resume from; refuses a resume that changes the run before
+        anything is written (`pretrain.fingerprint`)."""
+        run_dir, t, is_main = cfg.run_dir, cfg.train, rank == 0
+        tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+        tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
+        shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
+        latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+        precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+        identity = fingerprint(cfg, model_config_for(cfg, tokens), precision, world, tokenizer_sha,
+                               shards.content_hash())
+        if latest is not None:
+            check_resume(saved_fingerprint(latest), identity, t.allow_changes, latest)
+        if is_main:
+            if latest is not None and (run_dir / "config.yaml").is_file():
+                changed = changed_settings(yaml.safe_load((run_dir / "config.yaml").read_text()), to_dict(cfg))
+                if changed:
+                    print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
+            save_config(cfg, run_dir / "config.yaml")
 
-    device = engine.device
-    autocast = (torch.autocast(device.type, dtype=torch.bfloat16) if precision == "bf16-autocast"
-                else contextlib.nullcontext())
-    prescale_fp16 = fp16_loss_needs_scaling(engine)
-    # fp32 under ZeRO-0 runs our optimizer unwrapped, and DeepSpeed then keeps no gradient norm: measure it here
-    own_grad_norm, grad_norm = not isinstance(engine.optimizer, DeepSpeedOptimizer), None
-    stop = _StopFlag()
-    stop.install()
-    data = iter(loader)
-    start_step, started = state["step"], time.time()
-    interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
-    unflushed_tokens = 0  # local tokens not yet summed over ranks into state["tokens_seen"]
-    flops_per_sample = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
-    peak = device_peak_tflops(resolve_precision(t.precision), t.peak_tflops)
-    exit_code, reason = 0, "max_steps"
+        model = build_model(cfg, tokens)
+        samples = build_sample_source(cfg, shards, tokens, model.objectives)
+        # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
+        universal = latest is not None and ckpt.needs_universal(latest, world)
+        if universal:
+            ckpt.make_universal(latest)
+        engine = build_engine(cfg, model, world, fresh=latest is None, load_universal=universal)
+        torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
+        state = {"step": 0, "consumed_samples": 0, "tokens_seen": 0, "elapsed_s": 0.0, "skipped_steps": 0,
+                 "skipped_in_a_row": 0}
+        if latest is not None:
+            state.update(ckpt.load_checkpoint(engine.ds, latest, universal=universal))
+        state.update(world_size=world, fingerprint=identity)
+        if is_main:
+            _trim_metrics(run_dir, state["step"])
+        dataset = PretrainDataset(samples, model.objectives, t.seed)
+        logger = MetricsLogger(run_dir, to_dict(cfg), t.max_steps, state["step"], cfg.wandb.mode, cfg.wandb.project,
+                               enabled=is_main)
+        if latest is not None:
+            logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
+        logger.write(f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
+                     f"process(es), {precision}, global batch {cfg.train.micro_batch_size * t.grad_accum_steps * world} "
+                     f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
+                     f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch")
+        flops = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
+        return cls(cfg, rank, world, engine, dataset, state, logger, flops)
 
-    def logs_now(step: int) -> bool:
-        return step % t.log_every == 0 or step == t.max_steps
-    try:
-        while state["step"] < t.max_steps:
-            step_tokens, skipped_before = 0, engine.skipped_steps
-            micro_batches = [next(data) for _ in range(t.grad_accum_steps)]
-            scales = (step_loss_scales(model.objectives, micro_batches) if t.loss_normalization == "step"
-                      else [{}] * len(micro_batches))
-            for micro_batch, scale in zip(micro_batches, scales):
-                batch = {k: v.to(device, non_blocking=True) for k, v in micro_batch.items()}
-                batch[LOSS_SCALES] = scale
-                with autocast:
-                    loss, metrics = engine(batch)
-                engine.backward(loss * engine.optimizer.loss_scale if prescale_fp16 else loss)
-                if own_grad_norm and engine.is_gradient_accumulation_boundary() and logs_now(state["step"] + 1):
-                    grad_norm = _own_grad_norm(model)  # complete and averaged over ranks by now; step clips
-                engine.step()
-                step_tokens += int(batch["attention_mask"].sum())
-                for key, value in metrics.items():
-                    interval_metrics[key] = interval_metrics.get(key, 0.0) + float(value) / t.grad_accum_steps
-            state["step"] += 1
-            state["consumed_samples"] += global_batch
-            interval_tokens += step_tokens
-            unflushed_tokens += step_tokens
-            interval_steps += 1
-            logger.advance(1)
+    @property
+    def global_batch(self) -> int:
+        t = self.cfg.train
+        return t.micro_batch_size * t.grad_accum_steps * self.world
 
-            if logs_now(state["step"]):
-                tokens_all = _sum_ranks(interval_tokens)
-                state["tokens_seen"] += _sum_ranks(unflushed_tokens)
-                unflushed_tokens = 0
-                elapsed = time.time() - interval_start
-                means = _mean_ranks(interval_metrics)
-                record = {"step": state["step"], "loss": round(means.pop("loss") / interval_steps, 6),
-                          **{k: round(v / interval_steps, 6) for k, v in sorted(means.items())},
-                          "lr": engine.get_lr()[0], "grad_norm": _rounded(grad_norm) if own_grad_norm else _grad_norm(engine),
-                          "tokens": state["tokens_seen"], "tokens_per_s": round(tokens_all / max(elapsed, 1e-9), 1),
-                          **throughput_metrics(flops_per_sample, interval_steps * global_batch / max(elapsed, 1e-9),
-                                               world, peak),
-                          "skipped_steps": state["skipped_steps"]}
-                if resolve_precision(t.precision) == "fp16":
-                    record["loss_scale"] = _loss_scale(engine)
-                logger.log(record)
-                logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
-                interval_start, interval_tokens, interval_metrics, interval_steps = time.time(), 0, {}, 0
-                if not math.isfinite(record["loss"]):
-                    logger.write(f"warning: non-finite loss at step {state['step']}")
+    def run(self) -> dict:
+        t = self.cfg.train
+        tokens = self.dataset.objectives[0].tokens
+        loader = build_loader(self.dataset, tokens.pad, self.state["consumed_samples"], t.micro_batch_size,
+                              t.grad_accum_steps, self.rank, self.world, self.cfg.data.loader_workers)
+        data = iter(loader)
+        stopping = Stopping(t, self.state["step"])
+        stopping.skipped_total, stopping.skipped_in_a_row = self.state["skipped_steps"], self.state["skipped_in_a_row"]
+        try:
+            with stopping:
+                while self.state["step"] < t.max_steps:
+                    self.train_step([next(data) for _ in range(t.grad_accum_steps)])
+                    if self.after_step(stopping):
+                        break
+        finally:
+            self.logger.close()
+        final = read_metrics(self.cfg.run_dir)[-1] if self.rank == 0 and read_metrics(self.cfg.run_dir) else {}
+        return {"step": self.state["step"], "tokens_seen": self.state["tokens_seen"], "exit_code": stopping.exit_code,
+                "reason": stopping.reason, "final_loss": final.get("loss"), "run_dir": str(self.cfg.run_dir),
+                "complete": self.state["step"] >= t.max_steps}
 
-            ran = state["step"] - start_step
-            timed_out = t.max_minutes > 0 and (time.time() - started) / 60 >= t.max_minutes
-            # DeepSpeed skips a step whose gradient norm is not finite (same decision on every rank)
-            skipped = engine.skipped_steps > skipped_before
-            stop_now, nonfinite = any_rank(
-                bool(stop.signal) or timed_out or (t.exit_after_steps > 0 and ran >= t.exit_after_steps),
-                skipped and resolve_precision(t.precision) != "fp16")  # fp16: loss-scale overflows are routine
-            if nonfinite:
-                state["skipped_steps"] += 1
-                state["skipped_in_a_row"] += 1
-                logger.write(f"warning: step {state['step']} skipped (non-finite loss or gradient); "
-                             f"{state['skipped_steps']} skipped so far")
-                if t.nan_policy == "stop" or state["skipped_in_a_row"] >= t.max_skipped_steps:
-                    logger.write(f"stopping: train.nan_policy={t.nan_policy}, {state['skipped_in_a_row']} "
-                                 "non-finite step(s) in a row; the latest checkpoint is the last good one")
-                    exit_code, reason = EXIT_NONFINITE, "nonfinite"
-                    break
-            else:
-                state["skipped_in_a_row"] = 0
-            if stop_now or (t.save_every and state["step"] % t.save_every == 0) or state["step"] == t.max_steps:
-                state["tokens_seen"] += _sum_ranks(unflushed_tokens)
-                unflushed_tokens = 0
-                state["elapsed_s"] = state.get("elapsed_s", 0.0) + (time.time() - started)
-                started = time.time()
-                ckpt.save_checkpoint(engine, ckpt_root, state, config_text, cfg.tokenizer_dir, t.keep_checkpoints)
-            if stop_now:
-                reason = "signal" if stop.signal else ("max_minutes" if timed_out else "exit_after_steps")
-                exit_code = EXIT_PREEMPTED if stop.signal else 0
-                logger.write(f"stopped at step {state['step']} ({reason}); checkpoint saved, run the same "
-                             "command again to continue")
-                break
-    finally:
-        stop.restore()
-        logger.close()
-    final = read_metrics(run_dir)[-1] if is_main and read_metrics(run_dir) else {}
-    return {"step": state["step"], "tokens_seen": state["tokens_seen"], "exit_code": exit_code, "reason": reason,
-            "final_loss": final.get("loss"), "run_dir": str(run_dir), "complete": state["step"] >= t.max_steps}
+    def train_step(self, micro_batches: list[Batch]) -> None:
+        """One optimizer step over the accumulated micro-batches. Reads nothing back from the device: counts come
+        with the host-side batches, metrics accumulate on the device."""
+        engine = self.engine
+        weights = step_loss_weights(micro_batches) if self.cfg.train.loss_normalization == "step" else None
+        for micro_batch in micro_batches:
+            with engine.autocast():
+                loss, metrics = engine.ds(micro_batch.to(engine.device), weights)
+            engine.backward(loss)
+            engine.step()
+            self.metrics.add(metrics)
+        tokens = sum(b.tokens for b in micro_batches)
+        self.interval.tokens += tokens
+        self.unflushed_tokens += tokens
+        self.state["step"] += 1
+        self.state["consumed_samples"] += self.global_batch
+        self.interval.steps += 1
+        self.logger.advance(1)
+
+    def after_step(self, stopping: Stopping) -> bool:
+        """Log, decide whether to stop, checkpoint; True when the run stops here."""
+        t, step = self.cfg.train, self.state["step"]
+        stop_now = any_rank(stopping.requested(step))
+        nonfinite = False
+        if step % t.log_every == 0 or step == t.max_steps or stop_now:
+            nonfinite = self.log(stopping)
+        elif t.save_every and step % t.save_every == 0:
+            nonfinite = self.count_skips(stopping)  # a checkpoint must know whether its steps were skipped
+        if nonfinite:
+            self.logger.write(f"stopping: train.nan_policy={t.nan_policy}, {stopping.skipped_in_a_row} non-finite "
+                              "step(s) in a row; the latest checkpoint is the last good one")
+            return True
+        if stop_now or (t.save_every and step % t.save_every == 0) or step == t.max_steps:
+            self.save()
+        if stop_now:
+            stopping.stop(step)
+            self.logger.write(f"stopped at step {step} ({stopping.reason}); checkpoint saved, run the same command "
+                              "again to continue")
+        return stop_now
+
+    def count_skips(self, stopping: Stopping) -> bool:
+        """Fold the steps skipped (non-finite gradients) since the last call into the state; True when
+        train.nan_policy says stop. fp16's loss-scale overflows are routine and not counted."""
+        flags = self.engine.take_skip_flags()
+        if self.engine.precision == "fp16":
+            return False
+        new, stop = stopping.count_skips(flags)
+        if new:
+            self.logger.write(f"warning: {new} step(s) up to step {self.state['step']} skipped (non-finite loss or "
+                              f"gradient); {stopping.skipped_total} skipped so far")
+        self.state["skipped_steps"], self.state["skipped_in_a_row"] = stopping.skipped_total, stopping.skipped_in_a_row
+        return stop
+
+    def log(self, stopping: Stopping) -> bool:
+        """Collective. One metrics line for the interval since the last one; returns `count_skips`."""
+        stop = self.count_skips(stopping)
+        means = self.metrics.read(control_group())
+        tokens = self.sum_ranks(self.interval.tokens)
+        self.flush_tokens()
+        elapsed = max(time.time() - self.interval.started, 1e-9)
+        loss = means.pop("loss")
+        record = {"step": self.state["step"], "loss": _rounded(loss),
+                  **{k: _rounded(v) for k, v in sorted(means.items())},
+                  "lr": self.engine.ds.get_lr()[0], "grad_norm": _rounded(self.engine.grad_norm()),
+                  "tokens": self.state["tokens_seen"], "tokens_per_s": round(tokens / elapsed, 1),
+                  **throughput_metrics(self.flops_per_sample, self.interval.steps * self.global_batch / elapsed,
+                                       self.world, device_peak_tflops(resolve_precision(self.cfg.train.precision),
+                                                                      self.cfg.train.peak_tflops)),
+                  "skipped_steps": self.state["skipped_steps"]}
+        if self.engine.loss_scale() is not None:
+            record["loss_scale"] = self.engine.loss_scale()
+        self.logger.log(record)
+        self.logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
+        if loss is not None and not math.isfinite(loss):
+            self.logger.write(f"warning: non-finite loss at step {self.state['step']}")
+        self.interval = Interval()
+        return stop
+
+    def flush_tokens(self) -> None:
+        """Collective: the tokens every rank consumed since the last flush into state["tokens_seen"]."""
+        self.state["tokens_seen"] += self.sum_ranks(self.unflushed_tokens)
+        self.unflushed_tokens = 0
+
+    def save(self) -> None:
+        """Collective: a checkpoint of this step (the latest once every rank has written)."""
+        t = self.cfg.train
+        self.flush_tokens()
+        now = time.time()
+        self.state["elapsed_s"] += now - self.clock
+        self.clock = now
+        ckpt.save_checkpoint(self.engine.ds, self.cfg.run_dir / "checkpoints", self.state,
+                             yaml.safe_dump(to_dict(self.cfg), sort_keys=False), self.cfg.tokenizer_dir,
+                             t.keep_checkpoints)
+
+    @staticmethod
+    def sum_ranks(value: int) -> int:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return value
+        total = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(total, group=control_group())
+        return int(total.item())
 
 
 def probe_flops_per_sample(cfg: RunConfig, tokens: SpecialTokens, dataset: PretrainDataset, position: int,
@@ -342,131 +353,23 @@ def probe_flops_per_sample(cfg: RunConfig, tokens: SpecialTokens, dataset: Pretr
     return flops / n
 
 
-def step_loss_scales(objectives, micro_batches: list[dict]) -> list[dict[str, float]]:
-    """Per micro-batch, {loss term: targets here x micro-batches x ranks / targets in the whole step}: see
-    `objectives.base.loss_scale`. One all-reduce of the step's target counts per term. A term with no target
-    anywhere in the step gets 0 (its loss is a connected zero anyway)."""
-    counts = [{term: n for o in objectives for term, n in o.target_counts(b).items()} for b in micro_batches]
-    terms = sorted(counts[0])
-    if not terms:
-        return [{} for _ in micro_batches]
-    local = torch.tensor([[float(c[term]) for term in terms] for c in counts], dtype=torch.float64)  # [A, T]
-    total = local.sum(0)  # [T]
-    world = 1
+def step_loss_weights(micro_batches: list[Batch]) -> dict[str, float]:
+    """Per loss term, the weight of one target under train.loss_normalization=step: micro-batches x ranks / the
+    term's targets in the whole step, over every micro-batch of every rank (one small CPU all-reduce of the
+    host-side counts). DeepSpeed divides the gradient by micro-batches x ranks, which leaves each term a mean over
+    all its targets in the step, however the step is split. A term with no target anywhere weighs 0."""
+    terms = sorted({term for b in micro_batches for term in b.counts})
+    totals = [float(sum(b.counts.get(term, 0) for b in micro_batches)) for term in terms]
+    parts = len(micro_batches)
     if dist.is_initialized() and dist.get_world_size() > 1:
-        dist.all_reduce(total, group=control_group())
-        world = dist.get_world_size()
-    scale = torch.where(total > 0, local * (len(micro_batches) * world) / total.clamp(min=1), 0.0)  # [A, T]
-    return [dict(zip(terms, row)) for row in scale.tolist()]
-
-
-def _grad_norm(engine) -> float | None:
-    """Global gradient norm (before clipping) of the last step, as DeepSpeed computed it."""
-    norm = engine.get_global_grad_norm()
-    if norm is None:
-        return None
-    norm = float(norm)
-    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-
-    if isinstance(engine.optimizer, FP16_UnfusedOptimizer):  # it measures the loss-scaled gradients
-        norm /= engine.optimizer.loss_scale
-    return _rounded(norm)
-
-
-@torch.no_grad()
-def _own_grad_norm(model: nn.Module) -> float:
-    norms = [p.grad.float().norm() for p in model.parameters() if p.grad is not None]
-    return float(torch.linalg.vector_norm(torch.stack(norms))) if norms else 0.0
+        summed = torch.tensor(totals, dtype=torch.float64)
+        dist.all_reduce(summed, group=control_group())
+        totals, parts = summed.tolist(), parts * dist.get_world_size()
+    return {term: parts / total if total else 0.0 for term, total in zip(terms, totals)}
 
 
 def _rounded(value: float | None) -> float | None:
     return round(value, 6) if value is not None and math.isfinite(value) else value
-
-
-def _zero0_fp16(optimizer) -> bool:
-    """DeepSpeed's ZeRO-0 fp16 wrappers (FP16_Optimizer, FP16_UnfusedOptimizer), which need two corrections."""
-    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
-    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
-
-    return isinstance(optimizer, (FP16_Optimizer, FP16_UnfusedOptimizer))
-
-
-def _unwrapped(fn):
-    """The function a decorator wraps, followed through __wrapped__ and through closures (DeepSpeed's NVTX
-    wrapper keeps the original only in its closure)."""
-    fn = inspect.unwrap(fn)
-    inner = next((c.cell_contents for c in fn.__closure__ or () if inspect.isfunction(c.cell_contents)), None)
-    return fn if inner is None else _unwrapped(inner)
-
-
-def fp16_loss_needs_scaling(engine) -> bool:
-    """True where DeepSpeed's fp16 optimizer would unscale gradients that were never scaled: under ZeRO-0 its
-    step() divides the gradients by the loss scale, but engine.backward() multiplies the loss by it only for
-    ZeRO optimizers (DeepSpeed <= 0.19; PR #8393 open). Updates then come out 65536x too small and Adam's epsilon
-    swamps them. The trainer scales the loss itself, unless this DeepSpeed's backward handles fp16 (as the fix
-    does)."""
-    from deepspeed.runtime.engine import DeepSpeedEngine
-
-    return _zero0_fp16(engine.optimizer) and "fp16" not in inspect.getsource(_unwrapped(DeepSpeedEngine.backward))
-
-
-def drop_fp16_dummy_step(engine) -> None:
-    """DeepSpeed's ZeRO-0 fp16 wrappers create the optimizer state by a step with zero gradients: Adam's count
-    then starts at 1 and its bias correction damps the first real updates (to 0.74x at the first). Dropping the
-    state lets the optimizer create it at the first real step, as under every other precision and stage."""
-    if _zero0_fp16(engine.optimizer):
-        engine.optimizer.optimizer.state.clear()
-
-
-def restore_fp32_masters(engine, weights: dict[str, torch.Tensor]) -> None:
-    """Make DeepSpeed's fp32 master weights the model's fp32 weights. DeepSpeed builds them from the module after
-    casting it to bf16/fp16, so they start rounded: a `model.init_from` checkpoint lost about 1e-3 of precision
-    before the first step, for good. ZeRO 1-3 through DeepSpeed's own setter; ZeRO-0's fp16 wrappers keep one fp32
-    tensor per parameter (unfused) or one flat tensor per group (fused), in their fp16 groups' order."""
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    names = {id(p): n for n, p in engine.module.named_parameters()}
-    if _zero0_fp16(engine.optimizer):
-        opt = engine.optimizer
-        for i, group in enumerate(opt.fp16_groups):
-            flat = opt.fp32_groups_flat[i] if hasattr(opt, "fp32_groups_flat") else None
-            offset = 0
-            for j, param in enumerate(group):
-                value = weights[names[id(param)]].to(param.device).view(-1)
-                target = flat[offset:offset + value.numel()] if flat is not None else opt.fp32_groups[i][j].view(-1)
-                target.data.copy_(value)
-                offset += value.numel()
-        return
-    for name, param in engine.module.named_parameters():
-        safe_set_full_fp32_param(param, weights[name].to(engine.device))
-
-
-def _loss_scale(engine) -> float | None:
-    """fp16's current dynamic loss scale: every DeepSpeed fp16 optimizer (fused, unfused, ZeRO 1-3) has it."""
-    scale = getattr(engine.optimizer, "loss_scale", None)
-    return float(scale) if scale is not None else None
-
-
-def _sum_ranks(value: int) -> int:
-    if not dist.is_initialized() or dist.get_world_size() == 1:
-        return value
-    t = torch.tensor([float(value)], dtype=torch.float64)
-    dist.all_reduce(t, group=control_group())
-    return int(t.item())
-
-
-def _mean_ranks(metrics: dict[str, float]) -> dict[str, float]:
-    if not dist.is_initialized() or dist.get_world_size() == 1 or not metrics:
-        return metrics
-    keys = sorted(metrics)
-    t = torch.tensor([metrics[k] for k in keys], dtype=torch.float64)
-    dist.all_reduce(t, group=control_group())
-    return {k: float(v) / dist.get_world_size() for k, v in zip(keys, t.tolist())}
-
-
-def trained_steps(cfg: RunConfig) -> int:
-    latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
-    return json.loads((latest / "trainer_state.json").read_text())["step"] if latest else 0
 
 
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")

@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 import torch
 
-from data_pipeline.loader import collate, sample_rng
+from data_pipeline.loader import Collator, sample_rng
 from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
 from objectives.masking import SpanLengths, ineligible_tokens, select_word_spans
 from pretrain.errors import ConfigError
@@ -205,11 +205,12 @@ def test_span_objective_trains_and_exports():
     assert head.sbo.decoder_weight is model.encoder.embeddings.word_embeddings.weight  # tied, like the MLM head
     rng = np.random.default_rng(0)
     samples = [objectives[0].prepare(make_sample(rng, length), rng) for length in (40, 33, 48)]
-    batch = collate(samples, TOKENS.pad, objectives[0].pad_values)
+    batch = Collator(TOKENS.pad, objectives)(samples)
     loss, metrics = model(batch)
     assert set(metrics) == {"loss", "span/loss", "span/accuracy", "span/mlm_loss", "span/sbo_loss",
                             "span/sbo_accuracy"}
-    assert loss.item() == pytest.approx((metrics["span/mlm_loss"] + 0.5 * metrics["span/sbo_loss"]).item(), rel=1e-5)
+    assert loss.item() == pytest.approx(metrics["span/mlm_loss"].value() + 0.5 * metrics["span/sbo_loss"].value(),
+                                        rel=1e-5)
     loss.backward()
     for param in (head.sbo.ffn[0].weight, head.sbo.ffn[3].weight, head.sbo.position_embeddings.weight,
                   head.sbo.bias, head.mlm.dense.weight):

@@ -12,7 +12,7 @@ import torch
 from data_pipeline.loader import Collator
 from objectives import SpecialTokens, build_objectives
 from pretrain.config import ModelConfig
-from pretrain.model import PretrainingModel, SelfAttention, rope_tables, rotate
+from pretrain.model import Forward, PretrainingModel, SelfAttention, rope_tables, rotate
 
 V = 96
 TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
@@ -32,8 +32,9 @@ VARIANTS = {
 }
 
 
-def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None):
-    """A padded MLM batch (rows of different lengths, two segments) through the real collator."""
+def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None):
+    """A padded MLM batch (rows of different lengths, two segments) through the real collator; with `split` (a row
+    index), the two batches of the rows before and after it, from the same samples."""
     rng = np.random.default_rng(seed)
     objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
     samples = []
@@ -48,7 +49,8 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None):
         for objective in objectives:
             sample = objective.prepare(sample, rng)
         samples.append(sample)
-    return Collator(TOKENS.pad, objectives)(samples)
+    collate = Collator(TOKENS.pad, objectives)
+    return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
 
 
 def build(seed=0, objectives=("mlm",), **options):
@@ -207,7 +209,9 @@ def test_rope_query_stream_for_plm():
     loss.backward()
     assert torch.isfinite(loss)
     with pytest.raises(ValueError, match="query_positions"):
-        b = plm[0].before_encoder(make_batch(objectives=plm), model)
-        model.encoder(b["input_ids"], b["token_type_ids"], b["content_mask"], query_stream=b["query_stream"],
-                      query_mask=b["query_mask"])
+        batch = make_batch(objectives=plm)
+        f = Forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        plm[0].before_encoder(batch, f, model)
+        model.encoder(f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream,
+                      query_mask=f.query_mask)
 

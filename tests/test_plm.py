@@ -15,7 +15,7 @@ from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
 from objectives.plm import PAD_RANK
 from pretrain.config import ModelConfig
 from pretrain.errors import ConfigError
-from pretrain.model import PretrainingModel
+from pretrain.model import Forward, PretrainingModel
 
 V = 64
 TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
@@ -48,12 +48,19 @@ def model():
     return m.eval()
 
 
+def prepared(model, batch) -> Forward:
+    """The encoder inputs PLM's before_encoder makes for `batch`."""
+    forward = Forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    model.objectives[0].before_encoder(batch, forward, model)
+    return forward
+
+
 def two_stream(model, batch):
     """(content [B, L, H], query-stream logits [B, T, V], target positions [B, T]) for `batch`."""
-    b = model.objectives[0].before_encoder(batch, model)
-    h, g = model.encoder(b["input_ids"], b["token_type_ids"], b["content_mask"], query_stream=b["query_stream"],
-                         query_mask=b["query_mask"])
-    return h, model.heads["plm"](g), b["plm_query_positions"]
+    f = prepared(model, batch)
+    h, g = model.encoder(f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream,
+                         query_mask=f.query_mask)
+    return h, model.heads["plm"](g), f.query_positions
 
 
 def test_targets_are_the_last_ceil_n_over_k_of_the_order():
@@ -81,16 +88,19 @@ def test_targets_are_the_last_ceil_n_over_k_of_the_order():
 def test_content_and_query_masks(model):
     plm = model.objectives[0]
     batch = make_batch(plm)
-    b = plm.before_encoder(batch, model)
+    f = prepared(model, batch)
     rank, real = batch["plm_order"], batch["attention_mask"]
     for r in range(rank.shape[0]):
         for i in range(rank.shape[1]):
             expected = [bool(rank[r, j] <= rank[r, i] and real[r, j]) for j in range(rank.shape[1])]
-            assert b["content_mask"][r, i].tolist() == expected
-        for t, pos in enumerate(b["plm_query_positions"][r].tolist()):
+            assert f.attention_mask[r, i].tolist() == expected
+        for t, pos in enumerate(f.query_positions[r].tolist()):
             expected = [bool(rank[r, j] < rank[r, pos] and real[r, j]) for j in range(rank.shape[1])]
-            assert b["query_mask"][r, t].tolist() == expected
-    assert (b["plm_query_labels"] != -100).sum() == (batch["plm_labels"] != -100).sum()
+            assert f.query_mask[r, t].tolist() == expected
+    # the query stream predicts exactly the targets: their flat indices into [B, T] and the labels there
+    queried = torch.gather(batch["plm_labels"], 1, f.query_positions).reshape(-1)
+    assert torch.equal(queried[batch["plm_query_index"]], batch["plm_query_targets"])
+    assert len(batch["plm_query_index"]) == (batch["plm_labels"] != -100).sum() == batch.counts["plm"]
 
 
 def test_content_stream_sees_only_earlier_in_the_order(model):

@@ -11,7 +11,8 @@ import torch
 import transformers
 from safetensors.torch import load_file
 
-from data_pipeline.loader import collate
+from data_pipeline.loader import Collator
+from pretrain.model import Forward
 from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
 from objectives.rtd import DisentangledWordEmbedding, generator_config
 from pretrain.config import ModelConfig
@@ -48,7 +49,7 @@ def make_batch(tokens, objective, seed=0, lengths=(20, 14, 9, 20)) -> dict[str, 
     for n in lengths:
         ids = np.concatenate([[tokens.cls], rng.integers(5, VOCAB, n - 2), [tokens.sep]]).astype(np.int64)
         samples.append(objective.prepare({"input_ids": ids, "token_type_ids": np.zeros(n, np.int64)}, rng))
-    return collate(samples, tokens.pad, objective.pad_values)
+    return Collator(tokens.pad, [objective])(samples)
 
 
 def test_generator_config_and_options():
@@ -73,15 +74,18 @@ def test_labels_mark_exactly_the_replaced_tokens(tokens):
     labels = batch["rtd_mlm_labels"]
     masked = labels != IGNORE_INDEX
     labels[masked.nonzero()[0].unbind()] = 7  # one masked original IS 7: sampled == original there -> label 0
+    batch["rtd_targets"][0] = 7  # the collator's copy of the first (row-major) masked original
     original = torch.where(masked, labels, batch["input_ids"])
-    out = rtd.before_encoder(batch, model)
+    out = Forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+    rtd.before_encoder(batch, out, model)
 
-    assert torch.equal(out["input_ids"][masked], torch.full((int(masked.sum()),), 7))
-    assert torch.equal(out["input_ids"][~masked], original[~masked])  # untouched outside the masked positions
+    assert torch.equal(out.input_ids[masked], torch.full((int(masked.sum()),), 7))
+    assert torch.equal(out.input_ids[~masked], original[~masked])  # untouched outside the masked positions
     real = batch["attention_mask"]
-    expected = (out["input_ids"] != original).long().masked_fill(~real, IGNORE_INDEX)
-    assert torch.equal(out["rtd_labels"], expected)
-    assert (out["rtd_labels"][real] == 1).sum() == masked.sum() - 1 and (out["rtd_labels"][~real] == -100).all()
+    expected = ((out.input_ids != original) & real).float()  # padding is never a target (its weight is 0 anyway)
+    sampled = out.carry["rtd"]
+    assert torch.equal(sampled.labels, expected)
+    assert (sampled.labels[real] == 1).sum() == masked.sum() - 1 and int(sampled.replaced.sum()) == masked.sum() - 1
     assert torch.equal(batch["input_ids"], make_batch(tokens, rtd)["input_ids"])  # caller's batch not mutated
 
 
@@ -91,14 +95,19 @@ def test_samples_only_at_masked_positions_never_special(tokens):
     batch = make_batch(tokens, rtd, seed=3, lengths=(40, 33, 25, 40))
     masked = batch["rtd_mlm_labels"] != IGNORE_INDEX
     original = torch.where(masked, batch["rtd_mlm_labels"], batch["input_ids"])
+    def sample():
+        forward = Forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+        rtd.before_encoder(batch, forward, model)
+        return forward.input_ids
+
     torch.manual_seed(5)
-    out = rtd.before_encoder(batch, model)
-    changed = out["input_ids"] != original
+    ids = sample()
+    changed = ids != original
     assert changed.any() and not (changed & ~masked).any()
-    assert not torch.isin(out["input_ids"][masked], torch.tensor(tokens.special_ids)).any()
-    assert not (out["input_ids"] == tokens.mask).any()  # the discriminator never sees [MASK]
+    assert not torch.isin(ids[masked], torch.tensor(tokens.special_ids)).any()
+    assert not (ids == tokens.mask).any()  # the discriminator never sees [MASK]
     torch.manual_seed(5)  # sampling uses torch's global RNG, which checkpoints save: same state, same samples
-    assert torch.equal(rtd.before_encoder(batch, model)["input_ids"], out["input_ids"])
+    assert torch.equal(sample(), ids)
 
 
 def _grads(model, batch):
@@ -146,11 +155,14 @@ def test_disentangled_shared_embeddings_get_no_discriminator_gradient(tokens):
 def test_total_is_gen_plus_50_disc(tokens):
     model = make_model(tokens)
     loss, metrics = model(make_batch(tokens, model.objectives[0]))
-    expected = metrics["rtd/gen_loss"] + 50.0 * metrics["rtd/disc_loss"]
-    assert torch.allclose(loss.detach(), expected) and torch.allclose(metrics["rtd/loss"], expected)
-    for key in ("gen_accuracy", "disc_accuracy", "replaced_fraction"):
-        assert 0.0 <= metrics[f"rtd/{key}"] <= 1.0, key
-    assert 0.0 < metrics["rtd/replaced_fraction"] < 0.3  # ~15% masked, nearly all replaced at init
+    value = {k: m.value() for k, m in metrics.items()}
+    expected = value["rtd/gen_loss"] + 50.0 * value["rtd/disc_loss"]
+    assert loss.item() == pytest.approx(expected, rel=1e-5) and value["rtd/loss"] == pytest.approx(expected, rel=1e-5)
+    for key in ("gen_accuracy", "disc_accuracy", "replaced_fraction", "disc_auc", "gen_sampled_original"):
+        assert 0.0 <= value[f"rtd/{key}"] <= 1.0, key
+    assert 0.0 < value["rtd/replaced_fraction"] < 0.3  # ~15% masked, nearly all replaced at init
+    # at init the generator samples nearly uniformly: its samples are almost never the original token
+    assert value["rtd/gen_sampled_original"] < 0.1
 
 
 def test_training_reduces_the_loss(tokens):
