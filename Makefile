@@ -12,7 +12,7 @@ export TOKENIZERS_PARALLELISM ?= false
 # DeepSpeed's JIT-built ops live with this venv: a fresh clone never meets a stale build lock from elsewhere
 export TORCH_EXTENSIONS_DIR ?= $(abspath $(VENV))/torch_extensions
 
-.PHONY: setup warm demo test test-fast clean
+.PHONY: setup warm demo check test test-fast clean
 setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
@@ -28,6 +28,14 @@ demo: setup
 # several ranks) never race to compile it at the same time.
 warm: setup
 	DS_ACCELERATOR=cpu $(PY) -c "from deepspeed.comm.torch import build_shm_op; build_shm_op()"
+
+# Lint and format (ruff, configured in pyproject.toml), and no file over 1 MiB in git outside data/ (wheels, tools
+# and build output stay out of the repository).
+check: setup
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	@big=$$(git ls-files -z | xargs -0 -r stat -c '%s %n' | awk '$$1 > 1048576 && $$2 !~ /^data\// {print "  " $$2 " (" int($$1 / 1048576) " MiB)"}'); \
+	if [ -n "$$big" ]; then echo "files over 1 MiB outside data/ (keep tools, wheels and build output out of git):"; echo "$$big"; exit 1; fi
 
 test: warm
 	$(PY) -m pytest -q tests

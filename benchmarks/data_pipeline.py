@@ -37,12 +37,16 @@ DEFAULT_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "en-mix.train.json
 
 # ---------------------------------------------------------------------------------------------- children
 
+
 def cpu_seconds() -> float:
     """CPU time of this process and of its finished children (pool workers are reaped before we read it)."""
     import resource
 
-    return sum(getattr(resource.getrusage(who), f) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
-               for f in ("ru_utime", "ru_stime"))
+    return sum(
+        getattr(resource.getrusage(who), f)
+        for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN)
+        for f in ("ru_utime", "ru_stime")
+    )
 
 
 def child_ours(corpus: str, tokenizer: str, work: str, workers: int, seq_len: int) -> dict:
@@ -75,7 +79,7 @@ def child_run_mlm(corpus: str, tokenizer: str, work: str, workers: int, seq_len:
     def group_texts(examples):
         concatenated = {k: list(chain(*examples[k])) for k in examples.keys()}
         total = len(concatenated[next(iter(examples))]) // seq_len * seq_len
-        return {k: [t[i:i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
+        return {k: [t[i : i + seq_len] for i in range(0, total, seq_len)] for k, t in concatenated.items()}
 
     grouped = tokenized.map(group_texts, batched=True, num_proc=workers)
     seconds = time.perf_counter() - start
@@ -84,14 +88,29 @@ def child_run_mlm(corpus: str, tokenizer: str, work: str, workers: int, seq_len:
 
 # ---------------------------------------------------------------------------------------------- parent
 
+
 def measure(pipeline: str, corpus: Path, tokenizer: Path, workers: int, seq_len: int) -> dict:
     """Run one pipeline in a fresh subprocess; its result plus the peak memory of its process tree."""
     import psutil
 
     work = Path(tempfile.mkdtemp(prefix=f"bench-{pipeline}-", dir="/tmp"))
     env = {**os.environ, "HF_DATASETS_CACHE": str(work / "hf-cache"), "TOKENIZERS_PARALLELISM": "false"}
-    cmd = [sys.executable, __file__, "--child", pipeline, "--corpus", str(corpus), "--tokenizer", str(tokenizer),
-           "--work", str(work), "--workers", str(workers), "--seq-len", str(seq_len)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--child",
+        pipeline,
+        "--corpus",
+        str(corpus),
+        "--tokenizer",
+        str(tokenizer),
+        "--work",
+        str(work),
+        "--workers",
+        str(workers),
+        "--seq-len",
+        str(seq_len),
+    ]
     proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
     top = psutil.Process(proc.pid)
     peak_rss = peak_pss = 0
@@ -115,8 +134,7 @@ def measure(pipeline: str, corpus: Path, tokenizer: Path, workers: int, seq_len:
     if proc.returncode:
         raise SystemExit(f"{pipeline} on {corpus} failed (rc={proc.returncode}):\n{err[-3000:]}")
     result = json.loads(out.strip().splitlines()[-1])
-    return {**result, "tokens_per_s": result["tokens"] / result["seconds"], "peak_rss": peak_rss,
-            "peak_pss": peak_pss}
+    return {**result, "tokens_per_s": result["tokens"] / result["seconds"], "peak_rss": peak_rss, "peak_pss": peak_pss}
 
 
 def scaled_corpus(corpus: Path, scale: int) -> Path:
@@ -167,33 +185,48 @@ def main() -> None:
         for r in range(args.repeats):
             for pipeline in ("ours", "run_mlm") if r % 2 == 0 else ("run_mlm", "ours"):  # alternate: fair drift
                 res = measure(pipeline, path, tokenizer, args.workers, args.seq_len)
-                print(f"  {label} {pipeline}: {res['tokens']:,} tokens in {res['seconds']:.1f}s ({res['cpu_s']:.1f} CPU-s), peak PSS "
-                      f"{res['peak_pss'] / 2**20:.0f} MiB, RSS {res['peak_rss'] / 2**20:.0f} MiB", file=sys.stderr)
+                print(
+                    f"  {label} {pipeline}: {res['tokens']:,} tokens in {res['seconds']:.1f}s "
+                    f"({res['cpu_s']:.1f} CPU-s), peak PSS "
+                    f"{res['peak_pss'] / 2**20:.0f} MiB, RSS {res['peak_rss'] / 2**20:.0f} MiB",
+                    file=sys.stderr,
+                )
                 runs[pipeline].append(res)
         med = {p: {k: statistics.median(x[k] for x in v) for k in v[0]} for p, v in runs.items()}
         rows.append((label, path, med))
 
     mib = 2**20
-    print(f"\nCorpus {corpus} ({corpus.stat().st_size / mib:.1f} MiB), {args.workers} workers, "
-          f"median of {args.repeats}, {os.cpu_count()} cores\n")
-    print("| corpus | pipeline | tokens | seconds | CPU-s | tokens/s | tokens/CPU-s | peak PSS (MiB) | peak RSS (MiB) |")
+    print(
+        f"\nCorpus {corpus} ({corpus.stat().st_size / mib:.1f} MiB), {args.workers} workers, "
+        f"median of {args.repeats}, {os.cpu_count()} cores\n"
+    )
+    print(
+        "| corpus | pipeline | tokens | seconds | CPU-s | tokens/s | tokens/CPU-s | peak PSS (MiB) | peak RSS (MiB) |"
+    )
     print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
     for label, path, med in rows:
         for p in ("ours", "run_mlm"):
             m = med[p]
-            print(f"| {label} ({path.stat().st_size / mib:.0f} MiB) | {p} | {m['tokens']:,.0f} | {m['seconds']:.1f} | {m['cpu_s']:.1f} | "
-                  f"{m['tokens_per_s']:,.0f} | {m['tokens'] / m['cpu_s']:,.0f} | {m['peak_pss'] / mib:.0f} | {m['peak_rss'] / mib:.0f} |")
+            print(
+                f"| {label} ({path.stat().st_size / mib:.0f} MiB) | {p} | {m['tokens']:,.0f} | {m['seconds']:.1f} | "
+                f"{m['cpu_s']:.1f} | {m['tokens_per_s']:,.0f} | {m['tokens'] / m['cpu_s']:,.0f} | "
+                f"{m['peak_pss'] / mib:.0f} | {m['peak_rss'] / mib:.0f} |"
+            )
     print("\n| corpus | speed-up, tokens/s | speed-up, tokens/CPU-s | memory, peak PSS ours/run_mlm | (peak RSS) |")
     print("|---|---:|---:|---:|---:|")
     for label, _, med in rows:
         o, h = med["ours"], med["run_mlm"]
-        print(f"| {label} | {o['tokens_per_s'] / h['tokens_per_s']:.2f}x | "
-              f"{(o['tokens'] / o['cpu_s']) / (h['tokens'] / h['cpu_s']):.2f}x | {o['peak_pss'] / h['peak_pss']:.2f} | "
-              f"{o['peak_rss'] / h['peak_rss']:.2f} |")
+        print(
+            f"| {label} | {o['tokens_per_s'] / h['tokens_per_s']:.2f}x | "
+            f"{(o['tokens'] / o['cpu_s']) / (h['tokens'] / h['cpu_s']):.2f}x | {o['peak_pss'] / h['peak_pss']:.2f} | "
+            f"{o['peak_rss'] / h['peak_rss']:.2f} |"
+        )
     if len(rows) > 1:
         first, last = rows[0][2]["ours"], rows[-1][2]["ours"]
-        print(f"\nours, peak PSS {rows[-1][0]} / 1x: {last['peak_pss'] / first['peak_pss']:.2f} "
-              f"(flat = 1.00); run_mlm: {rows[-1][2]['run_mlm']['peak_pss'] / rows[0][2]['run_mlm']['peak_pss']:.2f}")
+        print(
+            f"\nours, peak PSS {rows[-1][0]} / 1x: {last['peak_pss'] / first['peak_pss']:.2f} "
+            f"(flat = 1.00); run_mlm: {rows[-1][2]['run_mlm']['peak_pss'] / rows[0][2]['run_mlm']['peak_pss']:.2f}"
+        )
 
 
 if __name__ == "__main__":

@@ -74,8 +74,7 @@ def main() -> None:
     from data_pipeline.shards import ShardSet, build_shards
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, train_tokenizer
     from objectives import build_objectives, sample_builder_for
-    from pretrain.config import load_config
-    from pretrain.trainer import build_model
+    from pretrain.train.setup import build_model, load_config
 
     tmp = Path(tempfile.gettempdir())
     tok_dir = Path(args.tokenizer) if args.tokenizer else tmp / "bench-tok-8192"
@@ -93,9 +92,11 @@ def main() -> None:
     rates = {f"loader, {w} workers": loader_rate(dataset, tokens.pad, args.batch, w, args.batches) for w in (0, 2)}
     model = build_model(cfg, tokens)
     train = train_rate(model, tokens, dataset, args.batch, args.steps)
-    print(f"\n{args.config}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
-          f"parameters, vocab {tokens.vocab_size}, batch {args.batch} x {args.seq_len}, objectives "
-          f"{', '.join(cfg.objectives)}, torch threads {torch.get_num_threads()}\n")
+    print(
+        f"\n{args.config}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M "
+        f"parameters, vocab {tokens.vocab_size}, batch {args.batch} x {args.seq_len}, objectives "
+        f"{', '.join(cfg.objectives)}, torch threads {torch.get_num_threads()}\n"
+    )
     print("| what | samples/s | loader / training step |")
     print("|---|---:|---:|")
     print(f"| training step (forward + backward + AdamW) | {train:,.0f} | |")

@@ -28,8 +28,8 @@ from data_pipeline.samples import build_samples, builder_kind  # noqa: E402
 from data_pipeline.shards import ShardSet, build_shards  # noqa: E402
 from data_pipeline.tokenizer import special_tokens, train_tokenizer  # noqa: E402
 from objectives import build_objectives, sample_builder_for  # noqa: E402
-from pretrain.config import ModelConfig  # noqa: E402
-from pretrain.model import PretrainingModel  # noqa: E402
+from pretrain.core.config import ModelConfig
+from pretrain.model.pretraining import PretrainingModel
 
 ARMS = {
     "mlm": {"mlm": {}},
@@ -47,8 +47,14 @@ def make_arm(spec, tokens, shards, args):
     data = PretrainDataset(samples, objectives, seed=0)
     collate = Collator(tokens.pad, objectives)
     batches = [collate([data[i * args.batch + j] for j in range(args.batch)]) for i in range(4)]
-    cfg = ModelConfig(vocab_size=tokens.vocab_size, hidden_size=args.hidden, num_layers=args.layers,
-                      num_heads=args.heads, intermediate_size=4 * args.hidden, pad_token_id=tokens.pad)
+    cfg = ModelConfig(
+        vocab_size=tokens.vocab_size,
+        hidden_size=args.hidden,
+        num_layers=args.layers,
+        num_heads=args.heads,
+        intermediate_size=4 * args.hidden,
+        pad_token_id=tokens.pad,
+    )
     torch.manual_seed(0)
     model = PretrainingModel(cfg, objectives)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -85,7 +91,7 @@ def main() -> None:
     tokens, shards = special_tokens(tokenizer), ShardSet(work / "shards")
 
     arms = {name: make_arm(spec, tokens, shards, args) for name, spec in ARMS.items()}
-    for name, (model, opt, batches) in arms.items():  # warm-up: allocator, kernels
+    for model, opt, batches in arms.values():  # warm-up: allocator, kernels
         for batch in batches[:2]:
             step(model, opt, batch, args.bf16)
     times: dict[str, list[float]] = {name: [] for name in arms}
@@ -97,9 +103,11 @@ def main() -> None:
             times[name].append(time.perf_counter() - start)
 
     base = statistics.median(times["mlm"])
-    print(f"\n{args.layers} layers, hidden {args.hidden}, {args.heads} heads, vocab {tokens.vocab_size}, seq {args.seq}, "
-          f"batch {args.batch}, {'bf16' if args.bf16 else 'fp32'}, {torch.get_num_threads()} threads, "
-          f"median of {args.repeats}\n")
+    print(
+        f"\n{args.layers} layers, hidden {args.hidden}, {args.heads} heads, vocab {tokens.vocab_size}, seq {args.seq}, "
+        f"batch {args.batch}, {'bf16' if args.bf16 else 'fp32'}, {torch.get_num_threads()} threads, "
+        f"median of {args.repeats}\n"
+    )
     print("| objective | step ms (median) | vs mlm |")
     print("|---|---:|---:|")
     for name, ts in times.items():

@@ -31,10 +31,11 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from objectives import IGNORE_INDEX, SpecialTokens, build_objectives  # noqa: E402
-from pretrain.config import ModelConfig  # noqa: E402
-from pretrain.flops import count_step_flops, device_peak_tflops  # noqa: E402
-from pretrain.model import PretrainingModel  # noqa: E402
+from objectives import build_objectives
+from pretrain.core.config import ModelConfig
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
+from pretrain.model.pretraining import PretrainingModel
+from pretrain.train.flops import count_step_flops, device_peak_tflops
 
 VOCAB, SEQ, MASK_ID, CLS_ID, SEP_ID = 30522, 128, 103, 101, 102
 SHAPES = {  # layers, hidden, heads, intermediate, batch
@@ -60,13 +61,18 @@ def make_batch(batch: int, pad_fraction: float, device: str, seed: int = 0) -> d
     for row, n in enumerate(lengths):
         ids[row, :n] = rng.integers(1000, VOCAB, size=n)
         ids[row, 0], ids[row, n // 2], ids[row, n - 1] = CLS_ID, SEP_ID, SEP_ID
-        types[row, n // 2 + 1:n] = 1
+        types[row, n // 2 + 1 : n] = 1
         mask[row, :n] = 1
         chosen = rng.choice(np.arange(1, n - 1), size=max(1, round(0.15 * (n - 2))), replace=False)
         labels[row, chosen] = ids[row, chosen]
         ids[row, chosen] = MASK_ID
-    out = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask, "mlm_labels": labels,
-           "nsp_label": rng.integers(0, 2, size=batch)}
+    out = {
+        "input_ids": ids,
+        "token_type_ids": types,
+        "attention_mask": mask,
+        "mlm_labels": labels,
+        "nsp_label": rng.integers(0, 2, size=batch),
+    }
     return {k: torch.as_tensor(v, device=device) for k, v in out.items()}
 
 
@@ -84,18 +90,30 @@ class HF:
         import transformers
 
         config = transformers.BertConfig(
-            vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_layers,
-            num_attention_heads=cfg.num_heads, intermediate_size=cfg.intermediate_size, hidden_act="gelu",
-            hidden_dropout_prob=cfg.hidden_dropout, attention_probs_dropout_prob=cfg.attention_dropout,
-            max_position_embeddings=cfg.max_position_embeddings, type_vocab_size=cfg.type_vocab_size,
-            layer_norm_eps=cfg.layer_norm_eps, pad_token_id=0)
+            vocab_size=cfg.vocab_size,
+            hidden_size=cfg.hidden_size,
+            num_hidden_layers=cfg.num_layers,
+            num_attention_heads=cfg.num_heads,
+            intermediate_size=cfg.intermediate_size,
+            hidden_act="gelu",
+            hidden_dropout_prob=cfg.hidden_dropout,
+            attention_probs_dropout_prob=cfg.attention_dropout,
+            max_position_embeddings=cfg.max_position_embeddings,
+            type_vocab_size=cfg.type_vocab_size,
+            layer_norm_eps=cfg.layer_norm_eps,
+            pad_token_id=0,
+        )
         self.model = transformers.BertForPreTraining._from_config(config, attn_implementation="sdpa")
         self.model.to(device).train()
 
     def loss(self, batch):
-        return self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"],
-                          token_type_ids=batch["token_type_ids"], labels=batch["mlm_labels"],
-                          next_sentence_label=batch["nsp_label"]).loss
+        return self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            token_type_ids=batch["token_type_ids"],
+            labels=batch["mlm_labels"],
+            next_sentence_label=batch["nsp_label"],
+        ).loss
 
 
 @dataclass
@@ -108,8 +126,11 @@ class Variant:
     times: list
 
     def step(self):
-        ctx = torch.autocast(self.batch["input_ids"].device.type, dtype=torch.bfloat16) if self.autocast else \
-            contextlib.nullcontext()
+        ctx = (
+            torch.autocast(self.batch["input_ids"].device.type, dtype=torch.bfloat16)
+            if self.autocast
+            else contextlib.nullcontext()
+        )
         with ctx:
             loss = self.runner.loss(self.batch)
         loss.backward()
@@ -132,8 +153,14 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
     layers, hidden, heads, inter, batch_size = SHAPES[shape]
     if args.batch:
         batch_size = args.batch
-    base_cfg = ModelConfig(vocab_size=VOCAB, hidden_size=hidden, num_layers=layers, num_heads=heads,
-                           intermediate_size=inter, max_position_embeddings=512)
+    base_cfg = ModelConfig(
+        vocab_size=VOCAB,
+        hidden_size=hidden,
+        num_layers=layers,
+        num_heads=heads,
+        intermediate_size=inter,
+        max_position_embeddings=512,
+    )
     pad = 0.4 if shape == "padding" else 0.0
     batch = make_batch(batch_size, pad, args.device)
     bf16 = precision == "bf16"
@@ -158,7 +185,7 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
     if args.device == "cuda":
         for v in variants:
             if "compile" not in v.name:
-                flops[v.name] = count_step_flops(lambda: v.step())
+                flops[v.name] = count_step_flops(v.step)
     for _ in range(args.repeats):
         for v in variants:
             sync(args.device)
@@ -173,9 +200,17 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
     rows = []
     for v in variants:
         t = statistics.median(v.times)
-        row = {"shape": shape, "precision": precision, "variant": v.name, "batch": batch_size,
-               "step_s": t, "tokens_s": batch_size * SEQ / t, "real_tokens_s": real_tokens / t,
-               "ratio": reference / t, "spread": (min(v.times), max(v.times))}
+        row = {
+            "shape": shape,
+            "precision": precision,
+            "variant": v.name,
+            "batch": batch_size,
+            "step_s": t,
+            "tokens_s": batch_size * SEQ / t,
+            "real_tokens_s": real_tokens / t,
+            "ratio": reference / t,
+            "spread": (min(v.times), max(v.times)),
+        }
         if v.name in flops:
             row["tflops"] = flops[v.name] / t / 1e12
             row["mfu"] = row["tflops"] / peak if peak else None
@@ -197,7 +232,7 @@ def main():
     parser.add_argument("--compile", action="store_true", help="also time our model with model.compile=true")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
-    precisions = (args.precision or ("bf16" if args.device == "cuda" else "both"))
+    precisions = args.precision or ("bf16" if args.device == "cuda" else "both")
     precisions = ["fp32", "bf16"] if precisions == "both" else [precisions]
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
     rows = []
@@ -206,16 +241,22 @@ def main():
             rows += bench_shape(shape, precision, args)
             print(f"done {shape} {precision}", file=sys.stderr, flush=True)
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
-    print(f"\n`{command}`  \ntorch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, "
-          f"load average at the end {load[0]:.2f}; ratio = median step time of the shape's first row / this row's\n")
+    print(
+        f"\n`{command}`  \ntorch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, "
+        f"load average at the end {load[0]:.2f}; ratio = median step time of the shape's first row / this row's\n"
+    )
     gpu = args.device == "cuda"
-    print("| shape | precision | variant | batch | step (ms, median) | tokens/s | real tokens/s | ratio |"
-          + (" TFLOP/s | MFU |" if gpu else ""))
+    print(
+        "| shape | precision | variant | batch | step (ms, median) | tokens/s | real tokens/s | ratio |"
+        + (" TFLOP/s | MFU |" if gpu else "")
+    )
     print("|---|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
     for r in rows:
-        line = (f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | {1000 * r['step_s']:.0f} "
-                f"({1000 * r['spread'][0]:.0f}-{1000 * r['spread'][1]:.0f}) | {r['tokens_s']:,.0f} | "
-                f"{r['real_tokens_s']:,.0f} | {r['ratio']:.2f}x |")
+        line = (
+            f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | {1000 * r['step_s']:.0f} "
+            f"({1000 * r['spread'][0]:.0f}-{1000 * r['spread'][1]:.0f}) | {r['tokens_s']:,.0f} | "
+            f"{r['real_tokens_s']:,.0f} | {r['ratio']:.2f}x |"
+        )
         if gpu:
             mfu = r.get("mfu")
             line += f" {r.get('tflops', float('nan')):.1f} | {'' if mfu is None else f'{100 * mfu:.1f}%'} |"

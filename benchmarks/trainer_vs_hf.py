@@ -25,7 +25,6 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -45,10 +44,15 @@ def prepare(work: Path, corpus: Path, vocab: int) -> tuple[Path, Path]:
     tok, shards = work / "tokenizer", work / "shards"
     cli = [sys.executable, "-m", "pretrain.cli"]
     if not (tok / "tokenizer.json").is_file():
-        subprocess.run([*cli, "tokenizer", str(corpus), "--out", str(tok), "--vocab-size", str(vocab)], check=True,
-                       env=_env())
-    subprocess.run([*cli, "shards", str(corpus), "--tokenizer", str(tok), "--out", str(shards)], check=True,
-                   env=_env(), stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [*cli, "tokenizer", str(corpus), "--out", str(tok), "--vocab-size", str(vocab)], check=True, env=_env()
+        )
+    subprocess.run(
+        [*cli, "shards", str(corpus), "--tokenizer", str(tok), "--out", str(shards)],
+        check=True,
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+    )
     return tok, shards
 
 
@@ -56,23 +60,51 @@ def run_ours(a, work: Path, tok: Path, shards: Path, objective: str, repeat: int
     layers, hidden, heads, inter = SHAPES[a.shape]
     name = f"ours-{objective}-{repeat}"
     log_every = max(1, (a.steps - a.warm) // 5)
-    args = ["train", "default", f"output_dir={work}", f"name={name}", f"data.tokenizer={tok}", f"data.shards={shards}",
-            f"data.max_seq_len={a.seq}", f"model.num_layers={layers}", f"model.hidden_size={hidden}",
-            f"model.num_heads={heads}", f"model.intermediate_size={inter}", f"model.max_position_embeddings={max(512, a.seq)}",
-            f"objectives={{{objective}: {{}}}}", f"train.micro_batch_size={a.batch}", f"train.max_steps={a.steps}",
-            f"train.lr={a.lr}", f"train.warmup_steps={a.warmup}", f"train.log_every={log_every}", "train.save_every=0",
-            "train.max_minutes=0", f"train.precision={'fp32' if a.fp32 else 'bf16'}", "wandb.mode=disabled",
-            *(["model.compile=true"] if a.compile else []), *a.ours_overrides]
-    subprocess.run([sys.executable, "-m", "pretrain.cli", *args], check=True, env=_env(), cwd=work,
-                   stdout=subprocess.DEVNULL, stderr=None if a.verbose else subprocess.DEVNULL)
+    args = [
+        "train",
+        "default",
+        f"output_dir={work}",
+        f"name={name}",
+        f"data.tokenizer={tok}",
+        f"data.shards={shards}",
+        f"data.max_seq_len={a.seq}",
+        f"model.num_layers={layers}",
+        f"model.hidden_size={hidden}",
+        f"model.num_heads={heads}",
+        f"model.intermediate_size={inter}",
+        f"model.max_position_embeddings={max(512, a.seq)}",
+        f"objectives={{{objective}: {{}}}}",
+        f"train.micro_batch_size={a.batch}",
+        f"train.max_steps={a.steps}",
+        f"train.lr={a.lr}",
+        f"train.warmup_steps={a.warmup}",
+        f"train.log_every={log_every}",
+        "train.save_every=0",
+        "train.max_minutes=0",
+        f"train.precision={'fp32' if a.fp32 else 'bf16'}",
+        "wandb.mode=disabled",
+        *(["model.compile=true"] if a.compile else []),
+        *a.ours_overrides,
+    ]
+    subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", *args],
+        check=True,
+        env=_env(),
+        cwd=work,
+        stdout=subprocess.DEVNULL,
+        stderr=None if a.verbose else subprocess.DEVNULL,
+    )
     records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
     timed = [r for r in records if r["step"] - log_every >= a.warm]  # intervals that start after the warm-up
-    return {"tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-            "mfu": statistics.median(r["mfu"] for r in timed) if "mfu" in timed[-1] else None,
-            "tflops": statistics.median(r["tflops"] for r in timed), "loss": records[-1]["loss"]}
+    return {
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
+        "mfu": statistics.median(r["mfu"] for r in timed) if "mfu" in timed[-1] else None,
+        "tflops": statistics.median(r["tflops"] for r in timed),
+        "loss": records[-1]["loss"],
+    }
 
 
-PEER = r'''
+PEER = r"""
 import json, sys, time
 import torch
 from transformers import (BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling, PreTrainedTokenizerFast,
@@ -108,22 +140,37 @@ args = TrainingArguments(output_dir=a["out"], per_device_train_batch_size=a["bat
                          torch_compile=a["compile"], use_cpu=not cuda, dataloader_pin_memory=cuda, seed=1234)
 Trainer(model=model, args=args, train_dataset=Blocks(),
         data_collator=DataCollatorForLanguageModeling(tok, mlm_probability=0.15), callbacks=[Clock()]).train()
-'''
+"""
 
 
 def run_peer(a, work: Path, tok: Path, compile_: bool) -> dict:
-    spec = {"tok": str(tok), "corpus": str(a.corpus), "seq": a.seq, "batch": a.batch, "steps": a.steps, "warm": a.warm,
-            "lr": a.lr, "warmup": a.warmup, "fp32": a.fp32, "compile": compile_, "shape": SHAPES[a.shape],
-            "out": str(work / "hf-out")}
-    proc = subprocess.run([sys.executable, "-c", PEER, json.dumps(spec)], check=True, env=_env(), cwd=work,
-                          capture_output=True, text=True)
+    spec = {
+        "tok": str(tok),
+        "corpus": str(a.corpus),
+        "seq": a.seq,
+        "batch": a.batch,
+        "steps": a.steps,
+        "warm": a.warm,
+        "lr": a.lr,
+        "warmup": a.warmup,
+        "fp32": a.fp32,
+        "compile": compile_,
+        "shape": SHAPES[a.shape],
+        "out": str(work / "hf-out"),
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", PEER, json.dumps(spec)], check=True, env=_env(), cwd=work, capture_output=True, text=True
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--corpus", type=Path, default=DEFAULT_CORPUS if DEFAULT_CORPUS.is_file()
-                   else ROOT / "data" / "us-speeches.public-domain.jsonl")
+    p.add_argument(
+        "--corpus",
+        type=Path,
+        default=DEFAULT_CORPUS if DEFAULT_CORPUS.is_file() else ROOT / "data" / "us-speeches.public-domain.jsonl",
+    )
     p.add_argument("--work", type=Path, help="directory for tokenizer, shards and runs (default: a temporary one)")
     p.add_argument("--vocab", type=int, default=30522)
     p.add_argument("--shape", choices=sorted(SHAPES), default="mini")
@@ -154,12 +201,18 @@ def main() -> None:
         runs.setdefault("HF Trainer", []).append(run_peer(a, work, tok, False))
         if a.hf_compile:
             runs.setdefault("HF Trainer + compile", []).append(run_peer(a, work, tok, True))
-        print(f"repeat {repeat + 1}/{a.repeats}: " + ", ".join(f"{k} {v[-1]['tokens_per_s']:,.0f}" for k, v in runs.items()),
-              file=sys.stderr, flush=True)
+        print(
+            f"repeat {repeat + 1}/{a.repeats}: "
+            + ", ".join(f"{k} {v[-1]['tokens_per_s']:,.0f}" for k, v in runs.items()),
+            file=sys.stderr,
+            flush=True,
+        )
     median = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
     ours = median["ours " + a.objectives.split(",")[0]]
-    print(f"\n{a.shape}, seq {a.seq}, batch {a.batch}, {'fp32' if a.fp32 else 'bf16'}, vocab {a.vocab}, "
-          f"{a.steps - a.warm} timed steps x {a.repeats} repeats, {device}, corpus {a.corpus.name}\n")
+    print(
+        f"\n{a.shape}, seq {a.seq}, batch {a.batch}, {'fp32' if a.fp32 else 'bf16'}, vocab {a.vocab}, "
+        f"{a.steps - a.warm} timed steps x {a.repeats} repeats, {device}, corpus {a.corpus.name}\n"
+    )
     print("| run | tokens/s (median) | ours / this | MFU |")
     print("|---|---:|---:|---:|")
     for name, rate in median.items():

@@ -9,13 +9,30 @@ O(1), no batches replayed, and any world size continues the same global order.
 from __future__ import annotations
 
 import os
-from typing import Iterator, Sequence
+from collections.abc import Iterator
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from objectives.base import IGNORE_INDEX, Objective
-from pretrain.batch import Batch
+from data_pipeline.samples import SampleBuilder
+from pretrain.core.batch import Batch
+from pretrain.core.tokens import IGNORE_INDEX
+
+
+class Transform(Protocol):
+    """What the loader needs of an objective (`objectives.base.Objective` has it; the data layer imports none):
+    its per-sample `prepare`, and for the collator the padding of the arrays it adds, its `collate` arrays and its
+    targets' counts."""
+
+    pad_values: dict[str, int]
+
+    def prepare(self, sample: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]: ...
+
+    def collate(self, arrays: dict[str, np.ndarray]) -> dict[str, np.ndarray]: ...
+
+    def target_counts(self, arrays: dict[str, np.ndarray]) -> dict[str, int]: ...
+
 
 _ORDER_STREAM = 0  # distinct SeedSequence streams: sample order vs. per-sample corruption
 _SAMPLE_STREAM = 1
@@ -34,7 +51,7 @@ def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
 class PretrainDataset(torch.utils.data.Dataset):
     """Maps a stream position to a prepared sample (the builder's sample, then each objective's prepare)."""
 
-    def __init__(self, builder: Sequence[dict], objectives: list[Objective], seed: int):
+    def __init__(self, builder: SampleBuilder, objectives: list[Transform], seed: int):
         self.builder = builder
         self.objectives = objectives
         self.seed = seed
@@ -54,7 +71,7 @@ class PretrainDataset(torch.utils.data.Dataset):
         epoch, index = self.locate(position)
         rng = sample_rng(self.seed, epoch, index)
         # builders whose samples are themselves random (segment pairs) draw from the same per-sample rng
-        sample = self.builder.sample(index, rng) if hasattr(self.builder, "sample") else dict(self.builder[index])
+        sample = self.builder.sample(index, rng)
         for objective in self.objectives:
             sample = objective.prepare(sample, rng)
         return sample
@@ -68,16 +85,16 @@ class StreamBatchSampler(torch.utils.data.Sampler):
     one optimizer step is the same set of samples for any split of G.
     """
 
-    def __init__(self, consumed_samples: int, micro_batch_size: int, grad_accum_steps: int, rank: int,
-                 world_size: int):
+    def __init__(self, consumed_samples: int, micro_batch_size: int, grad_accum_steps: int, rank: int, world_size: int):
         self.micro = micro_batch_size
         self.accum = grad_accum_steps
         self.rank = rank
         self.world = world_size
         self.global_batch = micro_batch_size * grad_accum_steps * world_size
         if consumed_samples % self.global_batch:
-            raise ValueError(f"consumed_samples={consumed_samples} is not a multiple of the global batch "
-                             f"{self.global_batch}")
+            raise ValueError(
+                f"consumed_samples={consumed_samples} is not a multiple of the global batch {self.global_batch}"
+            )
         self.start_step = consumed_samples // self.global_batch
 
     def __iter__(self) -> Iterator[list[int]]:
@@ -121,9 +138,9 @@ def pad_arrays(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: di
 
 
 class Collator:
-    """The collate_fn (picklable, for loader workers): a `Batch` of padded samples (see `pretrain.batch`)."""
+    """The collate_fn (picklable, for loader workers): a `Batch` of padded samples (see `pretrain.core.batch`)."""
 
-    def __init__(self, pad_id: int, objectives: list[Objective]):
+    def __init__(self, pad_id: int, objectives: list[Transform]):
         self.pad_id = pad_id
         self.objectives = objectives
         self.pad_values: dict[str, int] = {}
@@ -143,18 +160,30 @@ def auto_workers(ranks_on_this_machine: int = 1) -> int:
     return max(0, min(4, cores // max(1, ranks_on_this_machine) - 1))
 
 
-def build_loader(dataset: PretrainDataset, pad_id: int, consumed_samples: int, micro_batch_size: int,
-                 grad_accum_steps: int, rank: int, world_size: int, num_workers: int = 0
-                 ) -> torch.utils.data.DataLoader:
+def build_loader(
+    dataset: PretrainDataset,
+    pad_id: int,
+    consumed_samples: int,
+    micro_batch_size: int,
+    grad_accum_steps: int,
+    rank: int,
+    world_size: int,
+    num_workers: int = 0,
+) -> torch.utils.data.DataLoader:
     """This rank's micro-batches from `consumed_samples` on. num_workers < 0: `auto_workers`. Batches are prepared
     ahead in the workers (4 each) and, on a GPU, collated into pinned memory so copies to it do not block."""
     if num_workers < 0:
         num_workers = auto_workers(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1"))))
     sampler = StreamBatchSampler(consumed_samples, micro_batch_size, grad_accum_steps, rank, world_size)
-    return torch.utils.data.DataLoader(dataset, batch_sampler=sampler, collate_fn=Collator(pad_id, dataset.objectives),
-                                       num_workers=num_workers, persistent_workers=num_workers > 0,
-                                       prefetch_factor=4 if num_workers > 0 else None,
-                                       pin_memory=torch.cuda.is_available(),
-                                       # its own generator: making an iterator must not draw from the global
-                                       # torch rng, which is checkpointed for dropout (bitwise resume)
-                                       generator=torch.Generator().manual_seed(0))
+    return torch.utils.data.DataLoader(
+        dataset,
+        batch_sampler=sampler,
+        collate_fn=Collator(pad_id, dataset.objectives),
+        num_workers=num_workers,
+        persistent_workers=num_workers > 0,
+        prefetch_factor=4 if num_workers > 0 else None,
+        pin_memory=torch.cuda.is_available(),
+        # its own generator: making an iterator must not draw from the global
+        # torch rng, which is checkpointed for dropout (bitwise resume)
+        generator=torch.Generator().manual_seed(0),
+    )

@@ -35,13 +35,10 @@ def sentence_offsets(shards: ShardSet) -> np.ndarray:
     if hasattr(shards, "sent_offsets"):
         return shards.sent_offsets()
     # older ShardSet without the accessor: one pass over documents (slow in Python, but only at start-up)
-    return np.concatenate([shards.doc_sentence_offsets(d)[:-1] + shards.doc_offsets()[d]
-                           for d in range(shards.num_docs)] + [shards.doc_offsets()[-1:]]).astype(np.int64)
-
-
-def pop_raw(sample: dict) -> dict:
-    """Remove and return the raw "_" keys of a `SegmentPairs` sample (see the module docstring)."""
-    return {k: sample.pop(k) for k in [k for k in sample if k.startswith("_")]}
+    return np.concatenate(
+        [shards.doc_sentence_offsets(d)[:-1] + shards.doc_offsets()[d] for d in range(shards.num_docs)]
+        + [shards.doc_offsets()[-1:]]
+    ).astype(np.int64)
 
 
 class SegmentPairs:
@@ -91,11 +88,6 @@ class SegmentPairs:
     def __len__(self) -> int:
         return len(self.first)
 
-    def __getitem__(self, index: int) -> dict:
-        from data_pipeline.loader import sample_rng  # lazy: loader imports objectives, which import this module
-
-        return self.sample(index, sample_rng(self.seed, 0, index))
-
     def sample(self, index: int, rng: np.random.Generator) -> dict:
         """Raw material of chunk `index` (all "_" keys; token offsets are relative to their document)."""
         sent, shards = self._sent, self.shards
@@ -108,8 +100,15 @@ class SegmentPairs:
             inner = np.flatnonzero(words[1:]) + 1
             cut = int(rng.choice(inner)) if inner.size else int(rng.integers(1, len(ids)))
         ids = ids.astype(np.int64)
-        raw = {"_seg_a": ids[:cut], "_seg_a_words": words[:cut], "_seg_b": ids[cut:], "_seg_b_words": words[cut:],
-               "_doc": doc, "_a_start": lo - int(self._doc_tok[doc]), "_max_seq_len": self.max_seq_len}
+        raw = {
+            "_seg_a": ids[:cut],
+            "_seg_a_words": words[:cut],
+            "_seg_b": ids[cut:],
+            "_seg_b_words": words[cut:],
+            "_doc": doc,
+            "_a_start": lo - int(self._doc_tok[doc]),
+            "_max_seq_len": self.max_seq_len,
+        }
         raw["_b_start"] = raw["_a_start"] + cut
         raw["_b_end"] = raw["_a_start"] + len(ids)
         raw.update(self._random_segment(doc, max(target - cut, 1), rng))
@@ -120,8 +119,13 @@ class SegmentPairs:
         num_docs = len(self._doc_sent) - 1
         if num_docs < 2:  # nothing to draw from; an objective that needs it raises
             empty = np.zeros(0, np.int64)
-            return {"_seg_rand": empty, "_seg_rand_words": empty.astype(bool), "_rand_doc": -1,
-                    "_rand_start": 0, "_rand_end": 0}
+            return {
+                "_seg_rand": empty,
+                "_seg_rand_words": empty.astype(bool),
+                "_rand_doc": -1,
+                "_rand_start": 0,
+                "_rand_end": 0,
+            }
         other = int(rng.integers(num_docs - 1))
         other += other >= doc  # uniform over the documents != doc
         s0, s1 = int(self._doc_sent[other]), int(self._doc_sent[other + 1])
@@ -131,42 +135,10 @@ class SegmentPairs:
         lo, hi = int(self._sent[s]), int(self._sent[e])
         ids, words = self.shards.read_span(lo, hi - lo)
         base = int(self._doc_tok[other])
-        return {"_seg_rand": ids.astype(np.int64), "_seg_rand_words": words, "_rand_doc": other,
-                "_rand_start": lo - base, "_rand_end": hi - base}
-
-
-def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
-    """Lengths BERT's truncate_seq_pair leaves: trim the longer segment (B on a tie) one token at a time."""
-    if len_a + len_b <= max_tokens:
-        return len_a, len_b
-    keep_a = min(len_a, max((max_tokens + 1) // 2, max_tokens - len_b))
-    return keep_a, max_tokens - keep_a
-
-
-def assemble_pair(a: np.ndarray, b: np.ndarray, a_words: np.ndarray, b_words: np.ndarray, tokens,
-                  max_seq_len: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """[CLS] A [SEP] B [SEP] as a sample dict (same arrays as PackedSequences), truncated to max_seq_len.
-
-    Like truncate_seq_pair, each removed token comes off the front or the back with probability 1/2
-    (so the front share is Binomial(removed, 1/2)); the loop is replaced by one draw per segment.
-    """
-    keep_a, keep_b = truncated_lengths(len(a), len(b), max_seq_len - 3)
-    parts = []
-    for seg, words, keep in ((a, a_words, keep_a), (b, b_words, keep_b)):
-        front = int(rng.binomial(len(seg) - keep, 0.5)) if keep < len(seg) else 0
-        w = words[front:front + keep].copy()
-        w[:1] = True  # a truncated segment may start mid-word; treat its first token as a word start
-        parts.append((seg[front:front + keep], w))
-    (a, a_words), (b, b_words) = parts
-    n = len(a) + len(b) + 3
-    input_ids = np.empty(n, np.int64)  # [n]
-    input_ids[0], input_ids[1:len(a) + 1], input_ids[len(a) + 1] = tokens.cls, a, tokens.sep
-    input_ids[len(a) + 2:-1], input_ids[-1] = b, tokens.sep
-    special = np.zeros(n, bool)  # [n] CLS and both SEPs
-    special[[0, len(a) + 1, n - 1]] = True
-    word_starts = special.copy()  # [n] specials count as word starts
-    word_starts[1:len(a) + 1], word_starts[len(a) + 2:-1] = a_words, b_words
-    token_type_ids = np.zeros(n, np.int64)  # [n] 0: CLS A SEP, 1: B SEP
-    token_type_ids[len(a) + 2:] = 1
-    return {"input_ids": input_ids, "token_type_ids": token_type_ids, "word_starts": word_starts,
-            "special_mask": special}
+        return {
+            "_seg_rand": ids.astype(np.int64),
+            "_seg_rand_words": words,
+            "_rand_doc": other,
+            "_rand_start": lo - base,
+            "_rand_end": hi - base,
+        }

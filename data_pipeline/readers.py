@@ -20,18 +20,20 @@ import io
 import itertools
 import json
 import os
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import BinaryIO, Iterable, Iterator
+from typing import BinaryIO
 
-from pretrain.errors import DataError
+from pretrain.core.errors import DataError
 
 COMPRESSION = (".gz", ".zst", ".zstd")
 LINE_SUFFIXES = (".jsonl", ".json", ".txt")
 COLUMNAR_SUFFIXES = (".parquet", ".arrow")
 # A bare ".zst" is read as JSON Lines: that is what compressed dumps (the Pile, RedPajama...) contain.
-CORPUS_SUFFIXES = (LINE_SUFFIXES + tuple(s + c for s in LINE_SUFFIXES for c in COMPRESSION)
-                   + COLUMNAR_SUFFIXES + (".zst",))
+CORPUS_SUFFIXES = (
+    LINE_SUFFIXES + tuple(s + c for s in LINE_SUFFIXES for c in COMPRESSION) + COLUMNAR_SUFFIXES + (".zst",)
+)
 ON_BAD = ("skip", "error")
 DEFAULT_MAX_DOCUMENT_BYTES = 16 << 20
 """A longer document is almost always a dump (logs, base64, a table) rather than prose, and tokenizing
@@ -53,6 +55,7 @@ class Document:
 
 
 # ---------------------------------------------------------------------------------------------- inputs
+
 
 def is_dataset_dir(path: Path) -> bool:
     """A directory written by `Dataset.save_to_disk` (state.json + dataset_info.json + *.arrow)."""
@@ -84,16 +87,20 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
                 raise DataError(f"corpus path '{entry}' not found")
             found.update(_files_under(p) if p.is_dir() else [p])
     if not found:
-        raise DataError(f"no corpus files ({', '.join('*' + s for s in CORPUS_SUFFIXES)} or a datasets "
-                        f"save_to_disk directory) found in: {', '.join(paths) or '(no inputs)'}")
+        raise DataError(
+            f"no corpus files ({', '.join('*' + s for s in CORPUS_SUFFIXES)} or a datasets "
+            f"save_to_disk directory) found in: {', '.join(paths) or '(no inputs)'}"
+        )
     return sorted(found)
 
 
 def _files_under(directory: Path) -> list[Path]:
     if (directory / "dataset_dict.json").is_file():
         splits = sorted(p.name for p in directory.iterdir() if is_dataset_dir(p))
-        raise DataError(f"{directory} is a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); name one "
-                        f"split directory, e.g. {directory / (splits[0] if splits else 'train')}")
+        raise DataError(
+            f"{directory} is a datasets DatasetDict (splits: {', '.join(splits) or 'none'}); name one "
+            f"split directory, e.g. {directory / (splits[0] if splits else 'train')}"
+        )
     if is_dataset_dir(directory):
         return [directory]
     out: list[Path] = []
@@ -119,9 +126,14 @@ def input_fingerprint(path: Path) -> list:
 
 # ---------------------------------------------------------------------------------------------- documents
 
-def iter_documents(paths: Iterable[str], text_field: str = "text", on_bad: str = "skip",
-                   skipped: collections.Counter | None = None,
-                   max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> Iterator[Document]:
+
+def iter_documents(
+    paths: Iterable[str],
+    text_field: str = "text",
+    on_bad: str = "skip",
+    skipped: collections.Counter | None = None,
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> Iterator[Document]:
     """Documents of every input, in `expand_inputs` order.
 
     Bad input (invalid UTF-8 or JSON, a record without `text_field`, a document over `max_document_bytes`)
@@ -240,14 +252,23 @@ def _decode(raw: bytes, where: str, on_bad: str, skipped: collections.Counter) -
     try:
         return raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        _bad("invalid_utf8", f"{where}: invalid UTF-8 at byte {e.start} of the line "
-             f"(on_bad_document=skip skips such lines)", on_bad, skipped)
+        _bad(
+            "invalid_utf8",
+            f"{where}: invalid UTF-8 at byte {e.start} of the line (on_bad_document=skip skips such lines)",
+            on_bad,
+            skipped,
+        )
         return None
 
 
 def _too_long(where: str, size: str, limit: int, on_bad: str, skipped: collections.Counter) -> None:
-    _bad("too_long", f"{where}: document of {size} exceeds max_document_bytes={limit} "
-         f"(raise data.max_document_bytes, or on_bad_document=skip skips it)", on_bad, skipped)
+    _bad(
+        "too_long",
+        f"{where}: document of {size} exceeds max_document_bytes={limit} "
+        f"(raise data.max_document_bytes, or on_bad_document=skip skips it)",
+        on_bad,
+        skipped,
+    )
 
 
 def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
@@ -271,8 +292,9 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
         yield lineno, size
 
 
-def _iter_jsonl(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
-                limit: int) -> Iterator[Document]:
+def _iter_jsonl(
+    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
     with _open_binary(path) as f:
         for lineno, raw in _read_guarded(path, _lines(f, limit)):
             where = f"{path}:{lineno}"
@@ -314,17 +336,18 @@ def _read_guarded(path: Path, lines: Iterator) -> Iterator:
             lineno = item[0]
             yield item
     except (EOFError, OSError, gzip.BadGzipFile) as e:
-        raise DataError(f"{path}: cannot decompress after line {lineno} ({e}); the file is truncated or "
-                        f"corrupt") from e
+        raise DataError(f"{path}: cannot decompress after line {lineno} ({e}); the file is truncated or corrupt") from e
     except Exception as e:  # zstandard.ZstdError does not derive from OSError
         if type(e).__module__.startswith("zstandard") or type(e).__name__ == "ZstdError":
-            raise DataError(f"{path}: cannot decompress after line {lineno} ({e}); the file is truncated or "
-                            f"corrupt") from e
+            raise DataError(
+                f"{path}: cannot decompress after line {lineno} ({e}); the file is truncated or corrupt"
+            ) from e
         raise
 
 
-def _iter_text(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
-               limit: int) -> Iterator[Document]:
+def _iter_text(
+    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
     """Plain text: a document is a run of non-blank lines; a line of bad UTF-8 drops its whole document,
     and so does reaching `limit` bytes (counted once per document)."""
     lines: list[str] = []
@@ -344,8 +367,13 @@ def _iter_text(path: Path, text_field: str, on_bad: str, skipped: collections.Co
                 continue
             size += raw if isinstance(raw, int) else len(raw)
             if size > limit:
-                _too_long(f"{path}:{first}", f"more than {limit} bytes (lines {first}-{lineno} and on)",
-                          limit, on_bad, skipped)
+                _too_long(
+                    f"{path}:{first}",
+                    f"more than {limit} bytes (lines {first}-{lineno} and on)",
+                    limit,
+                    on_bad,
+                    skipped,
+                )
                 lines, bad = [], True
                 continue
             line = _decode(raw, f"{path}:{lineno}", on_bad, skipped)
@@ -359,22 +387,36 @@ def _iter_text(path: Path, text_field: str, on_bad: str, skipped: collections.Co
 
 # ---------------------------------------------------------------------------------------------- columnar
 
+
 def _text_column(path: Path, schema, text_field: str):
     """Index of `text_field` in an Arrow schema; a missing or non-text column is a DataError."""
     import pyarrow as pa
 
     if text_field not in schema.names:
-        raise DataError(f"{path}: no column '{text_field}' (columns: {', '.join(schema.names) or 'none'}); "
-                        f"set data.text_field")
+        raise DataError(
+            f"{path}: no column '{text_field}' (columns: {', '.join(schema.names) or 'none'}); set data.text_field"
+        )
     typ = schema.field(text_field).type
-    if not (pa.types.is_string(typ) or pa.types.is_large_string(typ) or pa.types.is_binary(typ)
-            or pa.types.is_large_binary(typ) or getattr(pa.types, "is_string_view", lambda t: False)(typ)):
+    if not (
+        pa.types.is_string(typ)
+        or pa.types.is_large_string(typ)
+        or pa.types.is_binary(typ)
+        or pa.types.is_large_binary(typ)
+        or getattr(pa.types, "is_string_view", lambda t: False)(typ)
+    ):
         raise DataError(f"{path}: column '{text_field}' is {typ}, not text; set data.text_field")
     return schema.get_field_index(text_field)
 
 
-def _rows(path: Path, batches: Iterable, text_field: str, on_bad: str, skipped: collections.Counter,
-          limit: int, first_row: int = 1) -> Iterator[Document]:
+def _rows(
+    path: Path,
+    batches: Iterable,
+    text_field: str,
+    on_bad: str,
+    skipped: collections.Counter,
+    limit: int,
+    first_row: int = 1,
+) -> Iterator[Document]:
     """Documents of an iterable of single-column record batches; row numbers start at `first_row`."""
     row = first_row - 1
     for batch in batches:
@@ -400,8 +442,9 @@ def _rows(path: Path, batches: Iterable, text_field: str, on_bad: str, skipped: 
             yield Document(value, str(path), row)
 
 
-def _iter_parquet(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
-                  limit: int) -> Iterator[Document]:
+def _iter_parquet(
+    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
     try:
@@ -410,8 +453,9 @@ def _iter_parquet(path: Path, text_field: str, on_bad: str, skipped: collections
         raise DataError(f"{path}: not a readable Parquet file ({e})") from e
     _text_column(path, pf.schema_arrow, text_field)
     try:
-        yield from _rows(path, pf.iter_batches(batch_size=_BATCH_ROWS, columns=[text_field]), text_field, on_bad,
-                         skipped, limit)
+        yield from _rows(
+            path, pf.iter_batches(batch_size=_BATCH_ROWS, columns=[text_field]), text_field, on_bad, skipped, limit
+        )
     except OSError as e:  # pyarrow errors derive from it: a corrupt page mid-file
         raise DataError(f"{path}: cannot read ({e}); the file is truncated or corrupt") from e
 
@@ -441,8 +485,9 @@ def _arrow_batches(path: Path, text_field: str):
         raise DataError(f"{path}: cannot read ({e}); the file is truncated or corrupt") from e
 
 
-def _iter_arrow(path: Path, text_field: str, on_bad: str, skipped: collections.Counter,
-                limit: int) -> Iterator[Document]:
+def _iter_arrow(
+    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
     yield from _rows(path, _arrow_batches(path, text_field), text_field, on_bad, skipped, limit)
 
 
@@ -458,8 +503,9 @@ def _dataset_arrow_files(directory: Path) -> list[Path]:
     return files
 
 
-def _iter_dataset_dir(directory: Path, text_field: str, on_bad: str, skipped: collections.Counter,
-                      limit: int) -> Iterator[Document]:
+def _iter_dataset_dir(
+    directory: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
     for f in _dataset_arrow_files(directory):
         yield from _iter_arrow(f, text_field, on_bad, skipped, limit)
 

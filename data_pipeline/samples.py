@@ -1,9 +1,9 @@
 """Training samples from shards: RoBERTa FULL-SENTENCES and DOC-SENTENCES packing.
 
-FULL-SENTENCES (`PackedSequences`, builder "packed", data.packing=full_sentences): the stream is every document followed by one [SEP], in shard order. Sample i is
-[CLS] + stream[i*C : (i+1)*C] + [SEP] with C = max_seq_len - 2, so a sample may span documents and every
-corpus token is seen exactly once per epoch. A final partial chunk shorter than max_seq_len // 4 is
-dropped. Random access is O(log D) via searchsorted, with no per-token Python loop.
+FULL-SENTENCES (`PackedSequences`, builder "packed", data.packing=full_sentences): the stream is every document
+followed by one [SEP], in shard order. Sample i is [CLS] + stream[i*C : (i+1)*C] + [SEP] with C = max_seq_len - 2,
+so a sample may span documents and every corpus token is seen exactly once per epoch. A final partial chunk shorter
+than max_seq_len // 4 is dropped. Random access is O(log D) via searchsorted, with no per-token Python loop.
 
 DOC-SENTENCES (`DocPackedSequences`, builder "doc_packed", data.packing=doc_bounded): no sample crosses a
 document boundary. Each document is cut greedily into chunks of whole sentences of at most C tokens; a
@@ -14,9 +14,21 @@ whole documents together would put them in one attention window, which is what t
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import numpy as np
 
 from data_pipeline.shards import ShardSet
+
+
+class SampleBuilder(Protocol):
+    """What the loader needs of a sample builder: how many samples an epoch has, and sample `index` as a dict of
+    numpy arrays. `rng` is the sample's own generator (seed, epoch, index: `loader.sample_rng`); a builder whose
+    samples are fixed ignores it, one whose samples are random (segment pairs) draws from it."""
+
+    def __len__(self) -> int: ...
+
+    def sample(self, index: int, rng: np.random.Generator) -> dict[str, np.ndarray]: ...
 
 
 class _Chunks:
@@ -29,6 +41,10 @@ class _Chunks:
         self.max_seq_len = max_seq_len
         self.cls_id, self.sep_id = int(cls_id), int(sep_id)
         self.chunk = max_seq_len - 2
+
+    def sample(self, index: int, rng: np.random.Generator | None = None) -> dict[str, np.ndarray]:
+        """Sample `index` (the packings are fixed: `rng` is not used)."""
+        return self[index]
 
 
 class PackedSequences(_Chunks):
@@ -72,8 +88,12 @@ class PackedSequences(_Chunks):
         special[1:-1] = is_sep
         word_starts = np.ones(n, bool)  # [n] specials count as word starts
         word_starts[1:-1] = words
-        return {"input_ids": input_ids, "token_type_ids": np.zeros(n, np.int64),
-                "word_starts": word_starts, "special_mask": special}
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": np.zeros(n, np.int64),
+            "word_starts": word_starts,
+            "special_mask": special,
+        }
 
 
 class DocPackedSequences(_Chunks):
@@ -105,8 +125,12 @@ class DocPackedSequences(_Chunks):
         special[0] = special[-1] = True
         word_starts = np.ones(n, bool)  # [n]
         word_starts[1:-1] = words
-        return {"input_ids": input_ids, "token_type_ids": np.zeros(n, np.int64),
-                "word_starts": word_starts, "special_mask": special}
+        return {
+            "input_ids": input_ids,
+            "token_type_ids": np.zeros(n, np.int64),
+            "word_starts": word_starts,
+            "special_mask": special,
+        }
 
 
 def doc_chunk_starts(doc_offsets: np.ndarray, sent_offsets: np.ndarray, chunk: int) -> np.ndarray:

@@ -33,17 +33,23 @@ import re
 import shutil
 import time
 from collections import deque
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 import numpy as np
 
-from pretrain.errors import DataError
-from pretrain.outputs import check_not_input, claim_output, exclusive, mark_output
-from data_pipeline.readers import (DEFAULT_MAX_DOCUMENT_BYTES, describe_inputs, expand_inputs, input_fingerprint,
-                                   iter_documents)
+from data_pipeline.readers import (
+    DEFAULT_MAX_DOCUMENT_BYTES,
+    describe_inputs,
+    expand_inputs,
+    input_fingerprint,
+    iter_documents,
+)
 from data_pipeline.sentences import SPLITTER_VERSION, split_sentences
-from data_pipeline.tokenizer import sha256_file, tokenizer_hash
+from data_pipeline.tokenizer import tokenizer_hash
+from pretrain.core.errors import DataError
+from pretrain.core.files import sha256_file, write_json_atomic
+from pretrain.core.outputs import check_not_input, claim_output, exclusive, mark_output
 
 FORMAT_VERSION = 1
 MANIFEST = "manifest.json"
@@ -92,8 +98,11 @@ def _word_fast_path(tok) -> np.ndarray | None:
     """
     from tokenizers import models, normalizers, pre_tokenizers
 
-    if not (isinstance(tok.model, models.WordPiece) and isinstance(tok.normalizer, normalizers.BertNormalizer)
-            and isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)):
+    if not (
+        isinstance(tok.model, models.WordPiece)
+        and isinstance(tok.normalizer, normalizers.BertNormalizer)
+        and isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+    ):
         return None
     if any(" " in t.content for t in tok.get_added_tokens_decoder().values()):
         return None  # an added token spanning a space would be split by the word path
@@ -112,8 +121,9 @@ def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fa
     tok = Tokenizer.from_file(tokenizer_file)
     tok.no_truncation()
     tok.no_padding()
-    _worker.update(tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype),
-                   continuation=_word_fast_path(tok) if fast else None, cache={})
+    _worker.update(
+        tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=_word_fast_path(tok) if fast else None, cache={}
+    )
 
 
 def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -173,7 +183,7 @@ def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
 def _encode_shard(task: tuple[int, list[str]]) -> dict:
     """Tokenize one chunk of documents and write it as shard files in the tmp dir; return its counts."""
     index, texts = task
-    parts = [_encode_slice(texts[lo:lo + _ENCODE_DOCS]) for lo in range(0, len(texts), _ENCODE_DOCS)]
+    parts = [_encode_slice(texts[lo : lo + _ENCODE_DOCS]) for lo in range(0, len(texts), _ENCODE_DOCS)]
     ids, starts, sent_lens, doc_sent_counts = (np.concatenate([p[k] for p in parts]) for k in range(4))
     n = len(ids)
 
@@ -201,12 +211,21 @@ def _encode_shard(task: tuple[int, list[str]]) -> dict:
             with open(path, "wb") as f:
                 write(f)
             sha[name + suffix] = sha256_file(path)
-    return {"index": index, "name": name, "tmp_prefix": prefix, "documents": int(kept_docs.sum()),
-            "sentences": int(nonempty.sum()), "tokens": n, "sha256": sha,
-            "dropped_docs": int((~kept_docs).sum()), "input_docs": len(texts)}
+    return {
+        "index": index,
+        "name": name,
+        "tmp_prefix": prefix,
+        "documents": int(kept_docs.sum()),
+        "sentences": int(nonempty.sum()),
+        "tokens": n,
+        "sha256": sha,
+        "dropped_docs": int((~kept_docs).sum()),
+        "input_docs": len(texts),
+    }
 
 
 # ---------------------------------------------------------------------------------------------- build
+
 
 def build_key(paths: list[str], tok_hash: str, settings: dict) -> tuple[str, list]:
     """(sha256 cache key, input fingerprint) of a build: what its output is a pure function of."""
@@ -281,10 +300,18 @@ def _chunks(docs, size: int) -> Iterator[tuple[int, list[str]]]:
         yield index, texts
 
 
-def build_shards(paths: list[str], tokenizer_dir: str | os.PathLike, out_dir: str | os.PathLike, *,
-                 text_field: str = "text", num_workers: int = 2, docs_per_shard: int = 2000,
-                 on_bad: str = "skip", show_progress: bool = True,
-                 max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES) -> dict:
+def build_shards(
+    paths: list[str],
+    tokenizer_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    text_field: str = "text",
+    num_workers: int = 2,
+    docs_per_shard: int = 2000,
+    on_bad: str = "skip",
+    show_progress: bool = True,
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> dict:
     """Tokenize the corpus into shards in `out_dir` and return the manifest.
 
     A finished build with the same cache key is returned as is; an interrupted one is finished (see the
@@ -295,11 +322,18 @@ def build_shards(paths: list[str], tokenizer_dir: str | os.PathLike, out_dir: st
     tok_file = Path(tokenizer_dir) / "tokenizer.json"
     tok_hash = tokenizer_hash(tokenizer_dir)
     docs_per_shard = max(1, docs_per_shard)
-    settings = {"format_version": FORMAT_VERSION, "splitter_version": SPLITTER_VERSION, "text_field": text_field,
-                "docs_per_shard": docs_per_shard, "on_bad": on_bad, "max_document_bytes": max_document_bytes}
+    settings = {
+        "format_version": FORMAT_VERSION,
+        "splitter_version": SPLITTER_VERSION,
+        "text_field": text_field,
+        "docs_per_shard": docs_per_shard,
+        "on_bad": on_bad,
+        "max_document_bytes": max_document_bytes,
+    }
     key, fingerprint = build_key(paths, tok_hash, settings)
-    check_not_input(out, {"the tokenizer directory": tokenizer_dir,
-                          **{f"the corpus file {p}": p for p in expand_inputs(paths)}})
+    check_not_input(
+        out, {"the tokenizer directory": tokenizer_dir, **{f"the corpus file {p}": p for p in expand_inputs(paths)}}
+    )
     claim_output(out, "shards", "the shard directory")
     cached = _cached(out, key, tok_hash)  # lock-free fast path: the manifest is written atomically
     if cached is not None:
@@ -309,12 +343,20 @@ def build_shards(paths: list[str], tokenizer_dir: str | os.PathLike, out_dir: st
         cached = _cached(out, key, tok_hash)  # another process may have finished it while we waited
         if cached is not None:
             return cached
-        return _build_locked(paths, tok_file, tok_hash, out, key, fingerprint, settings, num_workers,
-                             show_progress)
+        return _build_locked(paths, tok_file, tok_hash, out, key, fingerprint, settings, num_workers, show_progress)
 
 
-def _build_locked(paths, tok_file: Path, tok_hash: str, out: Path, key: str, fingerprint: list, settings: dict,
-                  num_workers: int, show_progress: bool) -> dict:
+def _build_locked(
+    paths,
+    tok_file: Path,
+    tok_hash: str,
+    out: Path,
+    key: str,
+    fingerprint: list,
+    settings: dict,
+    num_workers: int,
+    show_progress: bool,
+) -> dict:
     from tokenizers import Tokenizer
 
     vocab_size = Tokenizer.from_file(str(tok_file)).get_vocab_size(with_added_tokens=True)
@@ -322,7 +364,7 @@ def _build_locked(paths, tok_file: Path, tok_hash: str, out: Path, key: str, fin
     state = _read_json(out / BUILD_STATE)
     if state is None or state.get("cache_key") != key:
         _clear(out)  # a stale partial build (other inputs, tokenizer or settings), or a finished stale one
-        _write_json_atomic(out / BUILD_STATE, {"cache_key": key, "started": time.time(), **settings})
+        write_json_atomic(out / BUILD_STATE, {"cache_key": key, "started": time.time(), **settings})
         done: dict[int, dict] = {}
     else:
         done = _completed(out, dtype.itemsize)
@@ -330,13 +372,19 @@ def _build_locked(paths, tok_file: Path, tok_hash: str, out: Path, key: str, fin
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir()
     skipped: collections.Counter = collections.Counter()
-    docs = iter_documents(paths, text_field=settings["text_field"], on_bad=settings["on_bad"], skipped=skipped,
-                          max_document_bytes=settings["max_document_bytes"])
+    docs = iter_documents(
+        paths,
+        text_field=settings["text_field"],
+        on_bad=settings["on_bad"],
+        skipped=skipped,
+        max_document_bytes=settings["max_document_bytes"],
+    )
     init_args = (str(tok_file), str(tmp), dtype.name, max(1, (os.cpu_count() or 1) // max(1, num_workers)))
     try:
         from tqdm import tqdm
 
         with tqdm(desc="tokenizing", unit=" docs", disable=not show_progress) as bar:
+
             def todo():  # chunks still to tokenize; finished ones are read past (cheap next to tokenizing)
                 for index, texts in _chunks(docs, settings["docs_per_shard"]):
                     if index in done:
@@ -350,31 +398,44 @@ def _build_locked(paths, tok_file: Path, tok_hash: str, out: Path, key: str, fin
                     os.replace(tmp / (result["tmp_prefix"] + suffix), out / (result["name"] + suffix))
                 record = {k: v for k, v in result.items() if k != "tmp_prefix"}
                 # Not fsynced: a resume re-hashes the files against this record anyway.
-                _write_json_atomic(out / (result["name"] + DONE), record, sync=False)
+                write_json_atomic(out / (result["name"] + DONE), record, sync=False)
                 done[result["index"]] = record
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
 
     records = [done[i] for i in sorted(done)]
-    shards = [{k: r[k] for k in ("name", "documents", "sentences", "tokens", "sha256")} for r in records
-              if r["documents"]]
+    shards = [
+        {k: r[k] for k in ("name", "documents", "sentences", "tokens", "sha256")} for r in records if r["documents"]
+    ]
     no_tokens = sum(r["dropped_docs"] for r in records)
     if no_tokens:
         skipped["no_tokens"] += no_tokens
     total = {k: sum(s[k] for s in shards) for k in ("documents", "sentences", "tokens")}
     if not total["documents"]:
         _clear(out)
-        raise DataError(f"empty corpus: no usable documents in {describe_inputs(paths)}"
-                        + (f" (skipped: {dict(skipped)})" if skipped else ""))
+        raise DataError(
+            f"empty corpus: no usable documents in {describe_inputs(paths)}"
+            + (f" (skipped: {dict(skipped)})" if skipped else "")
+        )
     manifest = {
-        "format_version": FORMAT_VERSION, "cache_key": key, "settings": settings, "tokenizer_hash": tok_hash,
-        "vocab_size": vocab_size, "dtype": dtype.name, "text_field": settings["text_field"],
-        "inputs": [fp[0] for fp in fingerprint], "input_bytes": [fp[1] for fp in fingerprint],
-        "counts": {**total, "input_documents": sum(r["input_docs"] for r in records),
-                   "skipped": dict(sorted(skipped.items()))},
-        "shards": shards, "created": time.time(),
+        "format_version": FORMAT_VERSION,
+        "cache_key": key,
+        "settings": settings,
+        "tokenizer_hash": tok_hash,
+        "vocab_size": vocab_size,
+        "dtype": dtype.name,
+        "text_field": settings["text_field"],
+        "inputs": [fp[0] for fp in fingerprint],
+        "input_bytes": [fp[1] for fp in fingerprint],
+        "counts": {
+            **total,
+            "input_documents": sum(r["input_docs"] for r in records),
+            "skipped": dict(sorted(skipped.items())),
+        },
+        "shards": shards,
+        "created": time.time(),
     }
-    _write_json_atomic(out / MANIFEST, manifest)
+    write_json_atomic(out / MANIFEST, manifest)
     for r in records:  # the manifest now holds everything the done records said
         (out / (r["name"] + DONE)).unlink(missing_ok=True)
     (out / BUILD_STATE).unlink(missing_ok=True)
@@ -401,17 +462,8 @@ def _run(chunks, num_workers: int, init_args: tuple) -> Iterator[dict]:
             yield pending.popleft().get()
 
 
-def _write_json_atomic(path: Path, obj: dict, sync: bool = True) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        json.dump(obj, f, indent=1)
-        if sync:
-            f.flush()
-            os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 # ---------------------------------------------------------------------------------------------- reading
+
 
 class ShardSet:
     """A verified shard directory, memory-mapped, addressed by global document and token index.
@@ -430,12 +482,16 @@ class ShardSet:
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read {path}: {e}") from e
         if self.manifest.get("format_version") != FORMAT_VERSION:
-            raise DataError(f"{path}: format_version {self.manifest.get('format_version')!r}, expected "
-                            f"{FORMAT_VERSION}; rebuild the shards")
+            raise DataError(
+                f"{path}: format_version {self.manifest.get('format_version')!r}, expected "
+                f"{FORMAT_VERSION}; rebuild the shards"
+            )
         if expected_tokenizer_hash is not None and self.manifest["tokenizer_hash"] != expected_tokenizer_hash:
-            raise DataError(f"{self.dir} was built with a different tokenizer (hash "
-                            f"{self.manifest['tokenizer_hash'][:12]}, expected {expected_tokenizer_hash[:12]}); "
-                            "rebuild the shards")
+            raise DataError(
+                f"{self.dir} was built with a different tokenizer (hash "
+                f"{self.manifest['tokenizer_hash'][:12]}, expected {expected_tokenizer_hash[:12]}); "
+                "rebuild the shards"
+            )
         self.dtype = np.dtype(self.manifest["dtype"])
         self._check_files(verify)
 
@@ -468,8 +524,10 @@ class ShardSet:
                 if not path.is_file():
                     raise DataError(f"missing shard file {path}; rebuild the shards")
                 if suffix in expected and path.stat().st_size != expected[suffix]:
-                    raise DataError(f"size mismatch in {path}: {path.stat().st_size} bytes, expected "
-                                    f"{expected[suffix]} (file changed or truncated)")
+                    raise DataError(
+                        f"size mismatch in {path}: {path.stat().st_size} bytes, expected "
+                        f"{expected[suffix]} (file changed or truncated)"
+                    )
                 if verify and sha256_file(path) != s["sha256"][path.name]:
                     raise DataError(f"checksum mismatch in {path} (file changed or truncated)")
 
@@ -480,9 +538,12 @@ class ShardSet:
     def _mapped(self) -> list[tuple[np.ndarray, np.ndarray]]:
         if self._maps is None:
             self._maps = [
-                (np.memmap(self.dir / f"{s['name']}.tokens.bin", self.dtype, "r", shape=(s["tokens"],)),
-                 np.memmap(self.dir / f"{s['name']}.words.bin", np.uint8, "r", shape=((s["tokens"] + 7) // 8,)))
-                for s in self.manifest["shards"]]
+                (
+                    np.memmap(self.dir / f"{s['name']}.tokens.bin", self.dtype, "r", shape=(s["tokens"],)),
+                    np.memmap(self.dir / f"{s['name']}.words.bin", np.uint8, "r", shape=((s["tokens"] + 7) // 8,)),
+                )
+                for s in self.manifest["shards"]
+            ]
         return self._maps
 
     @property
@@ -492,10 +553,6 @@ class ShardSet:
     @property
     def num_tokens(self) -> int:
         return int(self._doc_offsets[-1])
-
-    @property
-    def num_sentences(self) -> int:
-        return len(self._sent_offsets) - 1
 
     def content_hash(self) -> str:
         """sha256 of what the shards hold (each file's checksum, in order): equal for equal tokens and boundaries,
@@ -539,8 +596,8 @@ class ShardSet:
             hi = min(end, self._shard_tok_start[k + 1]) - self._shard_tok_start[k]
             ids, packed = maps[k]
             tokens.append(np.array(ids[lo:hi]))
-            bits = np.unpackbits(packed[lo // 8:(hi + 7) // 8])  # [8*bytes]
-            words.append(bits[lo % 8:lo % 8 + (hi - lo)].astype(bool))
+            bits = np.unpackbits(packed[lo // 8 : (hi + 7) // 8])  # [8*bytes]
+            words.append(bits[lo % 8 : lo % 8 + (hi - lo)].astype(bool))
         if len(tokens) == 1:
             return tokens[0], words[0]
         return np.concatenate(tokens), np.concatenate(words)
@@ -565,9 +622,20 @@ class ShardSet:
         """[s+1] int64 offsets of the document's sentences, relative to its first token."""
         lo, hi = self._doc_span(doc_index)
         a, b = np.searchsorted(self._sent_offsets, [lo, hi])
-        return self._sent_offsets[a:b + 1] - lo
+        return self._sent_offsets[a : b + 1] - lo
 
     def doc_sentences(self, doc_index: int) -> list[np.ndarray]:
         """The document's sentences, each [n_i] token ids."""
         offsets = self.doc_sentence_offsets(doc_index)
         return np.split(self.doc_tokens(doc_index), offsets[1:-1])
+
+
+def unigram_entropy(shards, special_ids: tuple[int, ...] = (), max_tokens: int = 10_000_000) -> float:
+    """Entropy (nats) of the corpus's token frequencies, specials left out, over its first `max_tokens` tokens: the
+    masked-LM loss of a model that predicts every masked token from frequency alone, ignoring its context (the
+    'unigram plateau' a short run sits on before it learns to use context)."""
+    n = min(shards.num_tokens, max_tokens)
+    counts = np.bincount(shards.read_span(0, n)[0].astype(np.int64)).astype(np.float64)
+    counts[[i for i in special_ids if i < len(counts)]] = 0
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())

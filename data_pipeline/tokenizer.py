@@ -9,38 +9,31 @@ of names keeps configs, the trainer and exported checkpoints uniform across kind
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 import os
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING, Iterator
+from typing import TYPE_CHECKING
 
 import numpy as np
 
-from pretrain.errors import DataError
-from pretrain.outputs import check_not_input, claim_output, mark_output
 from data_pipeline.readers import DEFAULT_MAX_DOCUMENT_BYTES, describe_inputs, iter_documents, iter_documents_sample
+from pretrain.core.errors import DataError
+from pretrain.core.files import sha256_file
+from pretrain.core.outputs import check_not_input, claim_output, mark_output
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
-    from objectives.base import SpecialTokens
+
+    from pretrain.core.tokens import SpecialTokens
 
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 KINDS = ("wordpiece", "bpe", "unigram")
 VOCAB_MULTIPLE = 64  # padded vocab keeps the embedding/output matmuls on tensor-core friendly shapes
 FILLER = "[unused{}]"
 MODEL_MAX_LENGTH = 512
-
-
-def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
-    """Hex sha256 of a file, read in 1 MiB blocks."""
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        while chunk := f.read(block):
-            h.update(chunk)
-    return h.hexdigest()
 
 
 def tokenizer_hash(directory: str | os.PathLike) -> str:
@@ -57,8 +50,9 @@ def _build(kind: str, lowercase: bool, strip_accents: bool):
 
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
-        tok.normalizer = normalizers.BertNormalizer(clean_text=True, handle_chinese_chars=True,
-                                                    strip_accents=strip_accents, lowercase=lowercase)
+        tok.normalizer = normalizers.BertNormalizer(
+            clean_text=True, handle_chinese_chars=True, strip_accents=strip_accents, lowercase=lowercase
+        )
         tok.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
         tok.decoder = decoders.WordPiece(prefix="##")
         return tok, trainers.WordPieceTrainer, {"continuing_subword_prefix": "##"}
@@ -120,8 +114,12 @@ def _continuation_alphabet(kind: str, lowercase: bool, strip_accents: bool, text
     from tokenizers import trainers
 
     tok, _, _ = _build(kind, lowercase, strip_accents)
-    tok.train_from_iterator(texts, trainers.WordPieceTrainer(vocab_size=1, special_tokens=SPECIALS,
-                                                             show_progress=False, continuing_subword_prefix="##"))
+    tok.train_from_iterator(
+        texts,
+        trainers.WordPieceTrainer(
+            vocab_size=1, special_tokens=SPECIALS, show_progress=False, continuing_subword_prefix="##"
+        ),
+    )
     return sorted(p for p in tok.get_vocab() if p.startswith("##") and len(p) > 2)
 
 
@@ -159,15 +157,24 @@ def _canonical(tok, kind: str):
     spec["added_tokens"] = [t for t in spec["added_tokens"] if t["content"] in SPECIALS]
     if kind == "unigram":
         vocab = spec["model"]["vocab"]  # [[piece, log-prob]]: SPECIALS first, then the learned pieces
-        spec["model"]["vocab"] = vocab[:len(SPECIALS)] + _canonical_unigram(vocab[len(SPECIALS):])
+        spec["model"]["vocab"] = vocab[: len(SPECIALS)] + _canonical_unigram(vocab[len(SPECIALS) :])
     return Tokenizer.from_str(json.dumps(spec))
 
 
-def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "wordpiece", vocab_size: int = 8192,
-                    lowercase: bool = True, strip_accents: bool = True, min_frequency: int = 2,
-                    text_field: str = "text", sample_docs: int = 0, show_progress: bool = True,
-                    on_bad: str = "skip", max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES
-                    ) -> PreTrainedTokenizerFast:
+def train_tokenizer(
+    paths: list[str],
+    out_dir: str | os.PathLike,
+    kind: str = "wordpiece",
+    vocab_size: int = 8192,
+    lowercase: bool = True,
+    strip_accents: bool = True,
+    min_frequency: int = 2,
+    text_field: str = "text",
+    sample_docs: int = 0,
+    show_progress: bool = True,
+    on_bad: str = "skip",
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> PreTrainedTokenizerFast:
     """Train a tokenizer on the corpus, streamed, into `out_dir`. The same corpus and settings give byte-identical
     files.
 
@@ -175,7 +182,7 @@ def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "w
     ceil(sample_docs / inputs) of each): a vocabulary converges long before a large corpus ends, and only
     the sampled part of each file is read. Memory is the trainer's word counts, not the corpus.
 
-    `out_dir` must be absent, empty or a tokenizer directory of ours (`pretrain.outputs.claim_output`), and hold no
+    `out_dir` must be absent, empty or a tokenizer directory of ours (`pretrain.core.outputs.claim_output`), and hold no
     input. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and renamed into place.
     """
     from tokenizers import processors
@@ -206,14 +213,24 @@ def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "w
     if [ids[t] for t in SPECIALS] != list(range(len(SPECIALS))):
         raise AssertionError(f"special token ids {ids} are not 0..4")  # a trainer contract broke: a bug
     tok.post_processor = processors.TemplateProcessing(
-        single="[CLS] $A [SEP]", pair="[CLS] $A [SEP] $B:1 [SEP]:1",
-        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])])
+        single="[CLS] $A [SEP]",
+        pair="[CLS] $A [SEP] $B:1 [SEP]:1",
+        special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
+    )
     tok = _pad_vocab(tok)
 
     fast = PreTrainedTokenizerFast(
-        tokenizer_object=tok, model_max_length=MODEL_MAX_LENGTH, do_lower_case=lowercase,
-        strip_accents=strip_accents, pad_token="[PAD]", unk_token="[UNK]", cls_token="[CLS]",
-        sep_token="[SEP]", mask_token="[MASK]", padding_side="right")
+        tokenizer_object=tok,
+        model_max_length=MODEL_MAX_LENGTH,
+        do_lower_case=lowercase,
+        strip_accents=strip_accents,
+        pad_token="[PAD]",
+        unk_token="[UNK]",
+        cls_token="[CLS]",
+        sep_token="[SEP]",
+        mask_token="[MASK]",
+        padding_side="right",
+    )
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -230,8 +247,17 @@ def train_tokenizer(paths: list[str], out_dir: str | os.PathLike, kind: str = "w
 
 
 # The files a HuggingFace tokenizer directory may hold; a `model.init_from` checkpoint also holds weights.
-TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json",
-                   "vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
+TOKENIZER_FILES = (
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "sentencepiece.bpe.model",
+)
 
 
 def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
@@ -258,7 +284,7 @@ def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerFast:
 
 def special_tokens(tokenizer: PreTrainedTokenizerFast) -> SpecialTokens:
     """Ids the objectives need; `replaceable` excludes special tokens and [unusedN] fillers."""
-    from objectives.base import SpecialTokens
+    from pretrain.core.tokens import SpecialTokens
 
     ids = {}
     for name in ("pad", "unk", "cls", "sep", "mask"):

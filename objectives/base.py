@@ -21,21 +21,21 @@ Metrics are sums and counts (`Mean`) or histograms (`BinaryAUC`), so that micro-
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
 from torch import nn
 
-from pretrain.errors import ConfigError
-from pretrain.measures import BinaryAUC, Mean
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
+from pretrain.core.measures import BinaryAUC, Mean
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
 if TYPE_CHECKING:
-    from pretrain.model import Forward, LossWeights
-
-IGNORE_INDEX = -100
+    from pretrain.model.pretraining import Forward, LossWeights
 
 
 def flat_targets(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -46,38 +46,20 @@ def flat_targets(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return positions, flat[positions].astype(np.int64)
 
 
-@dataclass(frozen=True)
-class SpecialTokens:
-    """Ids the objectives need from the tokenizer."""
-
-    pad: int
-    unk: int
-    cls: int
-    sep: int
-    mask: int
-    vocab_size: int
-    """Size of the (padded) vocabulary; the model's output size."""
-    replaceable: np.ndarray = field(compare=False, repr=False, default_factory=lambda: np.zeros(0, np.int64))
-    """Ids a random replacement may draw: real tokens, no special or padding-filler ([unusedN]) ids."""
-
-    @property
-    def special_ids(self) -> tuple[int, ...]:
-        return (self.pad, self.unk, self.cls, self.sep, self.mask)
-
-
 @dataclass
 class ObjectiveOptions:
-    weight: float = 1.0
-    """Weight of this objective's loss in the total."""
+    weight: float = doc(1.0, "Weight of this objective's loss in the total.")
 
 
 @dataclass
 class ObjectiveOutput:
     loss: torch.Tensor
     """Scalar, unweighted."""
-    metrics: dict[str, torch.Tensor | Mean | BinaryAUC] = field(default_factory=dict)
-    """Unweighted metrics to log, e.g. accuracy: a `Mean` (sum and count) or `BinaryAUC`; a plain 0-d tensor is a
-    mean over this micro-batch (Mean(value, 1))."""
+    metrics: dict[str, torch.Tensor | Mean | BinaryAUC] = doc(
+        factory=dict,
+        text="Unweighted metrics to log, e.g. accuracy: a `Mean` (sum and count) or `BinaryAUC`; a plain 0-d tensor is "
+        "a mean over this micro-batch (Mean(value, 1)).",
+    )
 
 
 class Objective:
@@ -122,8 +104,9 @@ class Objective:
         """The head this objective trains, if any; stored as model.heads[self.name]."""
         return None
 
-    def loss(self, batch: Mapping[str, torch.Tensor], forward: Forward, model: nn.Module,
-             weights: LossWeights) -> ObjectiveOutput:
+    def loss(
+        self, batch: Mapping[str, torch.Tensor], forward: Forward, model: nn.Module, weights: LossWeights
+    ) -> ObjectiveOutput:
         raise NotImplementedError
 
 
@@ -139,15 +122,17 @@ def register(cls: type[Objective]) -> type[Objective]:
 
 def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
     """Typed options for each objective in a config mapping {name: {option: value}}; checks the mix."""
-    from pretrain.config import _nearest, from_dict  # shared typed-dict builder
+    from pretrain.core.config import _nearest, from_dict
 
     if not spec:
         raise ConfigError("objectives: at least one objective is needed (e.g. objectives.mlm.weight=1)")
     typed = {}
     for name, options in spec.items():
         if name not in REGISTRY:
-            raise ConfigError(f"objectives: unknown objective '{name}'{_nearest(name, REGISTRY)}; "
-                              f"known: {', '.join(sorted(REGISTRY))}")
+            raise ConfigError(
+                f"objectives: unknown objective '{name}'{_nearest(name, REGISTRY)}; "
+                f"known: {', '.join(sorted(REGISTRY))}"
+            )
         cls = REGISTRY[name]
         if dataclasses.is_dataclass(options) and isinstance(options, cls.Options):
             typed[name] = options
@@ -155,8 +140,10 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
             typed[name] = from_dict(cls.Options, options or {}, f"objectives.{name}")
     rewriters = [n for n in typed if REGISTRY[n].rewrites_inputs]
     if len(rewriters) > 1:
-        raise ConfigError(f"objectives: {' and '.join(rewriters)} both rewrite the input tokens; a run can use "
-                          "only one of mlm, span, rtd, plm")
+        raise ConfigError(
+            f"objectives: {' and '.join(rewriters)} both rewrite the input tokens; a run can use "
+            "only one of mlm, span, rtd, plm"
+        )
     pairs = [n for n in typed if REGISTRY[n].sentence_level]
     if len(pairs) > 1:
         raise ConfigError(f"objectives: {' and '.join(pairs)} both build segment pairs; choose one of nsp, sop")
@@ -164,8 +151,10 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
         if options.weight < 0:
             raise ConfigError(f"objectives.{name}.weight: must be >= 0, got {options.weight}")
     if all(options.weight == 0 for options in typed.values()):
-        raise ConfigError(f"objectives: every weight is 0 ({', '.join(f'{n}.weight=0' for n in typed)}), so nothing "
-                          "would be trained; give at least one objective a weight > 0")
+        raise ConfigError(
+            f"objectives: every weight is 0 ({', '.join(f'{n}.weight=0' for n in typed)}), so nothing "
+            "would be trained; give at least one objective a weight > 0"
+        )
     return typed
 
 

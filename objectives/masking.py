@@ -15,10 +15,12 @@ short sample), its length is drawn again among the lengths that fit, from the sa
 from __future__ import annotations
 
 from dataclasses import dataclass
+
 import numpy as np
 
-from objectives.base import SpecialTokens
-from pretrain.errors import ConfigError
+from pretrain.core.errors import ConfigError
+from pretrain.core.tokens import SpecialTokens
+
 
 def check_rates(where: str, mask_prob: float, mask_token_prob: float, random_token_prob: float) -> None:
     """Validate the BERT corruption rates of options at config path `where` (e.g. "objectives.mlm")."""
@@ -28,8 +30,10 @@ def check_rates(where: str, mask_prob: float, mask_token_prob: float, random_tok
         if not 0.0 <= value <= 1.0:
             raise ConfigError(f"{where}.{key}: must be in [0, 1], got {value}")
     if mask_token_prob + random_token_prob > 1.0 + 1e-9:
-        raise ConfigError(f"{where}: mask_token_prob + random_token_prob must be <= 1 (the rest stay unchanged), "
-                          f"got {mask_token_prob} + {random_token_prob}")
+        raise ConfigError(
+            f"{where}: mask_token_prob + random_token_prob must be <= 1 (the rest stay unchanged), "
+            f"got {mask_token_prob} + {random_token_prob}"
+        )
 
 
 def ineligible_tokens(sample: dict[str, np.ndarray], tokens: SpecialTokens) -> np.ndarray:
@@ -46,13 +50,22 @@ def ineligible_tokens(sample: dict[str, np.ndarray], tokens: SpecialTokens) -> n
 def sample_word_starts(sample: dict[str, np.ndarray]) -> np.ndarray:
     """bool [n] word starts of a sample; word-level masking cannot guess them from ids for every tokenizer."""
     if "word_starts" not in sample:
-        raise ValueError("whole-word, n-gram and span masking need 'word_starts' in every sample; this sample "
-                         "builder does not provide it")
+        raise ValueError(
+            "whole-word, n-gram and span masking need 'word_starts' in every sample; this sample "
+            "builder does not provide it"
+        )
     return sample["word_starts"]
 
 
-def replace_tokens(input_ids: np.ndarray, positions: np.ndarray, u: np.ndarray, mask_token_prob: float,
-                   random_token_prob: float, tokens: SpecialTokens, rng: np.random.Generator) -> np.ndarray:
+def replace_tokens(
+    input_ids: np.ndarray,
+    positions: np.ndarray,
+    u: np.ndarray,
+    mask_token_prob: float,
+    random_token_prob: float,
+    tokens: SpecialTokens,
+    rng: np.random.Generator,
+) -> np.ndarray:
     """BERT's corruption of `positions` [M] given uniforms `u` [M]: u < p_mask -> [MASK], the next
     p_random -> a random real token, the rest unchanged. Callers choose u's granularity (per token or per
     span: equal u for every token of a span gives the span one fate). Returns a corrupted copy [n]."""
@@ -88,13 +101,13 @@ class SpanLengths:
     pmf: np.ndarray
 
     @classmethod
-    def ngram(cls, max_n: int) -> "SpanLengths":
+    def ngram(cls, max_n: int) -> SpanLengths:
         """ALBERT n-grams: p(n) proportional to 1/n for n in 1..max_n (max_n = 1: single whole words)."""
         p = 1.0 / np.arange(1, max_n + 1)
         return cls(p / p.sum())
 
     @classmethod
-    def geometric(cls, p: float, max_len: int) -> "SpanLengths":
+    def geometric(cls, p: float, max_len: int) -> SpanLengths:
         """SpanBERT: Geometric(p) on 1..max_len, renormalised (as SpanBERT's code; mean 3.80 for p = 0.2,
         max_len = 10, the paper's 3.8). Clipping instead (tail mass on max_len) would give a mean of 4.46."""
         pmf = p * (1 - p) ** np.arange(max_len)  # [max_len] P(k) for k = 1..max_len, before renormalising
@@ -116,8 +129,14 @@ def _longest_run(free: np.ndarray) -> int:
     return int((edges[1::2] - edges[::2]).max()) if len(edges) else 0
 
 
-def select_word_spans(word_starts: np.ndarray, ineligible: np.ndarray, rate: float, lengths: SpanLengths,
-                      rng: np.random.Generator, separate: bool = False) -> WordSpans:
+def select_word_spans(
+    word_starts: np.ndarray,
+    ineligible: np.ndarray,
+    rate: float,
+    lengths: SpanLengths,
+    rng: np.random.Generator,
+    separate: bool = False,
+) -> WordSpans:
     """Choose non-overlapping spans of whole candidate words until about round(rate * candidate tokens)
     tokens are chosen; at least one span, so a sample much shorter than a span / rate gets more than rate.
 
@@ -163,7 +182,7 @@ def select_word_spans(word_starts: np.ndarray, ineligible: np.ndarray, rate: flo
     p_t = np.bincount(win[valid], weight[valid], minlength=budget + 2)  # [T+1] P(T = t)
     tail = np.cumsum(p_t[::-1])[::-1]  # [T+1] P(T >= t)
     # E[(T - r)+] = sum over t > r of P(T >= t), for r = 0..budget: [budget+1]
-    overshoot = np.append(np.cumsum(tail[::-1])[::-1], 0.0)[1: budget + 2]
+    overshoot = np.append(np.cumsum(tail[::-1])[::-1], 0.0)[1 : budget + 2]
     remaining = np.arange(budget + 1)  # [budget+1] every r the loop can meet
     go_p = (remaining / np.maximum(remaining + overshoot, 1e-9)).tolist()  # P(draw another span | r left)
 
@@ -189,7 +208,7 @@ def select_word_spans(word_starts: np.ndarray, ineligible: np.ndarray, rate: flo
         if len(fits) == 0:  # no room for this length: stop rather than redraw (redrawing favours short spans)
             break
         s = int(fits[int(u_place[i] * len(fits))])
-        free[max(s - gap, 0): s + L + gap] = False
+        free[max(s - gap, 0) : s + L + gap] = False
         first_words.append(s)
         lens.append(L)
         taken += int(ends[s + L - 1] - starts[s])

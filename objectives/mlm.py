@@ -18,27 +18,40 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, SpecialTokens, flat_targets, register
-from pretrain.measures import Mean
-from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
-                                select_word_spans)
-from pretrain.errors import ConfigError
+from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from objectives.masking import (
+    SpanLengths,
+    check_rates,
+    ineligible_tokens,
+    replace_tokens,
+    sample_word_starts,
+    select_word_spans,
+)
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
+from pretrain.core.measures import Mean
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
 MAX_NGRAM = 3
 
 
 @dataclass
-class MLMOptions(ObjectiveOptions):
-    mask_prob: float = 0.15
-    """Fraction of non-special tokens chosen for prediction."""
-    mask_token_prob: float = 0.8
-    """Of the chosen tokens, the fraction replaced by [MASK]."""
-    random_token_prob: float = 0.1
-    """Of the chosen tokens, the fraction replaced by a random token (the rest stay unchanged)."""
-    whole_word: bool = False
-    """Choose whole words (from the samples' `word_starts`) and predict all their tokens."""
-    max_ngram: int = 1
-    """> 1: choose n-grams of whole words, n in 1..max_ngram with p(n) proportional to 1/n (ALBERT)."""
+class MaskingRates(ObjectiveOptions):
+    """Which tokens are chosen for prediction and what each becomes: the options `corrupt` reads (mlm, rtd)."""
+
+    mask_prob: float = doc(0.15, "Fraction of non-special tokens chosen for prediction.")
+    mask_token_prob: float = doc(0.8, "Of the chosen tokens, the fraction replaced by [MASK].")
+    random_token_prob: float = doc(
+        0.1, "Of the chosen tokens, the fraction replaced by a random token (the rest stay unchanged)."
+    )
+
+
+@dataclass
+class MLMOptions(MaskingRates):
+    whole_word: bool = doc(False, "Choose whole words (from the samples' `word_starts`) and predict all their tokens.")
+    max_ngram: int = doc(
+        1, "> 1: choose n-grams of whole words, n in 1..max_ngram with p(n) proportional to 1/n (ALBERT)."
+    )
 
     def __post_init__(self):  # fail when the config is read, not in a loader worker
         check_rates("objectives.mlm", self.mask_prob, self.mask_token_prob, self.random_token_prob)
@@ -58,8 +71,9 @@ def choose_positions(candidates: np.ndarray, rate: float, rng: np.random.Generat
     return np.sort(rng.choice(candidates, size=k, replace=False))
 
 
-def corrupt(input_ids: np.ndarray, positions: np.ndarray, opts: MLMOptions, tokens: SpecialTokens,
-            rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+def corrupt(
+    input_ids: np.ndarray, positions: np.ndarray, opts: MaskingRates, tokens: SpecialTokens, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """Replace `positions` 80/10/10 and return (corrupted ids [L], labels [L] with -100 elsewhere)."""
     labels = np.full_like(input_ids, IGNORE_INDEX)
     labels[positions] = input_ids[positions]
@@ -96,8 +110,9 @@ class MLMHead(nn.Module):
         return F.linear(x, self.decoder_weight, self.bias)
 
 
-def token_predictions(head: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor,
-                      weight: float) -> tuple[torch.Tensor, torch.Tensor, Mean, Mean]:
+def token_predictions(
+    head: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, weight: float
+) -> tuple[torch.Tensor, torch.Tensor, Mean, Mean]:
     """The head on the rows `positions` of hidden [B, L, H] (flat indices into [B * L]) against `targets` [M]:
     (cross-entropy summed over the targets times `weight`, its sum, accuracy, mean cross-entropy). With no target
     the loss is a zero still connected to the graph, so every rank runs the same backward."""
@@ -105,8 +120,7 @@ def token_predictions(head: nn.Module, hidden: torch.Tensor, positions: torch.Te
     logits = head(rows).float()  # [M, V]
     ce_sum = F.cross_entropy(logits, targets, reduction="sum")
     n = targets.shape[0]  # a shape: known on the host
-    return (ce_sum * weight, ce_sum.detach(), Mean((logits.argmax(-1) == targets).sum(), n),
-            Mean(ce_sum.detach(), n))
+    return (ce_sum * weight, ce_sum.detach(), Mean((logits.argmax(-1) == targets).sum(), n), Mean(ce_sum.detach(), n))
 
 
 @register
@@ -122,13 +136,19 @@ class MaskedLM(Objective):
 
     def prepare(self, sample, rng):
         if self.options.word_level:
-            spans = select_word_spans(sample_word_starts(sample), ineligible_tokens(sample, self.tokens),
-                                      self.options.mask_prob, self.lengths, rng)
+            spans = select_word_spans(
+                sample_word_starts(sample),
+                ineligible_tokens(sample, self.tokens),
+                self.options.mask_prob,
+                self.lengths,
+                rng,
+            )
             positions, _ = spans.positions()  # [M] every token of every chosen word
         else:
             positions = choose_positions(candidate_positions(sample, self.tokens), self.options.mask_prob, rng)
-        sample["input_ids"], sample["mlm_labels"] = corrupt(sample["input_ids"], positions, self.options,
-                                                            self.tokens, rng)
+        sample["input_ids"], sample["mlm_labels"] = corrupt(
+            sample["input_ids"], positions, self.options, self.tokens, rng
+        )
         return sample
 
     def collate(self, arrays):
@@ -139,10 +159,15 @@ class MaskedLM(Objective):
         return {self.name: len(arrays["mlm_positions"])}
 
     def build_head(self, model_config, encoder):
-        return MLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
-                       bias=model_config.use_bias)
+        return MLMHead(
+            model_config.hidden_size,
+            model_config.layer_norm_eps,
+            encoder.embeddings.word_embeddings,
+            bias=model_config.use_bias,
+        )
 
     def loss(self, batch, forward, model, weights):
-        loss, _, accuracy, ce = token_predictions(model.heads[self.name], forward.hidden, batch["mlm_positions"],
-                                                  batch["mlm_targets"], weights(self.name))
+        loss, _, accuracy, ce = token_predictions(
+            model.heads[self.name], forward.hidden, batch["mlm_positions"], batch["mlm_targets"], weights(self.name)
+        )
         return ObjectiveOutput(loss, {"loss": ce, "accuracy": accuracy})

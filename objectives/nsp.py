@@ -9,13 +9,13 @@ from dataclasses import dataclass
 
 from objectives.base import ObjectiveOptions, register
 from objectives.sentence_head import SentencePairObjective
-from pretrain.errors import ConfigError
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
 
 
 @dataclass
 class NSPOptions(ObjectiveOptions):
-    random_next_prob: float = 0.5
-    """Probability that B is a random segment from another document (label 1)."""
+    random_next_prob: float = doc(0.5, "Probability that B is a random segment from another document (label 1).")
 
     def __post_init__(self):
         if not 0.0 <= self.random_next_prob <= 1.0:

@@ -32,9 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
 from objectives.mlm import MLMHead, candidate_positions, token_predictions
-from pretrain.errors import ConfigError
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
+from pretrain.core.tokens import IGNORE_INDEX
 
 CONTEXT_RANK = -1
 """Rank of specials (except [CLS]): visible to every position, seeing only each other."""
@@ -44,8 +46,7 @@ PAD_RANK = np.iinfo(np.int64).max
 
 @dataclass
 class PLMOptions(ObjectiveOptions):
-    predict_fraction_k: int = 6
-    """Predict the last ceil(n / K) tokens of the factorization order (XLNet's K)."""
+    predict_fraction_k: int = doc(6, "Predict the last ceil(n / K) tokens of the factorization order (XLNet's K).")
 
     def __post_init__(self):
         if self.predict_fraction_k < 1:
@@ -66,8 +67,9 @@ class PLMHead(MLMHead):
         nn.init.normal_(self.query_embedding, std=self.std)  # like a word embedding
 
 
-def factorization(sample: dict[str, np.ndarray], tokens, k: int, rng: np.random.Generator
-                  ) -> tuple[np.ndarray, np.ndarray]:
+def factorization(
+    sample: dict[str, np.ndarray], tokens, k: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray]:
     """(rank [n] int64, labels [n]: the original token at targets, -100 elsewhere). See the module doc."""
     ids = sample["input_ids"]
     n = len(ids)
@@ -90,8 +92,9 @@ class PermutationLM(Objective):
     pad_values = {"plm_order": PAD_RANK, "plm_labels": IGNORE_INDEX}
 
     def prepare(self, sample, rng):
-        sample["plm_order"], sample["plm_labels"] = factorization(sample, self.tokens,
-                                                                  self.options.predict_fraction_k, rng)
+        sample["plm_order"], sample["plm_labels"] = factorization(
+            sample, self.tokens, self.options.predict_fraction_k, rng
+        )
         return sample
 
     def collate(self, arrays):
@@ -109,8 +112,12 @@ class PermutationLM(Objective):
         return {self.name: len(arrays["plm_query_index"])}  # the query stream predicts exactly these
 
     def build_head(self, model_config, encoder):
-        return PLMHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
-                       model_config.initializer_range)
+        return PLMHead(
+            model_config.hidden_size,
+            model_config.layer_norm_eps,
+            encoder.embeddings.word_embeddings,
+            model_config.initializer_range,
+        )
 
     def before_encoder(self, batch, forward, model):
         rank = batch["plm_order"]  # [B, L]
@@ -121,13 +128,18 @@ class PermutationLM(Objective):
         forward.query_mask = (rank[:, None, :] < query_rank[:, :, None]) & real[:, None, :]  # [B, T, L], not itself
         types = forward.token_type_ids
         types = torch.zeros_like(positions) if types is None else types.gather(1, positions)
-        forward.query_stream = model.encoder.embeddings.query_stream(model.heads[self.name].query_embedding,
-                                                                     positions, types)
+        forward.query_stream = model.encoder.embeddings.query_stream(
+            model.heads[self.name].query_embedding, positions, types
+        )
         forward.query_positions = positions  # RoPE rotates the query stream's queries by them
 
     def loss(self, batch, forward, model, weights):
         # Predictions come from the final query stream [B, T, H], never from the content stream.
-        loss, _, accuracy, ce = token_predictions(model.heads[self.name], forward.query_hidden,
-                                                  batch["plm_query_index"], batch["plm_query_targets"],
-                                                  weights(self.name))
+        loss, _, accuracy, ce = token_predictions(
+            model.heads[self.name],
+            forward.query_hidden,
+            batch["plm_query_index"],
+            batch["plm_query_targets"],
+            weights(self.name),
+        )
         return ObjectiveOutput(loss, {"loss": ce, "accuracy": accuracy})

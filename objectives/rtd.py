@@ -23,43 +23,52 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOutput, flat_targets, register
-from pretrain.measures import BinaryAUC, Mean
-from objectives.mlm import MLMOptions, candidate_positions, choose_positions, corrupt
-from pretrain.errors import ConfigError
-from pretrain.model import EncoderLayer, Embeddings, attention_bias
+from objectives.base import Objective, ObjectiveOutput, flat_targets, register
+from objectives.mlm import MaskingRates, candidate_positions, choose_positions, corrupt
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
+from pretrain.core.measures import BinaryAUC, Mean
+from pretrain.core.tokens import IGNORE_INDEX
+from pretrain.model.encoder import Embeddings, EncoderLayer, attention_bias
 
 
 @dataclass
-class RTDOptions(MLMOptions):
-    # Masking keeps MLM's option names and meaning; the defaults are ELECTRA's: 85% [MASK], 15% left as is,
-    # no random tokens (the generator's samples are the "random" replacements).
-    mask_prob: float = 0.15
-    """Fraction of non-special tokens the generator predicts (and then replaces by a sample)."""
-    mask_token_prob: float = 0.85
-    """Of the chosen tokens, the fraction shown to the generator as [MASK] (the rest as themselves or random)."""
-    random_token_prob: float = 0.0
-    """Of the chosen tokens, the fraction shown to the generator as a random token."""
-    generator_size: float = 1 / 3
-    """Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA: 1/4-1/2)."""
-    generator_layers: int = 0
-    """Generator depth; 0 = as many layers as the encoder."""
-    temperature: float = 1.0
-    """Replacements are sampled from softmax(generator logits / temperature)."""
-    gen_weight: float = 1.0
-    """Weight of the generator MLM loss inside this objective's loss."""
-    disc_weight: float = 50.0
-    """Weight of the discriminator loss inside this objective's loss (ELECTRA: 50)."""
-    disentangled: bool = False
-    """DeBERTa-v3 gradient-disentangled embedding sharing: the encoder reads word embeddings
-    sg(shared) + delta (delta zero-initialised), so replaced-token detection cannot move the shared table."""
+class RTDOptions(MaskingRates):
+    # MLM's masking rates, with ELECTRA's defaults: 85% [MASK], 15% left as is, no random tokens (the generator's
+    # samples are the "random" replacements). No whole words or n-grams: ELECTRA masks single tokens.
+    mask_prob: float = doc(
+        0.15, "Fraction of non-special tokens the generator predicts (and then replaces by a sample)."
+    )
+    mask_token_prob: float = doc(
+        0.85, "Of the chosen tokens, the fraction shown to the generator as [MASK] (the rest as themselves or random)."
+    )
+    random_token_prob: float = doc(0.0, "Of the chosen tokens, the fraction shown to the generator as a random token.")
+    generator_size: float = doc(
+        1 / 3,
+        "Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA: 1/4-1/2).",
+    )
+    generator_layers: int = doc(0, "Generator depth; 0 = as many layers as the encoder.")
+    temperature: float = doc(1.0, "Replacements are sampled from softmax(generator logits / temperature).")
+    gen_weight: float = doc(1.0, "Weight of the generator MLM loss inside this objective's loss.")
+    disc_weight: float = doc(50.0, "Weight of the discriminator loss inside this objective's loss (ELECTRA: 50).")
+    disentangled: bool = doc(
+        False,
+        "DeBERTa-v3 gradient-disentangled embedding sharing: the encoder reads word "
+        "embeddings sg(shared) + delta (delta zero-initialised), so replaced-token "
+        "detection cannot move the shared table.",
+    )
 
     def __post_init__(self):
-        checks = {"mask_prob": 0 < self.mask_prob <= 1, "generator_size": 0 < self.generator_size <= 1,
-                  "generator_layers": self.generator_layers >= 0, "temperature": self.temperature > 0,
-                  "gen_weight": self.gen_weight >= 0, "disc_weight": self.disc_weight >= 0,
-                  "mask_token_prob": 0 <= self.mask_token_prob <= 1,
-                  "random_token_prob": 0 <= self.random_token_prob <= 1 - self.mask_token_prob}
+        checks = {
+            "mask_prob": 0 < self.mask_prob <= 1,
+            "generator_size": 0 < self.generator_size <= 1,
+            "generator_layers": self.generator_layers >= 0,
+            "temperature": self.temperature > 0,
+            "gen_weight": self.gen_weight >= 0,
+            "disc_weight": self.disc_weight >= 0,
+            "mask_token_prob": 0 <= self.mask_token_prob <= 1,
+            "random_token_prob": 0 <= self.random_token_prob <= 1 - self.mask_token_prob,
+        }
         bad = [name for name, ok in checks.items() if not ok]
         if bad:
             raise ConfigError(f"objectives.rtd.{bad[0]}: value {getattr(self, bad[0])!r} is out of range")
@@ -70,9 +79,13 @@ def generator_config(cfg, opts: RTDOptions):
     rounded to a multiple of the head count so attention splits evenly (256 x 1/3 -> 85, 1 head)."""
     heads = max(1, round(cfg.num_heads * opts.generator_size))
     hidden = max(heads, round(cfg.hidden_size * opts.generator_size / heads) * heads)
-    return replace(cfg, hidden_size=hidden, num_heads=heads,
-                   intermediate_size=max(1, round(cfg.intermediate_size * opts.generator_size)),
-                   num_layers=opts.generator_layers or cfg.num_layers)
+    return replace(
+        cfg,
+        hidden_size=hidden,
+        num_heads=heads,
+        intermediate_size=max(1, round(cfg.intermediate_size * opts.generator_size)),
+        num_layers=opts.generator_layers or cfg.num_layers,
+    )
 
 
 class DisentangledWordEmbedding(nn.Embedding):
@@ -103,8 +116,7 @@ class DisentangledWordEmbedding(nn.Embedding):
         if self._generator_view:
             return super().forward(ids)
         # Two lookups rather than one into (E + delta): no [V, E] temporary; same values bit for bit.
-        return (F.embedding(ids, self.weight.detach(), self.padding_idx)
-                + F.embedding(ids, self.delta, self.padding_idx))
+        return F.embedding(ids, self.weight.detach(), self.padding_idx) + F.embedding(ids, self.delta, self.padding_idx)
 
     def effective_weight(self) -> torch.Tensor:
         """The table the encoder sees, [V, E]: what an export of the discriminator must carry."""
@@ -141,8 +153,13 @@ class Generator(nn.Module):
         self.layers = nn.ModuleList(EncoderLayer(gen_cfg) for _ in range(gen_cfg.num_layers))
         self.head = GeneratorHead(gen_cfg.hidden_size, embedding_size, gen_cfg.layer_norm_eps, word_embeddings)
 
-    def forward(self, embeddings: Embeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None,
-                attention_mask: torch.Tensor | None) -> torch.Tensor:
+    def forward(
+        self,
+        embeddings: Embeddings,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        attention_mask: torch.Tensor | None,
+    ) -> torch.Tensor:
         # input_ids [B, L] -> generator hidden states [B, L, Hg]
         word = embeddings.word_embeddings
         view = word.generator_view() if isinstance(word, DisentangledWordEmbedding) else contextlib.nullcontext()
@@ -204,8 +221,9 @@ class ReplacedTokenDetection(Objective):
 
     def prepare(self, sample, rng):
         positions = choose_positions(candidate_positions(sample, self.tokens), self.options.mask_prob, rng)
-        sample["input_ids"], sample["rtd_mlm_labels"] = corrupt(sample["input_ids"], positions, self.options,
-                                                                self.tokens, rng)
+        sample["input_ids"], sample["rtd_mlm_labels"] = corrupt(
+            sample["input_ids"], positions, self.options, self.tokens, rng
+        )
         return sample
 
     def collate(self, arrays):
@@ -214,7 +232,10 @@ class ReplacedTokenDetection(Objective):
 
     def target_counts(self, arrays):
         # The generator predicts the masked tokens; the discriminator scores every non-padding token.
-        return {f"{self.name}_gen": len(arrays["rtd_positions"]), f"{self.name}_disc": int(arrays["attention_mask"].sum())}
+        return {
+            f"{self.name}_gen": len(arrays["rtd_positions"]),
+            f"{self.name}_disc": int(arrays["attention_mask"].sum()),
+        }
 
     def build_head(self, model_config, encoder):
         return RTDHead(model_config, self.options, encoder)
@@ -251,15 +272,20 @@ class ReplacedTokenDetection(Objective):
         logits = head.discriminate(forward.hidden).float()  # [B, L] (> 0: "replaced")
         disc_sum = F.binary_cross_entropy_with_logits(logits, labels, weight=real, reduction="sum")
         gen_term, disc_term = f"{self.name}_gen", f"{self.name}_disc"
-        total = (self.options.gen_weight * gen_sum * weights(gen_term)
-                 + self.options.disc_weight * disc_sum * weights(disc_term))
+        total = self.options.gen_weight * gen_sum * weights(gen_term) + self.options.disc_weight * disc_sum * weights(
+            disc_term
+        )
         m, t = replaced.shape[0], weights.counts.get(disc_term, 0)  # host numbers
-        return ObjectiveOutput(total, {
-            "gen_loss": Mean(gen_sum.detach(), m), "gen_accuracy": Mean(gen_correct, m),
-            # how often the generator's sample is the original token (then it is no replacement)
-            "gen_sampled_original": Mean(m - replaced.sum(), m),
-            "disc_loss": Mean(disc_sum.detach(), t),
-            "disc_accuracy": Mean((((logits > 0).float() == labels).float() * real).sum(), t),
-            "disc_auc": BinaryAUC(logits, labels, real),
-            "replaced_fraction": Mean((labels * real).sum(), t),  # of non-padding tokens: the positive rate
-        })
+        return ObjectiveOutput(
+            total,
+            {
+                "gen_loss": Mean(gen_sum.detach(), m),
+                "gen_accuracy": Mean(gen_correct, m),
+                # how often the generator's sample is the original token (then it is no replacement)
+                "gen_sampled_original": Mean(m - replaced.sum(), m),
+                "disc_loss": Mean(disc_sum.detach(), t),
+                "disc_accuracy": Mean((((logits > 0).float() == labels).float() * real).sum(), t),
+                "disc_auc": BinaryAUC(logits, labels, real),
+                "replaced_fraction": Mean((labels * real).sum(), t),  # of non-padding tokens: the positive rate
+            },
+        )

@@ -12,9 +12,61 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from data_pipeline.pairs import assemble_pair, pop_raw
 from objectives.base import Objective, ObjectiveOutput
-from pretrain.measures import Mean
+from pretrain.core.measures import Mean
+
+
+def pop_raw(sample: dict) -> dict:
+    """Remove and return the raw "_" keys of a `SegmentPairs` sample (see the module docstring)."""
+    return {k: sample.pop(k) for k in [k for k in sample if k.startswith("_")]}
+
+
+def truncated_lengths(len_a: int, len_b: int, max_tokens: int) -> tuple[int, int]:
+    """Lengths BERT's truncate_seq_pair leaves: trim the longer segment (B on a tie) one token at a time."""
+    if len_a + len_b <= max_tokens:
+        return len_a, len_b
+    keep_a = min(len_a, max((max_tokens + 1) // 2, max_tokens - len_b))
+    return keep_a, max_tokens - keep_a
+
+
+def assemble_pair(
+    a: np.ndarray,
+    b: np.ndarray,
+    a_words: np.ndarray,
+    b_words: np.ndarray,
+    tokens,
+    max_seq_len: int,
+    rng: np.random.Generator,
+) -> dict[str, np.ndarray]:
+    """[CLS] A [SEP] B [SEP] as a sample dict (same arrays as PackedSequences), truncated to max_seq_len.
+
+    Like truncate_seq_pair, each removed token comes off the front or the back with probability 1/2
+    (so the front share is Binomial(removed, 1/2)); the loop is replaced by one draw per segment.
+    """
+    keep_a, keep_b = truncated_lengths(len(a), len(b), max_seq_len - 3)
+    parts = []
+    for seg, words, keep in ((a, a_words, keep_a), (b, b_words, keep_b)):
+        front = int(rng.binomial(len(seg) - keep, 0.5)) if keep < len(seg) else 0
+        w = words[front : front + keep].copy()
+        w[:1] = True  # a truncated segment may start mid-word; treat its first token as a word start
+        parts.append((seg[front : front + keep], w))
+    (a, a_words), (b, b_words) = parts
+    n = len(a) + len(b) + 3
+    input_ids = np.empty(n, np.int64)  # [n]
+    input_ids[0], input_ids[1 : len(a) + 1], input_ids[len(a) + 1] = tokens.cls, a, tokens.sep
+    input_ids[len(a) + 2 : -1], input_ids[-1] = b, tokens.sep
+    special = np.zeros(n, bool)  # [n] CLS and both SEPs
+    special[[0, len(a) + 1, n - 1]] = True
+    word_starts = special.copy()  # [n] specials count as word starts
+    word_starts[1 : len(a) + 1], word_starts[len(a) + 2 : -1] = a_words, b_words
+    token_type_ids = np.zeros(n, np.int64)  # [n] 0: CLS A SEP, 1: B SEP
+    token_type_ids[len(a) + 2 :] = 1
+    return {
+        "input_ids": input_ids,
+        "token_type_ids": token_type_ids,
+        "word_starts": word_starts,
+        "special_mask": special,
+    }
 
 
 class Pooler(nn.Module):
@@ -69,5 +121,7 @@ class SentencePairObjective(Objective):
         labels = batch[self.label_key]  # [B]
         ce_sum = F.cross_entropy(logits, labels, reduction="sum")
         n = labels.shape[0]
-        return ObjectiveOutput(ce_sum * weights(self.name), {"loss": Mean(ce_sum.detach(), n),
-                                                             "accuracy": Mean((logits.argmax(-1) == labels).sum(), n)})
+        return ObjectiveOutput(
+            ce_sum * weights(self.name),
+            {"loss": Mean(ce_sum.detach(), n), "accuracy": Mean((logits.argmax(-1) == labels).sum(), n)},
+        )

@@ -10,13 +10,13 @@ from dataclasses import dataclass
 
 from objectives.base import ObjectiveOptions, register
 from objectives.sentence_head import SentencePairObjective
-from pretrain.errors import ConfigError
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
 
 
 @dataclass
 class SOPOptions(ObjectiveOptions):
-    swap_prob: float = 0.5
-    """Probability that the two segments are swapped (label 1)."""
+    swap_prob: float = doc(0.5, "Probability that the two segments are swapped (label 1).")
 
     def __post_init__(self):
         if not 0.0 <= self.swap_prob <= 1.0:

@@ -17,30 +17,37 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import IGNORE_INDEX, Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
-from pretrain.measures import Mean
-from objectives.masking import (SpanLengths, check_rates, ineligible_tokens, replace_tokens, sample_word_starts,
-                                select_word_spans)
+from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from objectives.masking import (
+    SpanLengths,
+    check_rates,
+    ineligible_tokens,
+    replace_tokens,
+    sample_word_starts,
+    select_word_spans,
+)
 from objectives.mlm import MLMHead, token_predictions
-from pretrain.errors import ConfigError
+from pretrain.core.config import doc
+from pretrain.core.errors import ConfigError
+from pretrain.core.measures import Mean
+from pretrain.core.tokens import IGNORE_INDEX
 
 
 @dataclass
 class SpanOptions(ObjectiveOptions):
-    mask_prob: float = 0.15
-    """Fraction of candidate (non-special) tokens chosen for prediction."""
-    geometric_p: float = 0.2
-    """Span lengths in words ~ Geometric(geometric_p) on 1..max_span, renormalised (mean 3.8 at 0.2, 10)."""
-    max_span: int = 10
-    """Longest span, in words."""
-    mask_token_prob: float = 0.8
-    """Of the spans, the fraction replaced by [MASK]."""
-    random_token_prob: float = 0.1
-    """Of the spans, the fraction replaced by random tokens (the rest stay unchanged)."""
-    sbo_weight: float = 1.0
-    """Weight of the span boundary loss inside this objective's loss."""
-    position_embedding_size: int = 200
-    """Relative positions (tokens from the span's start) the SBO can tell apart; later ones share the last."""
+    mask_prob: float = doc(0.15, "Fraction of candidate (non-special) tokens chosen for prediction.")
+    geometric_p: float = doc(
+        0.2, "Span lengths in words ~ Geometric(geometric_p) on 1..max_span, renormalised (mean 3.8 at 0.2, 10)."
+    )
+    max_span: int = doc(10, "Longest span, in words.")
+    mask_token_prob: float = doc(0.8, "Of the spans, the fraction replaced by [MASK].")
+    random_token_prob: float = doc(
+        0.1, "Of the spans, the fraction replaced by random tokens (the rest stay unchanged)."
+    )
+    sbo_weight: float = doc(1.0, "Weight of the span boundary loss inside this objective's loss.")
+    position_embedding_size: int = doc(
+        200, "Relative positions (tokens from the span's start) the SBO can tell apart; later ones share the last."
+    )
 
     def __post_init__(self):
         check_rates("objectives.span", self.mask_prob, self.mask_token_prob, self.random_token_prob)
@@ -64,8 +71,13 @@ class SpanBoundaryHead(nn.Module):
         super().__init__()
         self.position_embeddings = nn.Embedding(max_positions, hidden_size)
         self.ffn = nn.Sequential(
-            nn.Linear(3 * hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size, eps=layer_norm_eps),
-            nn.Linear(hidden_size, hidden_size), nn.GELU(), nn.LayerNorm(hidden_size, eps=layer_norm_eps))
+            nn.Linear(3 * hidden_size, hidden_size),
+            nn.GELU(),
+            nn.LayerNorm(hidden_size, eps=layer_norm_eps),
+            nn.Linear(hidden_size, hidden_size),
+            nn.GELU(),
+            nn.LayerNorm(hidden_size, eps=layer_norm_eps),
+        )
         self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
         self.decoder_weight = word_embeddings.weight  # tied
 
@@ -79,7 +91,7 @@ class SpanBoundaryHead(nn.Module):
 
 
 class SpanHead(nn.Module):
-    """`.mlm`: the usual tied MLM head (what `pretrain.export` exports); `.sbo`: the span boundary head."""
+    """`.mlm`: the usual tied MLM head (what `pretrain.hf.export` exports); `.sbo`: the span boundary head."""
 
     def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, max_positions: int):
         super().__init__()
@@ -108,8 +120,7 @@ class SpanMasking(Objective):
         ids = sample["input_ids"]  # [n]
         ineligible = ineligible_tokens(sample, self.tokens)  # [n]
         ineligible[[0, -1]] = True  # so every span has a token on each side (they are [CLS] and [SEP] anyway)
-        spans = select_word_spans(sample_word_starts(sample), ineligible, o.mask_prob, self.lengths, rng,
-                                  separate=True)
+        spans = select_word_spans(sample_word_starts(sample), ineligible, o.mask_prob, self.lengths, rng, separate=True)
         positions, span_of = spans.positions()  # [M], [M]
         begin = spans.begin[span_of]  # [M] first token of each target's span
         labels = np.full_like(ids, IGNORE_INDEX)
@@ -119,8 +130,9 @@ class SpanMasking(Objective):
         right[positions] = spans.end[span_of]  # <= n - 1: the last token is never in a span
         pos[positions] = np.minimum(positions - begin, o.position_embedding_size - 1)
         u = rng.random(len(spans.begin))[span_of]  # [M] one draw per span: all its tokens share one fate
-        sample["input_ids"] = replace_tokens(ids, positions, u, o.mask_token_prob, o.random_token_prob, self.tokens,
-                                             rng)
+        sample["input_ids"] = replace_tokens(
+            ids, positions, u, o.mask_token_prob, o.random_token_prob, self.tokens, rng
+        )
         sample.update(span_labels=labels, span_left=left, span_right=right, span_pos=pos)
         return sample
 
@@ -128,23 +140,31 @@ class SpanMasking(Objective):
         positions, targets = flat_targets(arrays["span_labels"])  # [M] flat into [B * L], [M]
         width = arrays["span_labels"].shape[1]
         row_start = positions - positions % width  # [M] flat index of each target's row start
-        return {"span_positions": positions, "span_targets": targets,
-                "span_left_at": row_start + arrays["span_left"].reshape(-1)[positions],
-                "span_right_at": row_start + arrays["span_right"].reshape(-1)[positions],
-                "span_pos_at": arrays["span_pos"].reshape(-1)[positions]}
+        return {
+            "span_positions": positions,
+            "span_targets": targets,
+            "span_left_at": row_start + arrays["span_left"].reshape(-1)[positions],
+            "span_right_at": row_start + arrays["span_right"].reshape(-1)[positions],
+            "span_pos_at": arrays["span_pos"].reshape(-1)[positions],
+        }
 
     def target_counts(self, arrays):
         return {self.name: len(arrays["span_positions"])}
 
     def build_head(self, model_config, encoder):
-        return SpanHead(model_config.hidden_size, model_config.layer_norm_eps, encoder.embeddings.word_embeddings,
-                        self.options.position_embedding_size)
+        return SpanHead(
+            model_config.hidden_size,
+            model_config.layer_norm_eps,
+            encoder.embeddings.word_embeddings,
+            self.options.position_embedding_size,
+        )
 
     def loss(self, batch, forward, model, weights):
         head, hidden = model.heads[self.name], forward.hidden  # hidden [B, L, H]
         weight = weights(self.name)  # the MLM and SBO terms share their targets
-        mlm_loss, mlm_sum, accuracy, mlm_ce = token_predictions(head.mlm, hidden, batch["span_positions"],
-                                                                batch["span_targets"], weight)
+        mlm_loss, mlm_sum, accuracy, mlm_ce = token_predictions(
+            head.mlm, hidden, batch["span_positions"], batch["span_targets"], weight
+        )
         flat = hidden.reshape(-1, hidden.shape[-1])  # [B * L, H]
         left, right = flat.index_select(0, batch["span_left_at"]), flat.index_select(0, batch["span_right_at"])
         logits = head.sbo(left, right, batch["span_pos_at"]).float()  # [M, V], sparse like the MLM head
@@ -152,7 +172,13 @@ class SpanMasking(Objective):
         n = targets.shape[0]
         sbo_sum = F.cross_entropy(logits, targets, reduction="sum")
         loss = mlm_loss + self.options.sbo_weight * sbo_sum * weight
-        return ObjectiveOutput(loss, {
-            "loss": Mean(mlm_sum + self.options.sbo_weight * sbo_sum.detach(), n), "accuracy": accuracy,
-            "mlm_loss": mlm_ce, "sbo_loss": Mean(sbo_sum.detach(), n),
-            "sbo_accuracy": Mean((logits.argmax(-1) == targets).sum(), n)})
+        return ObjectiveOutput(
+            loss,
+            {
+                "loss": Mean(mlm_sum + self.options.sbo_weight * sbo_sum.detach(), n),
+                "accuracy": accuracy,
+                "mlm_loss": mlm_ce,
+                "sbo_loss": Mean(sbo_sum.detach(), n),
+                "sbo_accuracy": Mean((logits.argmax(-1) == targets).sum(), n),
+            },
+        )

@@ -11,28 +11,32 @@ import errno
 import os
 import sys
 import textwrap
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
-from pretrain.errors import UserError
+from pretrain.core.errors import UserError
 
-CONFIG_HELP = ("a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); "
-               "see `pretrain presets`")
+CONFIG_HELP = "a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); see `pretrain presets`"
 OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
 
 
 def _config_epilog() -> str:
-    from pretrain.config import RunConfig, describe_fields
+    from pretrain.core.config import RunConfig, describe_fields
 
     rows = describe_fields(RunConfig)
     width = max(len(k) for k, _, _ in rows)
     lines = [f"  {k:<{width}}  {doc} (default: {default})" for k, default, doc in rows]
-    return ("config keys (set in the YAML file or as key=value overrides):\n" + "\n".join(lines) +
-            "\n\nobjectives: objectives.<name>.<option>=value, e.g. objectives.mlm.mask_prob=0.2; "
-            "see `pretrain objectives`")
+    return (
+        "config keys (set in the YAML file or as key=value overrides):\n"
+        + "\n".join(lines)
+        + "\n\nobjectives: objectives.<name>.<option>=value, e.g. objectives.mlm.mask_prob=0.2; "
+        "see `pretrain objectives`"
+    )
 
 
-def _load(args) -> "RunConfig":  # noqa: F821
-    from pretrain.config import load_config
+def _load(args) -> RunConfig:  # noqa: F821
+    from pretrain.train.setup import load_config
 
     return load_config(args.config, args.overrides)
 
@@ -41,10 +45,19 @@ def cmd_tokenizer(args) -> int:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
 
-    tok = train_tokenizer(expand_inputs(args.corpus), Path(args.out), kind=args.type, vocab_size=args.vocab_size,
-                          lowercase=not args.cased, strip_accents=not args.keep_accents,
-                          min_frequency=args.min_frequency, text_field=args.text_field, sample_docs=args.sample_docs,
-                          on_bad=args.on_bad, max_document_bytes=args.max_document_bytes)
+    tok = train_tokenizer(
+        expand_inputs(args.corpus),
+        Path(args.out),
+        kind=args.type,
+        vocab_size=args.vocab_size,
+        lowercase=not args.cased,
+        strip_accents=not args.keep_accents,
+        min_frequency=args.min_frequency,
+        text_field=args.text_field,
+        sample_docs=args.sample_docs,
+        on_bad=args.on_bad,
+        max_document_bytes=args.max_document_bytes,
+    )
     print(f"tokenizer ({args.type}, {len(tok)} tokens) saved to {args.out}")
     return 0
 
@@ -53,20 +66,28 @@ def cmd_shards(args) -> int:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.shards import build_shards
 
-    manifest = build_shards(expand_inputs(args.corpus), Path(args.tokenizer), Path(args.out),
-                            text_field=args.text_field, num_workers=args.workers,
-                            docs_per_shard=args.docs_per_shard, on_bad=args.on_bad,
-                            max_document_bytes=args.max_document_bytes)
+    manifest = build_shards(
+        expand_inputs(args.corpus),
+        Path(args.tokenizer),
+        Path(args.out),
+        text_field=args.text_field,
+        num_workers=args.workers,
+        docs_per_shard=args.docs_per_shard,
+        on_bad=args.on_bad,
+        max_document_bytes=args.max_document_bytes,
+    )
     c = manifest["counts"]
-    print(f"{c['documents']} documents, {c['tokens']} tokens in {len(manifest['shards'])} shard(s) at {args.out}; "
-          f"skipped: {c.get('skipped') or 'none'}")
+    print(
+        f"{c['documents']} documents, {c['tokens']} tokens in {len(manifest['shards'])} shard(s) at {args.out}; "
+        f"skipped: {c.get('skipped') or 'none'}"
+    )
     return 0
 
 
 def cmd_data_inspect(args) -> int:
-    from data_pipeline.inspect import format_report, inspect_data
-    from pretrain.config import load_config
-    from pretrain.errors import DataError
+    from pretrain.core.errors import DataError
+    from pretrain.evaluation.inspect import format_report, inspect_data
+    from pretrain.train.setup import load_config
 
     target = Path(args.config)
     if target.is_dir():  # a shards directory: the tokenizer is --tokenizer, or the run's one beside it
@@ -75,33 +96,40 @@ def cmd_data_inspect(args) -> int:
         tokenizer = Path(args.tokenizer) if args.tokenizer else target.parent / "tokenizer"
         cfg = load_config(None, [f"data.shards={target}", f"data.tokenizer={tokenizer}", *args.overrides])
     else:
-        cfg = load_config(args.config, args.overrides + ([f"data.tokenizer={args.tokenizer}"] if args.tokenizer else []))
+        cfg = load_config(
+            args.config, args.overrides + ([f"data.tokenizer={args.tokenizer}"] if args.tokenizer else [])
+        )
     print(format_report(inspect_data(cfg, args.out, args.samples)))
     return 0
 
 
 def cmd_train(args) -> int:
     if args.dry_run:
-        from pretrain.dryrun import dry_run
+        from pretrain.train.dryrun import dry_run
 
         print(dry_run(_load(args), args.world_size, args.gpus_per_node))
         return 0
-    from pretrain.stages import stage_train
+    from pretrain.pipeline import stage_train
 
     return stage_train(_load(args))["exit_code"]
 
 
 def cmd_run(args) -> int:
-    from pretrain.stages import run_all
+    from pretrain.pipeline import run_all
 
     return run_all(_load(args), demo=not args.no_demo)["exit_code"]
 
 
 def cmd_export(args) -> int:
-    from pretrain.stages import fill_mask_demo, stage_export
+    from pretrain.pipeline import fill_mask_demo, stage_export
 
-    out = stage_export(Path(args.run_or_checkpoint), Path(args.out) if args.out else None, verify=not args.no_verify,
-                       arch=args.arch, push_to_hub=args.push_to_hub)
+    out = stage_export(
+        Path(args.run_or_checkpoint),
+        Path(args.out) if args.out else None,
+        verify=not args.no_verify,
+        arch=args.arch,
+        push_to_hub=args.push_to_hub,
+    )
     if args.demo:
         fill_mask_demo(out)
     return 0
@@ -110,14 +138,14 @@ def cmd_export(args) -> int:
 def cmd_config(args) -> int:
     import yaml
 
-    from pretrain.config import to_dict
+    from pretrain.core.config import to_dict
 
     print(yaml.safe_dump(to_dict(_load(args)), sort_keys=False), end="")
     return 0
 
 
 def cmd_presets(args) -> int:
-    from pretrain.config import CONFIG_DIR
+    from pretrain.core.config import CONFIG_DIR
 
     for path in sorted(CONFIG_DIR.glob("*.yaml")):
         first = path.read_text().splitlines()[0] if path.read_text() else ""
@@ -127,7 +155,7 @@ def cmd_presets(args) -> int:
 
 def cmd_objectives(args) -> int:
     from objectives import REGISTRY
-    from pretrain.config import describe_fields
+    from pretrain.core.config import describe_fields
 
     for name, cls in sorted(REGISTRY.items()):
         print(f"{name}: {(cls.__module__ and sys.modules[cls.__module__].__doc__ or '').strip().splitlines()[0]}")
@@ -139,10 +167,11 @@ def cmd_objectives(args) -> int:
 def cmd_eval(args) -> int:
     import json
 
-    from pretrain.evaluate import evaluate_mlm, format_eval
+    from pretrain.evaluation.evaluate import evaluate_mlm, format_eval
 
-    result = evaluate_mlm(Path(args.target), args.shards, args.corpus, args.max_samples, args.max_seq_len,
-                          args.batch_size)
+    result = evaluate_mlm(
+        Path(args.target), args.shards, args.corpus, args.max_samples, args.max_seq_len, args.batch_size
+    )
     print(format_eval(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
@@ -153,12 +182,23 @@ def cmd_eval(args) -> int:
 def cmd_finetune(args) -> int:
     import json
 
-    from pretrain.finetune import finetune, format_finetune
+    from pretrain.evaluation.finetune import finetune, format_finetune
 
     seeds = list(range(1, args.seeds + 1)) if args.seed_list is None else args.seed_list
-    result = finetune(Path(args.model_dir), Path(args.task_dir), seeds, args.mode, args.epochs, args.lr,
-                      args.batch_size, args.max_seq_len, args.task_type, args.pooling, args.max_train,
-                      args.random_init)
+    result = finetune(
+        Path(args.model_dir),
+        Path(args.task_dir),
+        seeds,
+        args.mode,
+        args.epochs,
+        args.lr,
+        args.batch_size,
+        args.max_seq_len,
+        args.task_type,
+        args.pooling,
+        args.max_train,
+        args.random_init,
+    )
     print(format_finetune(result))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1))
@@ -168,7 +208,7 @@ def cmd_finetune(args) -> int:
 def cmd_ablate(args) -> int:
     import shlex
 
-    from pretrain.ablate import load_ablation, print_commands, run_ablation
+    from pretrain.evaluation.ablate import load_ablation, print_commands, run_ablation
 
     ablation = load_ablation(args.config, args.overrides)
     if args.print_commands:
@@ -179,175 +219,306 @@ def cmd_ablate(args) -> int:
     return 0
 
 
-def add_bad_input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--on-bad", default="skip", choices=["skip", "error"],
-                   help="bad documents (invalid UTF-8, bad JSON, missing field, too long): skip and count, or stop "
-                        "naming file and line (default: skip)")
-    p.add_argument("--max-document-bytes", type=int, default=16 << 20,
-                   help="longer documents (e.g. a huge line with no newline) count as bad (default: 16 MiB)")
+# ----------------------------------------------------------------------------------------------
+# Each command's arguments
 
 
-def build_parser() -> argparse.ArgumentParser:
-    fmt = argparse.RawDescriptionHelpFormatter
-    parser = argparse.ArgumentParser(
-        prog="pretrain", formatter_class=fmt,
-        description="Pretrain BERT-family encoders: tokenizer -> shards -> DeepSpeed training -> HuggingFace export.",
-        epilog="Run `pretrain COMMAND --help` for the options of each command.")
-    # the deepspeed launcher passes --local_rank before the subcommand; LOCAL_RANK in the environment says the same
-    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+def _config_args(p: argparse.ArgumentParser, what: str = CONFIG_HELP) -> None:
+    p.add_argument("config", help=what)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
 
-    def add_config_args(p):
-        p.add_argument("config", help=CONFIG_HELP)
-        p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
 
-    p = sub.add_parser("run", help="all stages from one config, skipping those whose output exists",
-                       formatter_class=fmt, epilog=_config_epilog(), description=textwrap.dedent("""\
-                           Train a tokenizer (unless data.tokenizer exists), build shards (cache hit if unchanged),
-                           pretrain under DeepSpeed (resuming from the latest checkpoint), export to HuggingFace
-                           format in <run_dir>/hf, and print a fill-mask example loaded with transformers."""))
-    add_config_args(p)
+def _bad_input_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--on-bad",
+        default="skip",
+        choices=["skip", "error"],
+        help="bad documents (invalid UTF-8, bad JSON, missing field, too long): skip and count, or stop "
+        "naming file and line (default: skip)",
+    )
+    p.add_argument(
+        "--max-document-bytes",
+        type=int,
+        default=16 << 20,
+        help="longer documents (e.g. a huge line with no newline) count as bad (default: 16 MiB)",
+    )
+
+
+def _run_args(p):
+    _config_args(p)
     p.add_argument("--no-demo", action="store_true", help="do not print the fill-mask example at the end")
-    p.set_defaults(func=cmd_run)
 
-    p = sub.add_parser("train", help="pretrain from a config (tokenizer and shards must exist)",
-                       formatter_class=fmt, epilog=_config_epilog(), description=textwrap.dedent("""\
-                           Pretrain under DeepSpeed. Resumes from <run_dir>/checkpoints/latest when present.
-                           For several processes, start it with a launcher in launch/ (deepspeed, torchrun, srun).
-                           Exit status 75: stopped by SIGTERM after saving a checkpoint; run again to resume."""))
-    add_config_args(p)
-    p.add_argument("--dry-run", action="store_true", help="print the resolved config, batch arithmetic, parameter "
-                   "counts and a per-device memory estimate, then exit without training")
-    p.add_argument("--world-size", type=int, help="with --dry-run: data-parallel ranks to plan for "
-                   "(default: $WORLD_SIZE or 1)")
+
+def _train_args(p):
+    _config_args(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config, batch arithmetic, parameter "
+        "counts and a per-device memory estimate, then exit without training",
+    )
+    p.add_argument(
+        "--world-size", type=int, help="with --dry-run: data-parallel ranks to plan for (default: $WORLD_SIZE or 1)"
+    )
     p.add_argument("--gpus-per-node", type=int, help="with --dry-run: ranks per node (default: all on one node)")
-    p.set_defaults(func=cmd_train)
 
-    p = sub.add_parser("tokenizer", help="train a tokenizer on a corpus", formatter_class=fmt,
-                       description="Train a tokenizer and save it as a HuggingFace fast tokenizer directory.")
+
+def _tokenizer_args(p):
     p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument("--type", default="wordpiece", choices=["wordpiece", "bpe", "unigram"],
-                   help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (default: wordpiece)")
-    p.add_argument("--vocab-size", type=int, default=8192, help="vocabulary size, padded to a multiple of 64 "
-                   "(default: 8192)")
+    p.add_argument(
+        "--type",
+        default="wordpiece",
+        choices=["wordpiece", "bpe", "unigram"],
+        help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (default: wordpiece)",
+    )
+    p.add_argument(
+        "--vocab-size", type=int, default=8192, help="vocabulary size, padded to a multiple of 64 (default: 8192)"
+    )
     p.add_argument("--min-frequency", type=int, default=2, help="minimum frequency of a merge/token (default: 2)")
     p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
     p.add_argument("--keep-accents", action="store_true", help="keep accents (default: strip them)")
     p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
-    p.add_argument("--sample-docs", type=int, default=0, help="train on about N documents, an equal share from the "
-                   "start of each input file (0 = all)")
-    add_bad_input_args(p)
-    p.set_defaults(func=cmd_tokenizer)
+    p.add_argument(
+        "--sample-docs",
+        type=int,
+        default=0,
+        help="train on about N documents, an equal share from the start of each input file (0 = all)",
+    )
+    _bad_input_args(p)
 
-    p = sub.add_parser("shards", help="tokenize a corpus into verified memory-mapped shards", formatter_class=fmt,
-                       description="Tokenize in parallel into shards (token ids, document/sentence/word "
-                                   "boundaries) with a manifest of counts and checksums. Re-running with the "
-                                   "same inputs and tokenizer is a cache hit.")
+
+def _shards_args(p):
     p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (from `pretrain tokenizer`)")
     p.add_argument("--out", required=True, help="output shard directory")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizing processes "
-                   "(default: all cores)")
+    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizing processes (default: all cores)")
     p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per shard (default: 2000)")
     p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
-    add_bad_input_args(p)
-    p.set_defaults(func=cmd_shards)
+    _bad_input_args(p)
 
-    p = sub.add_parser("data", help="look at the data a run will train on (`pretrain data inspect`)")
-    data_sub = p.add_subparsers(dest="data_command", metavar="DATA_COMMAND", required=True)
-    p = data_sub.add_parser("inspect", help="counts, length histogram, packing efficiency and masked samples",
-                            formatter_class=fmt, epilog=_config_epilog(), description=textwrap.dedent("""\
-                                Report a run's shards: document, sentence and token counts and skips; a histogram
-                                of document lengths as a PNG; the packing efficiency of each sample builder; and a
-                                few samples decoded after the run's objectives prepared them, showing what they
-                                mask. Needs the tokenizer and shards (from `pretrain run`, or `pretrain shards`)."""))
-    p.add_argument("config", help=CONFIG_HELP + "; or a shard directory")
-    p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
-    p.add_argument("--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, "
-                   "tokenizer/ beside it)")
+
+def _data_inspect_args(p):
+    _config_args(p, CONFIG_HELP + "; or a shard directory")
+    p.add_argument(
+        "--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, tokenizer/ beside it)"
+    )
     p.add_argument("--out", help="histogram PNG path (default: inspect/doc_lengths.png beside the shard directory)")
     p.add_argument("--samples", type=int, default=3, help="decoded samples to show (default: 3)")
-    p.set_defaults(func=cmd_data_inspect)
 
-    p = sub.add_parser("export", help="export a checkpoint to a HuggingFace save_pretrained directory",
-                       formatter_class=fmt,
-                       description="Write config.json, model.safetensors, tokenizer files and a model card, then "
-                                   "load the result with transformers and check its logits against ours.")
+
+def _export_args(p):
     p.add_argument("run_or_checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
     p.add_argument("--out", help="output directory (default: <run_dir>/hf)")
     p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
     p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
-    p.add_argument("--arch", choices=["bert", "roberta", "albert", "modernbert", "electra"],
-                   help="HF architecture to write (default: the one the model options match: bert, or albert with "
-                        "embedding_size/share_layers, modernbert with pre-LN+rope+geglu+no bias, electra for rtd; "
-                        "roberta only on request). Options with no HF equivalent are an error")
-    p.add_argument("--push-to-hub", metavar="REPO",
-                   help="upload the export to this Hub model repo (created if missing); needs HF_TOKEN or a stored "
-                        "`hf auth login` token, checked before anything is exported")
-    p.set_defaults(func=cmd_export)
+    p.add_argument(
+        "--arch",
+        choices=["bert", "roberta", "albert", "modernbert", "electra"],
+        help="HF architecture to write (default: the one the model options match: bert, or albert with "
+        "embedding_size/share_layers, modernbert with pre-LN+rope+geglu+no bias, electra for rtd; "
+        "roberta only on request). Options with no HF equivalent are an error",
+    )
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        help="upload the export to this Hub model repo (created if missing); needs HF_TOKEN or a stored "
+        "`hf auth login` token, checked before anything is exported",
+    )
 
-    p = sub.add_parser("eval", help="masked-token accuracy and perplexity of a checkpoint or exported model",
-                       formatter_class=fmt, description=textwrap.dedent("""\
-                           Score a run / checkpoint directory, or an exported HuggingFace directory, on held-out
-                           shards: BERT masking (15%, 80/10/10) drawn from a fixed seed, so every model sees the
-                           same masks. Perplexity = exp(mean cross-entropy over the masked tokens)."""))
+
+def _eval_args(p):
     p.add_argument("target", help="run directory, checkpoint directory, or exported HF directory")
     p.add_argument("--shards", help="held-out shard directory built with the model's tokenizer")
-    p.add_argument("--corpus", nargs="+", help="held-out corpus file(s): shards are built with the model's "
-                   "tokenizer (cached beside the target)")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        help="held-out corpus file(s): shards are built with the model's tokenizer (cached beside the target)",
+    )
     p.add_argument("--max-samples", type=int, default=0, help="evaluate at most N sequences (default: all)")
     p.add_argument("--max-seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
     p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: 32)")
     p.add_argument("--json", help="also write the result to this JSON file")
-    p.set_defaults(func=cmd_eval)
 
-    p = sub.add_parser("finetune", help="downstream scores on a GLUE-format TSV task, over several seeds",
-                       formatter_class=fmt, description=textwrap.dedent("""\
-                           Fine-tune (--mode full) or linearly probe a frozen encoder (--mode probe) from a HF
-                           directory on TASK_DIR/train.tsv, score on TASK_DIR/dev.tsv. Columns: sentence, or
-                           sentence1 and sentence2; and label (ints/strings: classification; floats: regression).
-                           Reports accuracy (and MCC for two classes) or Pearson/Spearman, mean +- std over seeds."""))
+
+def _finetune_args(p):
     p.add_argument("model_dir", help="exported HuggingFace directory (BERT, ELECTRA, any *ForSequenceClassification)")
     p.add_argument("task_dir", help="directory with train.tsv and dev.tsv")
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 1..N (default: 3)")
     p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
-    p.add_argument("--mode", default="full", choices=["full", "probe"], help="full fine-tuning, or a linear probe "
-                   "on frozen features (default: full)")
+    p.add_argument(
+        "--mode",
+        default="full",
+        choices=["full", "probe"],
+        help="full fine-tuning, or a linear probe on frozen features (default: full)",
+    )
     p.add_argument("--epochs", type=int, help="epochs (default: 3 full, 20 probe)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
     p.add_argument("--batch-size", type=int, help="batch size (default: 32 full, 64 probe)")
     p.add_argument("--max-seq-len", type=int, default=128, help="truncate inputs to this many tokens (default: 128)")
-    p.add_argument("--task-type", default="auto", choices=["auto", "classification", "regression"],
-                   help="default: inferred from the labels")
+    p.add_argument(
+        "--task-type",
+        default="auto",
+        choices=["auto", "classification", "regression"],
+        help="default: inferred from the labels",
+    )
     p.add_argument("--pooling", default="mean", choices=["mean", "cls"], help="probe features (default: mean)")
     p.add_argument("--max-train", type=int, default=0, help="use a fixed subset of N training examples (0 = all)")
-    p.add_argument("--random-init", action="store_true", help="same config, random weights (a no-pretraining "
-                   "baseline)")
+    p.add_argument("--random-init", action="store_true", help="same config, random weights (a no-pretraining baseline)")
     p.add_argument("--json", help="also write the result to this JSON file")
-    p.set_defaults(func=cmd_finetune)
 
-    p = sub.add_parser("ablate", help="compare objectives at an equal budget: train, evaluate, report",
-                       formatter_class=fmt, description=textwrap.dedent("""\
-                           Train every arm of an ablation config (see configs/ablation-tiny.yaml) on the same
-                           tokenizer, shards, encoder and seed at a budget matched in tokens, FLOPs or time;
-                           export each, score it downstream, and write <output_dir>/report.md with plots.
-                           Re-running skips finished arms and resumes an interrupted one from its checkpoint.
-                           Overrides address the ablation file: budget.amount=1e6 run.train.lr=1e-3."""))
+
+def _ablate_args(p):
     p.add_argument("config", help="ablation config file (or a preset name in configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the ablation config")
-    p.add_argument("--print-commands", action="store_true", help="write each arm's config and print launch "
-                   "commands for a cluster instead of running")
-    p.set_defaults(func=cmd_ablate)
+    p.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="write each arm's config and print launch commands for a cluster instead of running",
+    )
 
-    p = sub.add_parser("config", help="print the resolved config", formatter_class=fmt, epilog=_config_epilog())
-    add_config_args(p)
-    p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("presets", help="list the presets in configs/")
-    p.set_defaults(func=cmd_presets)
-    p = sub.add_parser("objectives", help="list the objectives and their options")
-    p.set_defaults(func=cmd_objectives)
+# ----------------------------------------------------------------------------------------------
+# The table: subcommand -> what runs it
+
+
+@dataclass(frozen=True)
+class Command:
+    name: str  # "data inspect": the subcommand `inspect` of `data`
+    run: Callable[[argparse.Namespace], int]
+    help: str
+    args: Callable[[argparse.ArgumentParser], None] | None = None
+    description: str = ""
+    lists_config_keys: bool = False  # --help ends with every config key
+
+
+COMMANDS = (
+    Command(
+        "run",
+        cmd_run,
+        "all stages from one config, skipping those whose output exists",
+        _run_args,
+        """\
+        Train a tokenizer (unless data.tokenizer exists), build shards (cache hit if unchanged), pretrain under
+        DeepSpeed (resuming from the latest checkpoint), export to HuggingFace format in <run_dir>/hf, and print a
+        fill-mask example loaded with transformers.""",
+        True,
+    ),
+    Command(
+        "train",
+        cmd_train,
+        "pretrain from a config (tokenizer and shards must exist)",
+        _train_args,
+        """\
+        Pretrain under DeepSpeed. Resumes from <run_dir>/checkpoints/latest when present. For several processes,
+        start it with a launcher in launch/ (deepspeed, torchrun, srun). Exit status 75: stopped by SIGTERM after
+        saving a checkpoint; run again to resume.""",
+        True,
+    ),
+    Command(
+        "tokenizer",
+        cmd_tokenizer,
+        "train a tokenizer on a corpus",
+        _tokenizer_args,
+        "Train a tokenizer and save it as a HuggingFace fast tokenizer directory.",
+    ),
+    Command(
+        "shards",
+        cmd_shards,
+        "tokenize a corpus into verified memory-mapped shards",
+        _shards_args,
+        """\
+        Tokenize in parallel into shards (token ids, document/sentence/word boundaries) with a manifest of counts
+        and checksums. Re-running with the same inputs and tokenizer is a cache hit.""",
+    ),
+    Command(
+        "data inspect",
+        cmd_data_inspect,
+        "counts, length histogram, packing efficiency and masked samples",
+        _data_inspect_args,
+        """\
+        Report a run's shards: document, sentence and token counts and skips; a histogram of document lengths as a
+        PNG; the packing efficiency of each sample builder; and a few samples decoded after the run's objectives
+        prepared them, showing what they mask. Needs the tokenizer and shards (from `pretrain run`, or `pretrain
+        shards`).""",
+        True,
+    ),
+    Command(
+        "export",
+        cmd_export,
+        "export a checkpoint to a HuggingFace save_pretrained directory",
+        _export_args,
+        """\
+        Write config.json, model.safetensors, tokenizer files and a model card, then load the result with
+        transformers and check its logits against ours.""",
+    ),
+    Command(
+        "eval",
+        cmd_eval,
+        "masked-token accuracy and perplexity of a checkpoint or exported model",
+        _eval_args,
+        """\
+        Score a run / checkpoint directory, or an exported HuggingFace directory, on held-out shards: BERT masking
+        (15%, 80/10/10) drawn from a fixed seed, so every model sees the same masks. Perplexity = exp(mean
+        cross-entropy over the masked tokens).""",
+    ),
+    Command(
+        "finetune",
+        cmd_finetune,
+        "downstream scores on a GLUE-format TSV task, over several seeds",
+        _finetune_args,
+        """\
+        Fine-tune (--mode full) or linearly probe a frozen encoder (--mode probe) from a HF directory on
+        TASK_DIR/train.tsv, score on TASK_DIR/dev.tsv. Columns: sentence, or sentence1 and sentence2; and label
+        (ints/strings: classification; floats: regression). Reports accuracy (and MCC for two classes) or
+        Pearson/Spearman, mean +- std over seeds.""",
+    ),
+    Command(
+        "ablate",
+        cmd_ablate,
+        "compare objectives at an equal budget: train, evaluate, report",
+        _ablate_args,
+        """\
+        Train every arm of an ablation config (see configs/ablation-tiny.yaml) on the same tokenizer, shards and
+        encoder, once per pretraining seed, at a budget matched in FLOPs, tokens or time; export each, score it
+        downstream, compare every arm with a random encoder and with each other, and write
+        <output_dir>/report.md with plots. Re-running skips finished arms and resumes an interrupted one from its
+        checkpoint. Overrides address the ablation file: budget.amount=1e6 run.train.lr=1e-3.""",
+    ),
+    Command("config", cmd_config, "print the resolved config", _config_args, lists_config_keys=True),
+    Command("presets", cmd_presets, "list the presets in configs/"),
+    Command("objectives", cmd_objectives, "list the objectives and their options"),
+)
+GROUPS = {"data": "look at the data a run will train on (`pretrain data inspect`)"}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="pretrain",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description="Pretrain BERT-family encoders: tokenizer -> shards -> DeepSpeed training -> HuggingFace export.",
+        epilog="Run `pretrain COMMAND --help` for the options of each command.",
+    )
+    # the deepspeed launcher passes --local_rank before the subcommand; LOCAL_RANK in the environment says the same
+    parser.add_argument("--local_rank", "--local-rank", type=int, default=None, help=argparse.SUPPRESS)
+    groups = {"": parser.add_subparsers(dest="command", metavar="COMMAND", required=True)}
+    for command in COMMANDS:
+        group, _, name = command.name.rpartition(" ")
+        if group not in groups:  # a command with subcommands of its own, at the place of its first one
+            sub = groups[""].add_parser(group, help=GROUPS[group])
+            groups[group] = sub.add_subparsers(
+                dest=f"{group}_command", metavar=f"{group.upper()}_COMMAND", required=True
+            )
+        p = groups[group].add_parser(
+            name,
+            help=command.help,
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+            description=textwrap.dedent(command.description) or command.help,
+            epilog=_config_epilog() if command.lists_config_keys else None,
+        )
+        if command.args:
+            command.args(p)
+        p.set_defaults(func=command.run)
     return parser
 
 
@@ -371,8 +542,11 @@ def main(argv: list[str] | None = None) -> int:
         if err.errno != errno.ENOSPC:
             raise
         where = f" while writing {err.filename}" if err.filename else ""
-        print(f"error: no space left on device{where}; free some space and run the same command again (finished "
-              "work is kept)", file=sys.stderr)
+        print(
+            f"error: no space left on device{where}; free some space and run the same command again (finished "
+            "work is kept)",
+            file=sys.stderr,
+        )
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

@@ -19,10 +19,11 @@ TINY_VOCAB = 128
 @pytest.fixture(scope="module")
 def tokens():
     """Special tokens of a tiny made-up vocabulary: ids 0-4 are special, the rest replaceable."""
-    from objectives import SpecialTokens
+    from pretrain.core.tokens import SpecialTokens
 
-    return SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=TINY_VOCAB,
-                         replaceable=np.arange(5, TINY_VOCAB))
+    return SpecialTokens(
+        pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=TINY_VOCAB, replaceable=np.arange(5, TINY_VOCAB)
+    )
 
 
 @pytest.fixture(scope="module")
@@ -42,5 +43,6 @@ def _deepspeed_fp16_here() -> bool:
 
 # DeepSpeed trains fp16 on a CPU only where oneDNN has fp16 kernels (AVX512-FP16 / AMX-FP16, e.g. Sapphire Rapids);
 # elsewhere it refuses ("Type fp16 is not supported on your device"). GPUs and such CPUs run these tests.
-requires_fp16 = pytest.mark.skipif(not _deepspeed_fp16_here(),
-                                   reason="DeepSpeed refuses fp16 on this CPU (oneDNN without fp16 kernels)")
+requires_fp16 = pytest.mark.skipif(
+    not _deepspeed_fp16_here(), reason="DeepSpeed refuses fp16 on this CPU (oneDNN without fp16 kernels)"
+)

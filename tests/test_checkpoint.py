@@ -6,8 +6,8 @@ import os
 import pytest
 import torch
 
-from pretrain.checkpoint import verify_integrity, weights_only_loads, write_integrity
-from pretrain.errors import UserError
+from pretrain.core.errors import UserError
+from pretrain.train.checkpoint import verify_integrity, weights_only_loads, write_integrity
 
 
 class Payload:

@@ -16,8 +16,14 @@ CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
 def pretrain(*args, cwd, check_rc=0):
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
-    proc = subprocess.run([sys.executable, "-m", "pretrain.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check_rc is not None:
         assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr[-4000:]}"
     return proc
@@ -32,15 +38,29 @@ def small_corpus(tmp_path_factory):
 
 
 def overrides(tmp, corpus, *extra):
-    return [f"output_dir={tmp}", "name=e2e", f"data.corpus=[{corpus}]", "train.max_steps=6", "train.save_every=3",
-            "train.log_every=1", "train.warmup_steps=2", "data.vocab_size=512", "data.num_workers=2", *extra]
+    return [
+        f"output_dir={tmp}",
+        "name=e2e",
+        f"data.corpus=[{corpus}]",
+        "train.max_steps=6",
+        "train.save_every=3",
+        "train.log_every=1",
+        "train.warmup_steps=2",
+        "data.vocab_size=512",
+        "data.num_workers=2",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
 def test_run_interrupt_resume_export(tmp_path, small_corpus):
     # first invocation stops after 3 steps with a checkpoint, like a job that hit its time limit
-    pretrain("run", "tiny", *overrides(tmp_path, small_corpus, "train.exit_after_steps=3", "wandb.mode=offline"),
-             cwd=tmp_path)
+    pretrain(
+        "run",
+        "tiny",
+        *overrides(tmp_path, small_corpus, "train.exit_after_steps=3", "wandb.mode=offline"),
+        cwd=tmp_path,
+    )
     run = tmp_path / "e2e"
     assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000003"
     assert not (run / "hf").exists()
@@ -53,13 +73,17 @@ def test_run_interrupt_resume_export(tmp_path, small_corpus):
     assert "tokenizer:" in proc.stderr and "skipped" in proc.stderr
     assert (run / "tokenizer" / "tokenizer.json").stat().st_mtime == tok_mtime
     assert "fill-mask with transformers" in proc.stdout
-    records = [json.loads(l) for l in (run / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     for r in records:
         assert {"loss", "mlm/loss", "mlm/accuracy", "lr", "tokens", "tokens_per_s"} <= set(r)
     assert records[-1]["tokens"] > records[2]["tokens"] > 0
-    assert json.loads((run / "checkpoints" / "latest").parent.joinpath("step_00000006", "trainer_state.json")
-                      .read_text())["step"] == 6
+    assert (
+        json.loads((run / "checkpoints" / "latest").parent.joinpath("step_00000006", "trainer_state.json").read_text())[
+            "step"
+        ]
+        == 6
+    )
     assert (run / "config.yaml").is_file() and (run / "wandb_run_id").is_file()
 
     from transformers import AutoModelForMaskedLM
@@ -92,10 +116,19 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     # a tokenizer built, then shards fail on a bad document: the tokenizer stays, no manifest is left
     pretrain("tokenizer", small_corpus, "--out", tmp_path / "tok", "--vocab-size", "512", cwd=tmp_path)
     bad = tmp_path / "bad.jsonl"
-    bad.write_bytes(small_corpus.read_bytes()[:20000].rsplit(b"\n", 1)[0] + b"\n" +
-                    b'{"text": "caf\xe9 au lait"}\n')
-    proc = pretrain("shards", bad, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "shards", "--on-bad", "error",
-                    cwd=tmp_path, check_rc=2)
+    bad.write_bytes(small_corpus.read_bytes()[:20000].rsplit(b"\n", 1)[0] + b"\n" + b'{"text": "caf\xe9 au lait"}\n')
+    proc = pretrain(
+        "shards",
+        bad,
+        "--tokenizer",
+        tmp_path / "tok",
+        "--out",
+        tmp_path / "shards",
+        "--on-bad",
+        "error",
+        cwd=tmp_path,
+        check_rc=2,
+    )
     assert "bad.jsonl:" in proc.stderr and "UTF-8" in proc.stderr and "Traceback" not in proc.stderr
     assert (tmp_path / "tok" / "tokenizer.json").is_file()
     assert not (tmp_path / "shards" / "manifest.json").exists()

@@ -3,8 +3,9 @@
 import pytest
 import yaml
 
-from pretrain.config import RunConfig, describe_fields, load_config, save_config
-from pretrain.errors import ConfigError
+from pretrain.core.config import RunConfig, describe_fields, save_config
+from pretrain.core.errors import ConfigError
+from pretrain.train.setup import load_config
 
 
 def test_preset_with_base_and_overrides():
@@ -83,43 +84,58 @@ def test_defects_that_used_to_crash_late_fail_when_read(tmp_path):
 def test_model_vocab_smaller_than_the_tokenizer_is_named():
     import numpy as np
 
-    from objectives import SpecialTokens
-    from pretrain.trainer import model_config_for
+    from pretrain.core.tokens import SpecialTokens
+    from pretrain.train.setup import model_config_for
 
     tokens = SpecialTokens(0, 1, 2, 3, 4, vocab_size=1024, replaceable=np.arange(5, 1024))
-    with pytest.raises(ConfigError, match=r"model.vocab_size \(512\) is smaller than the tokenizer's vocabulary "
-                                          r"\(1024 tokens"):
+    with pytest.raises(
+        ConfigError,
+        match=r"model.vocab_size \(512\) is smaller than the tokenizer's vocabulary "
+        r"\(1024 tokens",
+    ):
         model_config_for(load_config("tiny", ["model.vocab_size=512"]), tokens)
     assert model_config_for(load_config("tiny", ["model.vocab_size=2048"]), tokens).vocab_size == 2048
 
 
 def test_resume_fingerprint_names_each_fixed_difference_and_the_override():
-    from pretrain.errors import UserError
-    from pretrain.fingerprint import changed_settings, check_resume, differences, fingerprint
+    from pretrain.core.errors import UserError
+    from pretrain.train.fingerprint import changed_settings, check_resume, differences, fingerprint
 
     cfg = load_config("tiny")
     saved = fingerprint(cfg, cfg.model, "bf16", 2, "a" * 64, "b" * 64)
     # the same global batch on another split and number of ranks, and the free settings: no difference
-    same = load_config("tiny", ["train.micro_batch_size=4", "train.lr=1", "train.max_steps=9", "model.compile=true",
-                                "model.hidden_dropout=0"])
+    same = load_config(
+        "tiny",
+        ["train.micro_batch_size=4", "train.lr=1", "train.max_steps=9", "model.compile=true", "model.hidden_dropout=0"],
+    )
     check_resume(saved, fingerprint(same, same.model, "bf16", 4, "a" * 64, "b" * 64), [], "ckpt")
     other = load_config("tiny", ["model.num_heads=2", "objectives.mlm.whole_word=true", "data.packing=doc_bounded"])
     current = fingerprint(other, other.model, "fp32", 2, "c" * 64, "b" * 64)
     with pytest.raises(UserError) as err:
         check_resume(saved, current, [], "ckpt")
     message = str(err.value)
-    for needle in ("model.num_heads: 4 in the checkpoint, 2 now", "objectives.mlm.whole_word: False in the checkpoint",
-                   "data.packing: full_sentences", "train.precision: bf16", "tokenizer (sha256 of tokenizer.json): "
-                   "aaaaaaaaaaaa... in the checkpoint, cccccccccccc... now",
-                   "train.allow_changes=[data.packing,model.num_heads,objectives.mlm.whole_word,tokenizer,"
-                   "train.precision]"):
+    for needle in (
+        "model.num_heads: 4 in the checkpoint, 2 now",
+        "objectives.mlm.whole_word: False in the checkpoint",
+        "data.packing: full_sentences",
+        "train.precision: bf16",
+        "tokenizer (sha256 of tokenizer.json): aaaaaaaaaaaa... in the checkpoint, cccccccccccc... now",
+        "train.allow_changes=[data.packing,model.num_heads,objectives.mlm.whole_word,tokenizer,train.precision]",
+    ):
         assert needle in message, (needle, message)
     check_resume(saved, current, ["model", "objectives", "data", "tokenizer", "train.precision"], "ckpt")
     # a checkpoint from before fingerprints recorded no data hash: not compared
-    check_resume({**saved, "data (content of the shards)": None},
-                 fingerprint(cfg, cfg.model, "bf16", 2, "a" * 64, "z" * 64), [], "ckpt")
+    check_resume(
+        {**saved, "data (content of the shards)": None},
+        fingerprint(cfg, cfg.model, "bf16", 2, "a" * 64, "z" * 64),
+        [],
+        "ckpt",
+    )
     with_sop = load_config("tiny", ["objectives.sop.weight=1"])
     assert ("objectives.sop.weight", "absent", 1.0) in differences(
-        saved, fingerprint(with_sop, with_sop.model, "bf16", 2, "a" * 64, "b" * 64))
-    assert changed_settings({"train": {"lr": 1.0, "allow_changes": []}, "name": "a"},
-                            {"train": {"lr": 2.0, "allow_changes": ["x"]}, "name": "b"}) == ["train.lr: 1.0 -> 2.0"]
+        saved, fingerprint(with_sop, with_sop.model, "bf16", 2, "a" * 64, "b" * 64)
+    )
+    assert changed_settings(
+        {"train": {"lr": 1.0, "allow_changes": []}, "name": "a"},
+        {"train": {"lr": 2.0, "allow_changes": ["x"]}, "name": "b"},
+    ) == ["train.lr: 1.0 -> 2.0"]

@@ -18,16 +18,56 @@ from data_pipeline.samples import PackedSequences
 from data_pipeline.sentences import split_sentences
 from data_pipeline.shards import ShardSet, build_shards
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash, train_tokenizer
-from pretrain.errors import DataError, UserError
+from pretrain.core.errors import DataError, UserError
 
-SUBJECTS = ["The committee", "Our nation", "The senator", "Every citizen", "The government", "This council",
-            "The people", "Mr. Smith", "The army", "Congress"]
-VERBS = ["will review", "has approved", "cannot ignore", "must defend", "rejected", "considered", "supports",
-         "questioned", "welcomed", "debated"]
-OBJECTS = ["the budget", "the new treaty", "our liberty", "the public debt", "the western territories",
-           "an ambitious proposal", "the trade agreement", "the common defense", "the courts", "the harbor"]
-TAILS = ["on Monday", "without delay", "with great care", "in the spring", "for the second time", "today",
-         "after a long debate", "in 1789", "at the request of the states", "despite protests"]
+SUBJECTS = [
+    "The committee",
+    "Our nation",
+    "The senator",
+    "Every citizen",
+    "The government",
+    "This council",
+    "The people",
+    "Mr. Smith",
+    "The army",
+    "Congress",
+]
+VERBS = [
+    "will review",
+    "has approved",
+    "cannot ignore",
+    "must defend",
+    "rejected",
+    "considered",
+    "supports",
+    "questioned",
+    "welcomed",
+    "debated",
+]
+OBJECTS = [
+    "the budget",
+    "the new treaty",
+    "our liberty",
+    "the public debt",
+    "the western territories",
+    "an ambitious proposal",
+    "the trade agreement",
+    "the common defense",
+    "the courts",
+    "the harbor",
+]
+TAILS = [
+    "on Monday",
+    "without delay",
+    "with great care",
+    "in the spring",
+    "for the second time",
+    "today",
+    "after a long debate",
+    "in 1789",
+    "at the request of the states",
+    "despite protests",
+]
 
 
 def make_docs(n: int, seed: int = 0) -> list[str]:
@@ -35,8 +75,10 @@ def make_docs(n: int, seed: int = 0) -> list[str]:
     rng = random.Random(seed)
     docs = []
     for _ in range(n):
-        sents = [f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}"
-                 f"{rng.choice('..!?')}" for _ in range(rng.randint(2, 8))]
+        sents = [
+            f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}{rng.choice('..!?')}"
+            for _ in range(rng.randint(2, 8))
+        ]
         cut = rng.randint(1, len(sents))
         docs.append(" ".join(sents[:cut]) + ("\n\n" + " ".join(sents[cut:]) if cut < len(sents) else ""))
     return docs
@@ -69,6 +111,7 @@ def shard_dir(tmp_path_factory, corpus, tok_dir):
 
 # ---------------------------------------------------------------------------------------------- readers
 
+
 def test_reads_jsonl_gz_txt_dir_and_glob(tmp_path):
     docs = make_docs(5)
     write_jsonl(tmp_path / "a.jsonl", docs[:2])
@@ -81,16 +124,20 @@ def test_reads_jsonl_gz_txt_dir_and_glob(tmp_path):
 
     got = list(iter_documents([str(tmp_path)]))
     assert [d.text for d in got[:3]] == docs[:3]
-    assert got[3:] == [Document("First document line one.\nline two.", str(sub / "c.txt"), 1),
-                       Document("Second document.", str(sub / "c.txt"), 6)]
+    assert got[3:] == [
+        Document("First document line one.\nline two.", str(sub / "c.txt"), 1),
+        Document("Second document.", str(sub / "c.txt"), 6),
+    ]
     assert expand_inputs([str(tmp_path / "*.json*")]) == [tmp_path / "a.jsonl", tmp_path / "b.jsonl.gz"]
     assert got[1].line == 2 and got[1].source == str(tmp_path / "a.jsonl")
 
 
 def test_bad_lines_skipped_and_counted_or_named(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_bytes(b'{"text": "good one"}\n{"text": "bad \xff byte"}\n{not json\n'
-                     b'{"body": "x"}\n{"text": "   "}\n\n{"text": "good two"}\n')
+    path.write_bytes(
+        b'{"text": "good one"}\n{"text": "bad \xff byte"}\n{not json\n'
+        b'{"body": "x"}\n{"text": "   "}\n\n{"text": "good two"}\n'
+    )
     skipped = collections.Counter()
     assert [d.text for d in iter_documents([str(path)], skipped=skipped)] == ["good one", "good two"]
     assert skipped == {"invalid_utf8": 1, "invalid_json": 1, "missing_field": 1, "empty": 1}
@@ -110,15 +157,23 @@ def test_missing_path_and_empty_dir(tmp_path):
 
 
 def test_split_sentences():
-    text = ('Mr. Smith went to Washington. He met Dr. Jones, e.g. at the U.S. Capitol! "Why?" she asked.\n'
-            "John F. Kennedy spoke in 1961. 42 people came.\n\nNew paragraph")
-    assert split_sentences(text) == ["Mr. Smith went to Washington.", "He met Dr. Jones, e.g. at the U.S. Capitol!",
-                                     '"Why?" she asked.', "John F. Kennedy spoke in 1961.", "42 people came.",
-                                     "New paragraph"]
+    text = (
+        'Mr. Smith went to Washington. He met Dr. Jones, e.g. at the U.S. Capitol! "Why?" she asked.\n'
+        "John F. Kennedy spoke in 1961. 42 people came.\n\nNew paragraph"
+    )
+    assert split_sentences(text) == [
+        "Mr. Smith went to Washington.",
+        "He met Dr. Jones, e.g. at the U.S. Capitol!",
+        '"Why?" she asked.',
+        "John F. Kennedy spoke in 1961.",
+        "42 people came.",
+        "New paragraph",
+    ]
     assert split_sentences("  \n\n ") == []
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer
+
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
 def test_train_tokenizer_kinds(tmp_path, corpus, kind):
@@ -146,8 +201,11 @@ def test_fill_mask_pipeline_uses_tokenizer(tok_dir):
     from transformers import BertConfig, BertForMaskedLM, pipeline
 
     tok = load_tokenizer(tok_dir)
-    model = BertForMaskedLM(BertConfig(vocab_size=len(tok), hidden_size=32, num_hidden_layers=1,
-                                       num_attention_heads=2, intermediate_size=64))
+    model = BertForMaskedLM(
+        BertConfig(
+            vocab_size=len(tok), hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64
+        )
+    )
     out = pipeline("fill-mask", model=model, tokenizer=tok)("The senator [MASK] the budget.", top_k=2)
     assert len(out) == 2
 
@@ -162,6 +220,7 @@ def test_empty_corpus_and_missing_tokenizer(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- shards
+
 
 def test_shard_round_trip(corpus, tok_dir, shard_dir):
     tok = load_tokenizer(tok_dir)
@@ -242,6 +301,7 @@ def test_shardset_pickles_without_data(shard_dir):
 
 # ---------------------------------------------------------------------------------------------- samples
 
+
 @pytest.mark.parametrize("max_seq_len", [16, 64])
 def test_packed_sequences_reproduce_stream(shard_dir, max_seq_len):
     shards = ShardSet(shard_dir)
@@ -259,9 +319,9 @@ def test_packed_sequences_reproduce_stream(shard_dir, max_seq_len):
         starts.append(s["word_starts"][1:-1])
     got = np.concatenate(inner)
     assert len(stream) - len(got) < max_seq_len // 4  # only a short tail may be dropped
-    assert got.tolist() == stream[:len(got)].tolist()
+    assert got.tolist() == stream[: len(got)].tolist()
     want_starts = np.concatenate([np.append(shards.doc_word_starts(d), True) for d in range(shards.num_docs)])
-    assert np.concatenate(starts).tolist() == want_starts[:len(got)].tolist()
+    assert np.concatenate(starts).tolist() == want_starts[: len(got)].tolist()
     with pytest.raises(IndexError):
         packed[len(packed)]
 
@@ -281,7 +341,7 @@ def test_tokenizer_training_is_byte_identical(tmp_path, kind):
 
 
 def test_outputs_are_replaced_only_when_ours(tmp_path, tok_dir):
-    from pretrain.outputs import check_not_input, claim_output, mark_output
+    from pretrain.core.outputs import check_not_input, claim_output, mark_output
 
     claim_output(tmp_path / "absent", "tokenizer")
     (tmp_path / "empty").mkdir()

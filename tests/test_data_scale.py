@@ -15,14 +15,14 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from test_data_pipeline import make_docs, write_jsonl
 
 from data_pipeline import shards as shards_mod
 from data_pipeline.readers import expand_inputs, iter_documents, iter_documents_sample
 from data_pipeline.samples import DocPackedSequences, build_samples, builder_kind, doc_chunk_starts
 from data_pipeline.shards import ShardSet, build_key, build_shards
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash, train_tokenizer
-from pretrain.errors import DataError
-from test_data_pipeline import make_docs, write_jsonl
+from pretrain.core.errors import DataError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -48,6 +48,7 @@ def shard_dir(tmp_path_factory, corpus, tok_dir):
 
 # ---------------------------------------------------------------------------------------------- readers
 
+
 def test_zstd_parquet_arrow_and_datasets_dir(tmp_path):
     import datasets
     import pyarrow as pa
@@ -55,8 +56,9 @@ def test_zstd_parquet_arrow_and_datasets_dir(tmp_path):
     import zstandard
 
     docs = make_docs(12, seed=2)
-    (tmp_path / "a.jsonl.zst").write_bytes(zstandard.ZstdCompressor().compress(
-        "".join(json.dumps({"text": d}) + "\n" for d in docs[:3]).encode()))
+    (tmp_path / "a.jsonl.zst").write_bytes(
+        zstandard.ZstdCompressor().compress("".join(json.dumps({"text": d}) + "\n" for d in docs[:3]).encode())
+    )
     pq.write_table(pa.table({"id": list(range(4)), "body": docs[3:7]}), tmp_path / "b.parquet", row_group_size=2)
     datasets.disable_progress_bars()
     datasets.Dataset.from_dict({"body": docs[7:12]}).save_to_disk(str(tmp_path / "c_ds"))
@@ -106,8 +108,9 @@ def test_huge_line_bounded_memory(tmp_path, fmt):
     huge = "x" * (16 << 20)
     path = tmp_path / f"big.{fmt}"
     if fmt == "jsonl":
-        path.write_text(json.dumps({"text": "before"}) + "\n" + json.dumps({"text": huge}) + "\n"
-                        + json.dumps({"text": "after"}))
+        path.write_text(
+            json.dumps({"text": "before"}) + "\n" + json.dumps({"text": huge}) + "\n" + json.dumps({"text": "after"})
+        )
     else:
         path.write_text("before\n\n" + huge + "\nmore of it\n\nafter")
     skipped = collections.Counter()
@@ -131,16 +134,21 @@ def test_tokenizer_sample_spreads_over_files(tmp_path):
 def test_word_fast_path_matches_encode_batch(tok_dir):
     """The distinct-word path gives exactly the ids and word starts of encode_batch + word_ids."""
     spaces = "".join(chr(c) for c in range(0x3100) if chr(c).isspace()) + "\u200b\u180e\ufeff"
-    texts = make_docs(40, seed=3) + [
-        "Caf\u00e9 na\u00efve \u00c9COLE  two  spaces\ttab \u4e2d\u6587 x\u200by [MASK]word e\u0301 \u0130stanbul "
-        "\U0001F600!!! hello,world foo-bar's (x) unbelievably", "  \u00a0 leading"
-    ] + [f"ab{c}cd ef{c}{c}gh." for c in spaces]
+    texts = (
+        make_docs(40, seed=3)
+        + [
+            "Caf\u00e9 na\u00efve \u00c9COLE  two  spaces\ttab \u4e2d\u6587 x\u200by [MASK]word e\u0301 \u0130stanbul "
+            "\U0001f600!!! hello,world foo-bar's (x) unbelievably",
+            "  \u00a0 leading",
+        ]
+        + [f"ab{c}cd ef{c}{c}gh." for c in spaces]
+    )
     results = []
     for fast in (True, False):
         shards_mod._worker.clear()
         shards_mod._init_worker(str(tok_dir / "tokenizer.json"), "/tmp", "uint16", 1, fast)
         assert (shards_mod._worker["continuation"] is not None) == fast
-        parts = [shards_mod._encode_slice(texts[i:i + 7]) for i in range(0, len(texts), 7)]
+        parts = [shards_mod._encode_slice(texts[i : i + 7]) for i in range(0, len(texts), 7)]
         results.append([np.concatenate([p[k] for p in parts]) for k in range(4)])
     shards_mod._worker.clear()
     for fast, slow in zip(*results):
@@ -149,13 +157,25 @@ def test_word_fast_path_matches_encode_batch(tok_dir):
 
 # ---------------------------------------------------------------------------------------------- shards
 
+
 def test_cache_key_covers_inputs_tokenizer_and_settings(tmp_path, corpus, tok_dir):
-    settings = dict(format_version=1, splitter_version=1, text_field="text", docs_per_shard=10, on_bad="skip",
-                    max_document_bytes=1 << 20)
+    settings = dict(
+        format_version=1,
+        splitter_version=1,
+        text_field="text",
+        docs_per_shard=10,
+        on_bad="skip",
+        max_document_bytes=1 << 20,
+    )
     key, _ = build_key([str(corpus)], "t" * 64, settings)
     assert build_key([str(corpus)], "t" * 64, dict(settings))[0] == key
-    for change in ({"docs_per_shard": 11}, {"text_field": "body"}, {"on_bad": "error"},
-                   {"max_document_bytes": 2 << 20}, {"splitter_version": 2}):
+    for change in (
+        {"docs_per_shard": 11},
+        {"text_field": "body"},
+        {"on_bad": "error"},
+        {"max_document_bytes": 2 << 20},
+        {"splitter_version": 2},
+    ):
         assert build_key([str(corpus)], "t" * 64, {**settings, **change})[0] != key, change
     assert build_key([str(corpus)], "u" * 64, settings)[0] != key
     copy = tmp_path / "docs.jsonl"
@@ -186,8 +206,10 @@ def test_kill_9_mid_build_then_resume_matches_uninterrupted(tmp_path, tok_dir):
     corpus = write_jsonl(tmp_path / "big.jsonl", make_docs(6000, seed=4))
     args = dict(num_workers=2, docs_per_shard=25, show_progress=False)
     out = tmp_path / "killed"
-    script = (f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_pipeline.shards import build_shards; "
-              f"build_shards([{str(corpus)!r}], {str(tok_dir)!r}, {str(out)!r}, **{args!r})")
+    script = (
+        f"import sys; sys.path.insert(0, {str(ROOT)!r}); from data_pipeline.shards import build_shards; "
+        f"build_shards([{str(corpus)!r}], {str(tok_dir)!r}, {str(out)!r}, **{args!r})"
+    )
     proc = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
     deadline = time.monotonic() + 60
     while len(list(out.glob("*.done.json"))) < 4 and proc.poll() is None and time.monotonic() < deadline:
@@ -222,8 +244,9 @@ def test_damaged_done_shard_is_redone_and_bit_flip_named(tmp_path, corpus, tok_d
     (out / "manifest.json").unlink()
     (out / "build.json").write_text(json.dumps({"cache_key": manifest["cache_key"]}))
     for i, s in enumerate(manifest["shards"]):
-        (out / f"{s['name']}.done.json").write_text(json.dumps(
-            {**s, "index": i, "dropped_docs": 0, "input_docs": s["documents"]}))
+        (out / f"{s['name']}.done.json").write_text(
+            json.dumps({**s, "index": i, "dropped_docs": 0, "input_docs": s["documents"]})
+        )
     (out / "shard_00001.tokens.bin").write_bytes(good[:-2])
     build_shards([str(corpus)], tok_dir, out, **args)
     assert (out / "shard_00001.tokens.bin").read_bytes() == good
@@ -236,6 +259,7 @@ def test_damaged_done_shard_is_redone_and_bit_flip_named(tmp_path, corpus, tok_d
 
 
 # ---------------------------------------------------------------------------------------------- samples
+
 
 def test_doc_packed_never_crosses_a_document(shard_dir, tok_dir):
     shards = ShardSet(shard_dir)
@@ -274,6 +298,7 @@ def test_doc_chunk_starts_long_sentence():
 
 
 # ---------------------------------------------------------------------------------------------- loader
+
 
 def _batches(loader, n):
     it = iter(loader)
@@ -321,12 +346,25 @@ def test_loader_workers_resume_and_world_size(shard_dir, tok_dir):
 
 # ---------------------------------------------------------------------------------------------- inspect
 
+
 def test_data_inspect_cli(tmp_path, shard_dir, tok_dir, capsys):
     from pretrain.cli import main
 
     png = tmp_path / "hist.png"
-    rc = main(["data", "inspect", "tiny", f"data.shards={shard_dir}", f"data.tokenizer={tok_dir}",
-               "data.max_seq_len=32", "--out", str(png), "--samples", "2"])
+    rc = main(
+        [
+            "data",
+            "inspect",
+            "tiny",
+            f"data.shards={shard_dir}",
+            f"data.tokenizer={tok_dir}",
+            "data.max_seq_len=32",
+            "--out",
+            str(png),
+            "--samples",
+            "2",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0 and png.is_file() and png.read_bytes()[:4] == b"\x89PNG"
     counts = json.loads((shard_dir / "manifest.json").read_text())["counts"]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from conftest import requires_fp16
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -39,29 +38,54 @@ def _port() -> int:
 
 
 def command(data, name, *overrides, ranks=1):
-    args = ["train", "tiny", f"output_dir={data['dir']}", f"name={name}", f"data.tokenizer={data['tok']}",
-            f"data.shards={data['shards']}", "train.log_every=1", "train.warmup_steps=1", "model.num_layers=1",
-            *overrides]
+    args = [
+        "train",
+        "tiny",
+        f"output_dir={data['dir']}",
+        f"name={name}",
+        f"data.tokenizer={data['tok']}",
+        f"data.shards={data['shards']}",
+        "train.log_every=1",
+        "train.warmup_steps=1",
+        "model.num_layers=1",
+        *overrides,
+    ]
     if ranks == 1:
         return [sys.executable, "-m", "pretrain.cli", *args]
-    return [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", str(ranks), "--master_port", str(_port()),
-            "--module", "pretrain.cli", *args]
+    return [
+        sys.executable,
+        "-m",
+        "deepspeed.launcher.runner",
+        "--num_gpus",
+        str(ranks),
+        "--master_port",
+        str(_port()),
+        "--module",
+        "pretrain.cli",
+        *args,
+    ]
 
 
 def run(data, name, *overrides, ranks=1, rc=0):
-    proc = subprocess.run(command(data, name, *overrides, ranks=ranks), env=_env(), capture_output=True, text=True,
-                          timeout=600, cwd=data["dir"])
+    proc = subprocess.run(
+        command(data, name, *overrides, ranks=ranks),
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=data["dir"],
+    )
     if rc is not None:
         assert proc.returncode == rc, f"rc={proc.returncode}\n{proc.stderr[-5000:]}"
     return proc
 
 
 def losses(data, name):
-    return [json.loads(l)["loss"] for l in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line)["loss"] for line in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
 
 
 def final_weights(data, name):
-    from pretrain.checkpoint import latest_checkpoint, load_module_state
+    from pretrain.train.checkpoint import latest_checkpoint, load_module_state
 
     return load_module_state(latest_checkpoint(data["dir"] / name / "checkpoints"))
 
@@ -155,7 +179,8 @@ def test_resume_on_another_number_of_ranks_continues_the_same_run(data, case):
     # the step-4 weights (after two steps that need the restored Adam moments) match the uninterrupted run's
     a, b = final_weights(data, name), final_weights(data, f"{name}-steady")
     assert all(torch.allclose(a[k], b[k], rtol=tol, atol=tol) for k in a), [
-        k for k in a if not torch.allclose(a[k], b[k], rtol=tol, atol=tol)]
+        k for k in a if not torch.allclose(a[k], b[k], rtol=tol, atol=tol)
+    ]
 
 
 def _wait_for(path: Path, lines: int, proc, timeout=300):
@@ -171,8 +196,7 @@ def _wait_for(path: Path, lines: int, proc, timeout=300):
 
 def test_sigterm_finishes_step_saves_and_resumes(data):
     cmd = command(data, "term", "train.max_steps=100000", "train.save_every=100000")
-    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            cwd=data["dir"])
+    proc = subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=data["dir"])
     _wait_for(data["dir"] / "term" / "metrics.jsonl", 2, proc)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=300)
@@ -182,19 +206,29 @@ def test_sigterm_finishes_step_saves_and_resumes(data):
     assert latest == f"step_{step:08d}" and step >= 2
     proc = run(data, "term", "train.max_steps=100000", "train.save_every=100000", "train.exit_after_steps=1")
     assert f"(step {step}," in proc.stderr
-    assert json.loads((data["dir"] / "term" / "checkpoints" / f"step_{step + 1:08d}" / "trainer_state.json")
-                      .read_text())["step"] == step + 1
+    assert (
+        json.loads((data["dir"] / "term" / "checkpoints" / f"step_{step + 1:08d}" / "trainer_state.json").read_text())[
+            "step"
+        ]
+        == step + 1
+    )
 
 
 def test_kill9_during_checkpoint_writes_keeps_a_loadable_latest(data):
     """Checkpoint every step and kill -9 at random moments: `latest` always names a complete checkpoint."""
-    from pretrain.checkpoint import latest_checkpoint, verify_integrity
+    from pretrain.train.checkpoint import latest_checkpoint, verify_integrity
 
     rng = random.Random(0)
     root = data["dir"] / "killed" / "checkpoints"
     for _ in range(3):
-        proc = subprocess.Popen(command(data, "killed", "train.max_steps=100000", "train.save_every=1"), env=_env(),
-                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, cwd=data["dir"])
+        proc = subprocess.Popen(
+            command(data, "killed", "train.max_steps=100000", "train.save_every=1"),
+            env=_env(),
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=data["dir"],
+        )
         _wait_for(data["dir"] / "killed" / "metrics.jsonl", 1, proc)
         time.sleep(rng.uniform(0.0, 1.5))
         proc.kill()
@@ -218,7 +252,7 @@ def test_truncated_checkpoint_fails_naming_the_file(data):
 
 
 def metrics(data, name):
-    return [json.loads(l) for l in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
+    return [json.loads(line) for line in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
 
 
 @requires_fp16
@@ -234,20 +268,30 @@ def test_fp16_under_zero0_trains_like_zero2_and_fp32(data):
     assert [r["loss"] for r in zero0] == pytest.approx(losses(data, "fp32-zero0"), rel=1e-3)
     # logged unscaled, like ZeRO's; the dynamic loss scale starts at 2^16 and saw no overflow here
     assert [r["grad_norm"] for r in zero0] == pytest.approx([r["grad_norm"] for r in zero2], rel=1e-2)
-    assert all(r["loss_scale"] == 2.0 ** 16 for r in zero0 + zero2)
+    assert all(r["loss_scale"] == 2.0**16 for r in zero0 + zero2)
     # fp32 under ZeRO-0, where DeepSpeed keeps no norm, logs the one the trainer measures
     assert [r["grad_norm"] for r in metrics(data, "fp32-zero0")] == pytest.approx(
-        [r["grad_norm"] for r in zero2], rel=1e-2)
+        [r["grad_norm"] for r in zero2], rel=1e-2
+    )
 
 
 @pytest.mark.parametrize("ranks", [1, 2])
 def test_nonfinite_loss_policy_is_applied_on_every_rank(data, ranks):
     """An absurd learning rate blows the weights up: steps are skipped and counted, then the run stops."""
-    proc = run(data, f"nan{ranks}", "train.max_steps=40", "train.lr=1e30", "train.warmup_steps=0",
-               "train.max_skipped_steps=3", "train.micro_batch_size=4", ranks=ranks, rc=None)
+    proc = run(
+        data,
+        f"nan{ranks}",
+        "train.max_steps=40",
+        "train.lr=1e30",
+        "train.warmup_steps=0",
+        "train.max_skipped_steps=3",
+        "train.micro_batch_size=4",
+        ranks=ranks,
+        rc=None,
+    )
     assert proc.returncode == 76, proc.stderr[-3000:]
     assert proc.stderr.count("stopping: train.nan_policy=skip") == 1  # rank 0 says it, every rank stops
-    records = [json.loads(l) for l in (data["dir"] / f"nan{ranks}" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (data["dir"] / f"nan{ranks}" / "metrics.jsonl").read_text().splitlines()]
     assert records[-1]["skipped_steps"] >= 2
 
 
@@ -259,8 +303,13 @@ def test_export_from_zero3_and_two_rank_checkpoints(data, tmp_path):
     run(data, "z0", "train.max_steps=2", "train.micro_batch_size=8", *EXACT)
     outs = {}
     for name in ("z3", "z0"):
-        proc = subprocess.run([sys.executable, "-m", "pretrain.cli", "export", str(data["dir"] / name), "--out",
-                               str(tmp_path / name)], env=_env(), capture_output=True, text=True, timeout=300)
+        proc = subprocess.run(
+            [sys.executable, "-m", "pretrain.cli", "export", str(data["dir"] / name), "--out", str(tmp_path / name)],
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "max |logit diff|" in proc.stderr  # verified against our model loaded from the checkpoint
         outs[name] = AutoModelForMaskedLM.from_pretrained(tmp_path / name).eval()

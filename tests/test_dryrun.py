@@ -13,14 +13,28 @@ from pretrain.cli import main
 
 
 def test_dry_run_plans_a_cluster_run_without_training(tmp_path, capsys):
-    rc = main(["train", "bert-base", "--dry-run", "--world-size", "16", "--gpus-per-node", "8",
-               "train.zero_stage=2", "train.grad_accum_steps=2", f"output_dir={tmp_path / 'runs'}"])
+    rc = main(
+        [
+            "train",
+            "bert-base",
+            "--dry-run",
+            "--world-size",
+            "16",
+            "--gpus-per-node",
+            "8",
+            "train.zero_stage=2",
+            "train.grad_accum_steps=2",
+            f"output_dir={tmp_path / 'runs'}",
+        ]
+    )
     out = capsys.readouterr().out
     assert rc == 0
     assert not (tmp_path / "runs").exists()  # nothing trained, nothing written
 
-    assert ("micro_batch_size 32 x grad_accum_steps 2 x data-parallel ranks 16 = global batch 1024 sequences = "
-            "131,072 tokens per step") in out
+    assert (
+        "micro_batch_size 32 x grad_accum_steps 2 x data-parallel ranks 16 = global batch 1024 sequences = "
+        "131,072 tokens per step"
+    ) in out
     assert "100,000 steps = 102,400,000 sequences" in out
 
     # BERT-base with MLM has exactly the parameters of transformers' BertForMaskedLM (vocabulary padded to 64)

@@ -15,12 +15,14 @@ from pathlib import Path
 
 import pytest
 
-from pretrain.errors import UserError
+from pretrain.core.errors import UserError
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
-WORDS = ("river stone cloud apple night music paper window garden silver engine forest letter market bridge "
-         "candle winter summer doctor island").split()
+WORDS = (
+    "river stone cloud apple night music paper window garden silver engine forest letter market bridge "
+    "candle winter summer doctor island"
+).split()
 
 
 def make_pair_task(directory: Path, n_train: int = 48, n_dev: int = 24, seed: int = 0) -> Path:
@@ -43,10 +45,18 @@ def make_pair_task(directory: Path, n_train: int = 48, n_dev: int = 24, seed: in
 def pretrain(*args, cwd, check_rc=0):
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
-    proc = subprocess.run([sys.executable, "-m", "pretrain.cli", *map(str, args)], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", *map(str, args)],
+        cwd=cwd,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     if check_rc is not None:
-        assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-4000:]}"
+        assert proc.returncode == check_rc, (
+            f"rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-4000:]}"
+        )
     return proc
 
 
@@ -57,9 +67,18 @@ def ablation_args(tmp: Path, corpus: Path, task: Path, *extra) -> list[str]:
     if "span" in objectives.REGISTRY:  # a third arm with another objective, when it is there
         arms += ", span: {objectives: {span: {}}}"
     arms += "}"
-    return ["ablate", ROOT / "configs" / "ablation-tiny.yaml", f"output_dir={tmp / 'abl'}",
-            f"run.data.corpus=[{corpus}]", f"eval.tasks=[{task}]", f"arms={arms}", "budget.amount=1536",
-            "eval.epochs=3", "launch.threads=1", *extra]
+    return [
+        "ablate",
+        ROOT / "configs" / "ablation-tiny.yaml",
+        f"output_dir={tmp / 'abl'}",
+        f"run.data.corpus=[{corpus}]",
+        f"eval.tasks=[{task}]",
+        f"arms={arms}",
+        "budget.amount=1536",
+        "eval.epochs=3",
+        "launch.threads=1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -108,12 +127,18 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
 
 @pytest.mark.slow
 def test_flops_budget_is_equal_within_one_step(ablation):
-    from pretrain.ablate import apply_budget, load_ablation, measure_step_flops
+    from pretrain.evaluation.ablate import apply_budget, load_ablation, measure_step_flops
 
     tmp = ablation["tmp"]
-    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"),
-                       [str(a) for a in ablation_args(tmp, ablation["corpus"], ablation["task"],
-                                                      "budget.kind=flops", "budget.amount=2e10")[2:]])
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"),
+        [
+            str(a)
+            for a in ablation_args(
+                tmp, ablation["corpus"], ablation["task"], "budget.kind=flops", "budget.amount=2e10"
+            )[2:]
+        ],
+    )
     spent, per_step = {}, {}
     for arm in ab.arms:
         if arm.pretrain:
@@ -132,7 +157,7 @@ def test_eval_on_a_run_gives_accuracy_and_perplexity(ablation):
     assert 0 <= result["accuracy"] <= 1 and math.isfinite(result["perplexity"]) and result["masked_tokens"] > 0
     assert "perplexity" in proc.stdout
     # the exported directory, scored on the same shards with the same masks, gives the same numbers
-    from pretrain.evaluate import evaluate_mlm
+    from pretrain.evaluation.evaluate import evaluate_mlm
 
     exported = evaluate_mlm(run / "hf", shards=result["shards"], max_samples=8, max_seq_len=64)
     assert exported["masked_tokens"] == result["masked_tokens"]
@@ -145,20 +170,22 @@ def test_eval_on_a_run_gives_accuracy_and_perplexity(ablation):
 @pytest.mark.slow
 def test_finetune_pair_task_two_seeds(ablation, capsys):
     from pretrain.cli import main
-    from pretrain.finetune import finetune
+    from pretrain.evaluation.finetune import finetune
 
     model = ablation["dir"] / "arms" / "none" / "hf"
     result = finetune(model, ablation["task"], [1, 2], mode="full", epochs=1, batch_size=16, max_seq_len=32)
     assert result["pair"] and result["kind"] == "classification" and len(result["per_seed"]) == 2
     for metric in ("accuracy", "mcc"):
         assert set(result["summary"][metric]) == {"mean", "std"} and result["summary"][metric]["std"] >= 0
-    assert main(["finetune", str(model), str(ablation["task"]), "--seeds", "2", "--mode", "probe", "--epochs", "2"]) == 0
+    assert (
+        main(["finetune", str(model), str(ablation["task"]), "--seeds", "2", "--mode", "probe", "--epochs", "2"]) == 0
+    )
     printed = capsys.readouterr().out
     assert "accuracy" in printed and "+-" in printed and "seeds [1, 2]" in printed
 
 
 def test_malformed_tsv_names_file_and_line(tmp_path):
-    from pretrain.finetune import load_task
+    from pretrain.evaluation.finetune import load_task
 
     task = make_pair_task(tmp_path / "t", n_train=4, n_dev=2)
     lines = (task / "train.tsv").read_text().splitlines()
@@ -169,7 +196,7 @@ def test_malformed_tsv_names_file_and_line(tmp_path):
 
 
 def test_label_types_and_metrics(tmp_path):
-    from pretrain.finetune import load_task, matthews_corr, task_metrics
+    from pretrain.evaluation.finetune import load_task, matthews_corr, task_metrics
 
     d = tmp_path / "reg"
     d.mkdir()
@@ -186,8 +213,8 @@ def test_label_types_and_metrics(tmp_path):
 
 
 def test_ablation_config_errors_name_the_key(tmp_path):
-    from pretrain.ablate import load_ablation
-    from pretrain.errors import ConfigError
+    from pretrain.core.errors import ConfigError
+    from pretrain.evaluation.ablate import load_ablation
 
     cfg = str(ROOT / "configs" / "ablation-tiny.yaml")
     task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
@@ -202,7 +229,7 @@ def test_ablation_config_errors_name_the_key(tmp_path):
 
 
 def test_labels_one_class_and_whole_numbers(tmp_path, capsys):
-    from pretrain.finetune import load_task
+    from pretrain.evaluation.finetune import load_task
 
     one = tmp_path / "one"
     one.mkdir()
@@ -221,14 +248,16 @@ def test_labels_one_class_and_whole_numbers(tmp_path, capsys):
 
 
 def test_several_pretraining_seeds_make_one_run_per_arm_and_seed(tmp_path):
-    from pretrain.ablate import load_ablation
-    from pretrain.errors import ConfigError
+    from pretrain.core.errors import ConfigError
+    from pretrain.evaluation.ablate import load_ablation
 
     cfg = str(ROOT / "configs" / "ablation-tiny.yaml")
     task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
     ab = load_ablation(cfg, [task, "seeds=[7, 8]", "eval.mode=[probe, full]"])
-    assert [(a.name, a.group, a.seed, a.cfg.train.seed) for a in ab.arms][:2] == [("mlm-seed7", "mlm", 7, 7),
-                                                                                  ("mlm-seed8", "mlm", 8, 8)]
+    assert [(a.name, a.group, a.seed, a.cfg.train.seed) for a in ab.arms][:2] == [
+        ("mlm-seed7", "mlm", 7, 7),
+        ("mlm-seed8", "mlm", 8, 8),
+    ]
     assert list(ab.groups()) == ["mlm", "span", "none"] and ab.eval["modes"] == ["probe", "full"]
     with pytest.raises(ConfigError, match="seeds: expected a list of distinct integers"):
         load_ablation(cfg, [task, "seeds=[7, 7]"])
@@ -239,7 +268,7 @@ def test_several_pretraining_seeds_make_one_run_per_arm_and_seed(tmp_path):
 def test_paired_bootstrap_against_hand_computed_cases():
     import numpy as np
 
-    from pretrain.stats import holm, paired_bootstrap
+    from pretrain.evaluation.stats import holm, paired_bootstrap
 
     y = np.array([0, 1] * 50)
     same = np.tile(y, (2, 3, 1))  # 2 pretraining seeds x 3 probe seeds, all right
@@ -273,23 +302,35 @@ def _fake_results(ab, accuracy: dict[str, float], n: int = 400) -> dict:
     for arm in ab.arms:
         preds = [np.where(rng.random(n) < accuracy[arm.group], labels, 1 - labels).tolist() for _ in ab.eval["seeds"]]
         result = {"task": "t", "main_metric": "accuracy", "dev_labels": labels.tolist(), "dev_predictions": preds}
-        results[arm.name] = {"plan": {"max_steps": 10, "global_batch": 8, "tokens_per_step": 512,
-                                      "flops_per_step": 1e9 * (2 if arm.group == "span" else 1)},
-                             "pretraining": {"steps": 10 if arm.pretrain else 0, "tokens_seen": 5000 if arm.pretrain
-                                             else 0, "flops": 1e10, "wall_s": 3.0, "final_loss": {"mlm/loss": 6.0}},
-                             "downstream": {"probe": {"t": result}}}
+        results[arm.name] = {
+            "plan": {
+                "max_steps": 10,
+                "global_batch": 8,
+                "tokens_per_step": 512,
+                "flops_per_step": 1e9 * (2 if arm.group == "span" else 1),
+            },
+            "pretraining": {
+                "steps": 10 if arm.pretrain else 0,
+                "tokens_seen": 5000 if arm.pretrain else 0,
+                "flops": 1e10,
+                "wall_s": 3.0,
+                "final_loss": {"mlm/loss": 6.0},
+            },
+            "downstream": {"probe": {"t": result}},
+        }
     return results
 
 
 def test_report_notes_follow_the_numbers(tmp_path):
-    from pretrain.ablate import load_ablation
-    from pretrain.report import write_report
+    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.report import write_report
 
     task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
-    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}",
-                                                                      "seeds=[1, 2]"])
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
+    )
     ab.out.mkdir(parents=True)
-    clear = (write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})).read_text())
+    clear = write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})).read_text()
     assert "above a random encoder: mlm +0.2" in clear and "within noise of it: span" in clear
     assert "Pairs of pretrained arms that differ: mlm vs span" in clear
     assert "span 2.00x" in clear  # FLOPs per token relative to mlm, from the plans

@@ -10,15 +10,24 @@ import transformers
 from safetensors.torch import load_file
 
 from objectives import build_objectives
-from pretrain.config import ModelConfig
-from pretrain.export import export_pretrained, from_hf_bert_state_dict, to_hf_bert_state_dict, verify_export
-from pretrain.model import PretrainingModel
+from pretrain.core.config import ModelConfig
+from pretrain.hf.export import export_pretrained, verify_export
+from pretrain.hf.init_from import load_init_from
+from pretrain.hf.interop import to_hf_state_dict
+from pretrain.model.pretraining import PretrainingModel
 
 VOCAB = 128  # = conftest.TINY_VOCAB, which the `tokens` fixture uses
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
-CARD = {"objectives": ["mlm"], "corpus": "data/us-speeches.public-domain.jsonl", "tokens_seen": 123456,
-        "steps": 789, "final_loss": 4.2512, "config": {"model": {"hidden_size": 32}}, "run_name": "tiny"}
+CARD = {
+    "objectives": ["mlm"],
+    "corpus": "data/us-speeches.public-domain.jsonl",
+    "tokens_seen": 123456,
+    "steps": 789,
+    "final_loss": 4.2512,
+    "config": {"model": {"hidden_size": 32}},
+    "run_name": "tiny",
+}
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +44,9 @@ def tokenizer_dir(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def model(tokens) -> PretrainingModel:
-    cfg = ModelConfig(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                      max_position_embeddings=64)
+    cfg = ModelConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64, max_position_embeddings=64
+    )
     torch.manual_seed(0)
     m = PretrainingModel(cfg, build_objectives({"mlm": {}}, tokens))
     # The init has zero biases and unit LayerNorms, which would hide a swapped or dropped tensor.
@@ -86,11 +96,11 @@ def test_model_card_states_training_facts(export_dir):
 def test_hf_to_ours_to_hf_round_trip(model, export_dir):
     hf_sd = load_file(export_dir / "model.safetensors")
     assert "cls.predictions.decoder.weight" not in hf_sd  # tied: transformers re-ties it on load
-    ours = from_hf_bert_state_dict(hf_sd, model)
+    torch.manual_seed(99)
     fresh = PretrainingModel(model.config, model.objectives)
-    fresh.load_state_dict(ours, strict=True)
+    assert load_init_from(fresh, export_dir) == {"fresh": [], "unused": []}  # the import `model.init_from` runs
     assert fresh.heads["mlm"].decoder_weight is fresh.encoder.embeddings.word_embeddings.weight  # still tied
-    again = to_hf_bert_state_dict(fresh)
+    again = to_hf_state_dict(fresh, "bert")
     assert again.keys() == hf_sd.keys()
     for name, tensor in hf_sd.items():
         assert torch.equal(again[name], tensor), name
@@ -119,7 +129,7 @@ def test_minimal_card_says_unknown(model, tokens, tokenizer_dir, tmp_path):
 def test_verify_export_catches_a_wrong_weight(model, tokens, tokenizer_dir, tmp_path):
     from safetensors.torch import save_file
 
-    from pretrain.export import ExportError
+    from pretrain.hf.export import ExportError
 
     out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
     sd = load_file(out / "model.safetensors")

@@ -14,16 +14,16 @@ from safetensors.torch import load_file
 
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
 from objectives import build_objectives
-from pretrain import hf_interop
-from pretrain.config import ModelConfig, build_config
-from pretrain.errors import UserError
-from pretrain.dryrun import dry_run
-from pretrain.evaluate import load_target
-from pretrain.export import _probe_batch, compare_with_hf, export_pretrained, lm_head_name, load_hf
-from pretrain.hf_import import InitFromWarning, resolve_init_from
-from pretrain.hf_interop import select_architecture
-from pretrain.model import PretrainingModel
-from pretrain.trainer import build_model
+from pretrain.core.config import ModelConfig
+from pretrain.core.errors import UserError
+from pretrain.evaluation.evaluate import load_target
+from pretrain.hf import interop as hf_interop
+from pretrain.hf.export import _probe_batch, compare_with_hf, export_pretrained, lm_head_name, load_hf
+from pretrain.hf.init_from import InitFromWarning
+from pretrain.hf.interop import select_architecture
+from pretrain.model.pretraining import PretrainingModel
+from pretrain.train.dryrun import dry_run
+from pretrain.train.setup import build_model, config_from_dict
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 128  # = conftest.TINY_VOCAB, which the `tokens` fixture uses
@@ -32,10 +32,19 @@ WORDS = "the a of and to in is was we our nation people government freedom liber
 CARD = {"objectives": ["mlm"], "corpus": "tiny", "tokens_seen": 10, "steps": 1, "final_loss": 1.0, "run_name": "t"}
 ATOL = 1e-4
 # Tiny and deterministic: no dropout, so our model and transformers' agree in train-free eval.
-BASE = dict(vocab_size=VOCAB, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=48,
-            max_position_embeddings=40, hidden_dropout=0.0, attention_dropout=0.0)
-MODERNBERT = dict(norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False,
-                  rope_theta=1000.0)
+BASE = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=48,
+    max_position_embeddings=40,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
+MODERNBERT = dict(
+    norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False, rope_theta=1000.0
+)
 
 
 def _vocab() -> list[str]:
@@ -78,11 +87,21 @@ PARITY = {
     "bert-mlm": ({"mlm": {}}, {}, None, "BertForMaskedLM", ()),
     "bert-pretraining": ({"mlm": {}, "nsp": {}}, {}, None, "BertForPreTraining", ("nsp",)),
     "roberta": ({"mlm": {}}, {"type_vocab_size": 1}, "roberta", "RobertaForMaskedLM", ()),
-    "albert-pretraining": ({"mlm": {}, "sop": {}}, {"embedding_size": 16, "share_layers": True}, None,
-                           "AlbertForPreTraining", ("sop",)),
+    "albert-pretraining": (
+        {"mlm": {}, "sop": {}},
+        {"embedding_size": 16, "share_layers": True},
+        None,
+        "AlbertForPreTraining",
+        ("sop",),
+    ),
     "albert-mlm-unshared": ({"mlm": {}}, {"embedding_size": 16}, None, "AlbertForMaskedLM", ()),
-    "albert-identity-projection": ({"mlm": {}, "sop": {}}, {"share_layers": True}, None, "AlbertForPreTraining",
-                                   ("sop",)),
+    "albert-identity-projection": (
+        {"mlm": {}, "sop": {}},
+        {"share_layers": True},
+        None,
+        "AlbertForPreTraining",
+        ("sop",),
+    ),
     "modernbert": ({"mlm": {}}, {**MODERNBERT, "type_vocab_size": 1}, None, "ModernBertForMaskedLM", ()),
     # type 0's (random, non-zero) row folded into the input table: an untied export
     "modernbert-folded-types": ({"mlm": {}}, MODERNBERT, None, "ModernBertForMaskedLM", ()),
@@ -99,7 +118,8 @@ def test_export_parity(name, tokens, tokenizer_dir, tmp_path):
     config = json.loads((out / "config.json").read_text())
     assert config["architectures"] == [hf_class]
     assert {"model.safetensors", "README.md", "tokenizer.json", "tokenizer_config.json"} <= {
-        p.name for p in out.iterdir()}
+        p.name for p in out.iterdir()
+    }
     assert f"`{hf_class}`" in (out / "README.md").read_text()
     hf = load_hf(out)  # raises on missing / unexpected weights
     diffs = compare_with_hf(model, hf, target.arch)
@@ -146,14 +166,17 @@ def test_modernbert_config_is_global_attention(tokens, tokenizer_dir, tmp_path):
 # The dispatch and its errors
 
 
-@pytest.mark.parametrize("options, arch, match", [
-    ({"norm_placement": "pre"}, None, "norm_placement=pre"),  # pre-LN with learned positions
-    ({"position_embedding": "rope"}, None, "position_embedding=rope"),  # RoPE with post-LN
-    ({**MODERNBERT, "use_bias": True}, None, "use_bias=true"),
-    ({"embedding_size": 16}, "roberta", "albert"),
-    ({}, "electra", "rtd"),
-    ({}, "gpt2", "not one of"),
-])
+@pytest.mark.parametrize(
+    "options, arch, match",
+    [
+        ({"norm_placement": "pre"}, None, "norm_placement=pre"),  # pre-LN with learned positions
+        ({"position_embedding": "rope"}, None, "position_embedding=rope"),  # RoPE with post-LN
+        ({**MODERNBERT, "use_bias": True}, None, "use_bias=true"),
+        ({"embedding_size": 16}, "roberta", "albert"),
+        ({}, "electra", "rtd"),
+        ({}, "gpt2", "not one of"),
+    ],
+)
 def test_options_without_hf_equivalent_are_a_clear_error(tokens, options, arch, match):
     model = make_model(tokens, {"mlm": {}}, **options)
     with pytest.raises(UserError, match=match) as err:
@@ -180,33 +203,81 @@ def _hf_checkpoint(path, hf_model) -> None:
     save_tokenizer(path)
 
 
-HF_TINY = dict(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-               hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0, pad_token_id=0)
+HF_TINY = dict(
+    vocab_size=VOCAB,
+    hidden_size=32,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    intermediate_size=48,
+    hidden_dropout_prob=0.0,
+    attention_probs_dropout_prob=0.0,
+    pad_token_id=0,
+)
 IMPORTS = {
     # name: (HF class, config, objectives, --arch for the re-export)
-    "BertForPreTraining": (transformers.BertForPreTraining, transformers.BertConfig(
-        **HF_TINY, max_position_embeddings=40), {"mlm": {}, "nsp": {}}, None),
-    "BertForMaskedLM": (transformers.BertForMaskedLM, transformers.BertConfig(
-        **HF_TINY, max_position_embeddings=40), {"mlm": {}}, None),
-    "RobertaForMaskedLM": (transformers.RobertaForMaskedLM, transformers.RobertaConfig(
-        **HF_TINY, max_position_embeddings=41, type_vocab_size=1), {"mlm": {}}, "roberta"),
-    "AlbertForPreTraining": (transformers.AlbertForPreTraining, transformers.AlbertConfig(
-        **HF_TINY, embedding_size=16, max_position_embeddings=40, hidden_act="gelu", classifier_dropout_prob=0.0),
-        {"mlm": {}, "sop": {}}, None),
-    "ModernBertForMaskedLM": (transformers.ModernBertForMaskedLM, transformers.ModernBertConfig(
-        vocab_size=VOCAB, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=48,
-        max_position_embeddings=40, pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
-        global_attn_every_n_layers=1), {"mlm": {}}, None),
-    "ElectraForMaskedLM": (transformers.ElectraForMaskedLM, transformers.ElectraConfig(
-        **HF_TINY, embedding_size=32, max_position_embeddings=40), {"mlm": {}}, None),
+    "BertForPreTraining": (
+        transformers.BertForPreTraining,
+        transformers.BertConfig(**HF_TINY, max_position_embeddings=40),
+        {"mlm": {}, "nsp": {}},
+        None,
+    ),
+    "BertForMaskedLM": (
+        transformers.BertForMaskedLM,
+        transformers.BertConfig(**HF_TINY, max_position_embeddings=40),
+        {"mlm": {}},
+        None,
+    ),
+    "RobertaForMaskedLM": (
+        transformers.RobertaForMaskedLM,
+        transformers.RobertaConfig(**HF_TINY, max_position_embeddings=41, type_vocab_size=1),
+        {"mlm": {}},
+        "roberta",
+    ),
+    "AlbertForPreTraining": (
+        transformers.AlbertForPreTraining,
+        transformers.AlbertConfig(
+            **HF_TINY, embedding_size=16, max_position_embeddings=40, hidden_act="gelu", classifier_dropout_prob=0.0
+        ),
+        {"mlm": {}, "sop": {}},
+        None,
+    ),
+    "ModernBertForMaskedLM": (
+        transformers.ModernBertForMaskedLM,
+        transformers.ModernBertConfig(
+            vocab_size=VOCAB,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            intermediate_size=48,
+            max_position_embeddings=40,
+            pad_token_id=0,
+            bos_token_id=2,
+            eos_token_id=3,
+            cls_token_id=2,
+            sep_token_id=3,
+            global_attn_every_n_layers=1,
+        ),
+        {"mlm": {}},
+        None,
+    ),
+    "ElectraForMaskedLM": (
+        transformers.ElectraForMaskedLM,
+        transformers.ElectraConfig(**HF_TINY, embedding_size=32, max_position_embeddings=40),
+        {"mlm": {}},
+        None,
+    ),
 }
 
 
 def _import(tmp_path, directory, objectives, **overrides):
-    cfg = build_config({"output_dir": str(tmp_path), "name": "run", "objectives": objectives,
-                        "model": {"init_from": str(directory), "hidden_dropout": 0.0, "attention_dropout": 0.0,
-                                  **overrides}})
-    resolve_init_from(cfg)
+    cfg = config_from_dict(
+        {
+            "output_dir": str(tmp_path),
+            "name": "run",
+            "objectives": objectives,
+            "model": {"init_from": str(directory), "hidden_dropout": 0.0, "attention_dropout": 0.0, **overrides},
+        }
+    )  # resolved: init_from applied
     assert cfg.tokenizer_dir == directory  # init_from implies the checkpoint's tokenizer
     tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
     return cfg, tokens, build_model(cfg, tokens).eval()
@@ -266,7 +337,7 @@ def test_electra_discriminator_import(tmp_path, tokens):
 
 def test_electra_export_imports_back_with_its_generator(tokens, tmp_path, recwarn):
     """Our ELECTRA export (discriminator + generator/) starts an rtd run whole, and re-exports identically."""
-    from pretrain.export_electra import export_electra
+    from pretrain.hf.electra import export_electra
 
     src = export_electra(make_model(tokens, {"rtd": {}}), tokens, _tok(tmp_path), tmp_path / "src", CARD)
     cfg, tokens2, model = _import(tmp_path, src, {"rtd": {}})
@@ -300,10 +371,19 @@ def test_import_errors_are_clear(tmp_path):
     with pytest.raises(UserError, match="no config.json"):
         _import(tmp_path, tmp_path / "nothing", {"mlm": {}})
     src = tmp_path / "local"
-    config = transformers.ModernBertConfig(vocab_size=VOCAB, hidden_size=32, num_hidden_layers=3,
-                                           num_attention_heads=4, intermediate_size=48, pad_token_id=0,
-                                           bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3,
-                                           global_attn_every_n_layers=3)
+    config = transformers.ModernBertConfig(
+        vocab_size=VOCAB,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=48,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        cls_token_id=2,
+        sep_token_id=3,
+        global_attn_every_n_layers=3,
+    )
     _hf_checkpoint(src, transformers.ModernBertForMaskedLM(config))
     with pytest.raises(UserError, match="sliding-window"):
         _import(tmp_path, src, {"mlm": {}})
@@ -315,12 +395,15 @@ def test_import_errors_are_clear(tmp_path):
 
 @pytest.fixture()
 def stage_inputs(tokens, tokenizer_dir, tmp_path, monkeypatch):
-    from pretrain import stages
+    from pretrain import pipeline as stages
 
-    cfg = build_config({"output_dir": str(tmp_path), "name": "run", "objectives": {"mlm": {}}})
+    cfg = config_from_dict({"output_dir": str(tmp_path), "name": "run", "objectives": {"mlm": {}}})
     model = make_model(tokens, {"mlm": {}})
-    monkeypatch.setattr(stages, "load_checkpoint_model",
-                        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}))
+    monkeypatch.setattr(
+        stages,
+        "load_checkpoint_model",
+        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}),
+    )
     return stages, cfg
 
 

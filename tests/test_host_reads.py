@@ -52,7 +52,7 @@ class HostReads(TorchFunctionMode):
         return func(*args, **(kwargs or {}))
 
 
-from pretrain import trainer as T
+from pretrain.train import trainer as T
 from pretrain.cli import main
 
 mode = HostReads()
@@ -86,7 +86,7 @@ def after_step(self, stopping):
 T.Trainer.train_step, T.Trainer.after_step = train_step, after_step
 
 # the counter sees reads in our files: Packed.from_mask without the token count reads the mask back
-from pretrain.model import Packed
+from pretrain.model.padding import Packed
 with mode:
     Packed.from_mask(torch.tensor([[True, True, False]]), torch.float32)
 probe = sum(n for k, n in mode.ours.items() if "model.py" in k)
@@ -111,21 +111,42 @@ def test_no_host_reads_of_ours_between_logging_steps(tmp_path):
     corpus.write_text("\n".join((ROOT / "data" / "us-speeches.public-domain.jsonl").read_text().splitlines()[:10]))
     train_tokenizer([corpus], tmp_path / "tok", vocab_size=512, show_progress=False)
     build_shards([corpus], tmp_path / "tok", tmp_path / "sh", num_workers=0, show_progress=False)
-    common = [f"output_dir={tmp_path}", f"data.tokenizer={tmp_path / 'tok'}", f"data.shards={tmp_path / 'sh'}",
-              "model.num_layers=1", "train.max_steps=6", "train.log_every=3", "train.save_every=0",
-              "train.grad_accum_steps=2", "train.micro_batch_size=4", "wandb.mode=disabled"]
-    runs = [[*common, f"name={name}", f"objectives={{{objectives}}}", f"train.precision={precision}", *extra]
-            for name, objectives, precision, extra in [
-                ("mlm-fp32", "mlm: {}", "fp32", []), ("mlm-bf16", "mlm: {whole_word: true}", "bf16", []),
-                ("span", "span: {}", "bf16", []), ("rtd", "rtd: {}", "bf16", []), ("plm", "plm: {}", "fp32", []),
-                ("sop", "mlm: {}, sop: {}", "fp32", ["data.packing=doc_bounded"]),
-                ("unpadded", "mlm: {}", "bf16", ["model.unpadded=true", "data.packing=doc_bounded"]),
-                ("lamb", "mlm: {}", "fp32", ["train.optimizer=lamb"])]]
+    common = [
+        f"output_dir={tmp_path}",
+        f"data.tokenizer={tmp_path / 'tok'}",
+        f"data.shards={tmp_path / 'sh'}",
+        "model.num_layers=1",
+        "train.max_steps=6",
+        "train.log_every=3",
+        "train.save_every=0",
+        "train.grad_accum_steps=2",
+        "train.micro_batch_size=4",
+        "wandb.mode=disabled",
+    ]
+    runs = [
+        [*common, f"name={name}", f"objectives={{{objectives}}}", f"train.precision={precision}", *extra]
+        for name, objectives, precision, extra in [
+            ("mlm-fp32", "mlm: {}", "fp32", []),
+            ("mlm-bf16", "mlm: {whole_word: true}", "bf16", []),
+            ("span", "span: {}", "bf16", []),
+            ("rtd", "rtd: {}", "bf16", []),
+            ("plm", "plm: {}", "fp32", []),
+            ("sop", "mlm: {}, sop: {}", "fp32", ["data.packing=doc_bounded"]),
+            ("unpadded", "mlm: {}", "bf16", ["model.unpadded=true", "data.packing=doc_bounded"]),
+            ("lamb", "mlm: {}", "fp32", ["train.optimizer=lamb"]),
+        ]
+    ]
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
         env.pop(key, None)
-    proc = subprocess.run([sys.executable, "-c", SCRIPT, str(ROOT), json.dumps(runs)], env=env, cwd=tmp_path,
-                          capture_output=True, text=True, timeout=900)
+    proc = subprocess.run(
+        [sys.executable, "-c", SCRIPT, str(ROOT), json.dumps(runs)],
+        env=env,
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     result = json.loads(proc.stdout.split("RESULT ", 1)[1])
     assert result["probe"] >= 2  # the counter does see reads made in our files

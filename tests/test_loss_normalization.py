@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 import torch
+from test_model_variants import BASE, TOKENS, make_batch
 
 from objectives import build_objectives
-from pretrain.model import PretrainingModel
-from pretrain.trainer import step_loss_weights
-from test_model_variants import BASE, TOKENS, make_batch
+from pretrain.model.pretraining import PretrainingModel
+from pretrain.train.trainer import step_loss_weights
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 

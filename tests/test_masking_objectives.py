@@ -5,13 +5,15 @@ import pytest
 import torch
 
 from data_pipeline.loader import Collator, sample_rng
-from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
+from objectives import build_objectives
 from objectives.masking import SpanLengths, ineligible_tokens, select_word_spans
-from pretrain.errors import ConfigError
+from pretrain.core.errors import ConfigError
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
 V = 1000
-TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V + 24,
-                       replaceable=np.arange(5, V, dtype=np.int64))
+TOKENS = SpecialTokens(
+    pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V + 24, replaceable=np.arange(5, V, dtype=np.int64)
+)
 
 
 def make_sample(rng, length=128):
@@ -30,8 +32,12 @@ def make_sample(rng, length=128):
     ids[starts[(kind >= 0.03) & (kind < 0.04)] + 1] = TOKENS.unk
     ids[0], ids[-1] = TOKENS.cls, TOKENS.sep
     ws[0] = ws[-1] = True
-    return {"input_ids": ids, "token_type_ids": np.zeros(length, np.int64), "word_starts": ws,
-            "special_mask": np.isin(ids, [TOKENS.cls, TOKENS.sep])}
+    return {
+        "input_ids": ids,
+        "token_type_ids": np.zeros(length, np.int64),
+        "word_starts": ws,
+        "special_mask": np.isin(ids, [TOKENS.cls, TOKENS.sep]),
+    }
 
 
 def prepared(spec, n_samples, seed=0, length=128):
@@ -176,29 +182,38 @@ def test_span_is_deterministic():
     assert all(np.array_equal(a[k], b[k]) for k in a)
 
 
-@pytest.mark.parametrize("spec, where", [
-    ({"mlm": {"max_ngram": 4}}, "objectives.mlm.max_ngram"),
-    ({"mlm": {"max_ngram": 0}}, "objectives.mlm.max_ngram"),
-    ({"mlm": {"mask_prob": 1.0}}, "objectives.mlm.mask_prob"),
-    ({"mlm": {"mask_token_prob": 0.95, "random_token_prob": 0.1}}, "objectives.mlm"),
-    ({"span": {"mask_prob": 0.0}}, "objectives.span.mask_prob"),
-    ({"span": {"geometric_p": 0.0}}, "objectives.span.geometric_p"),
-    ({"span": {"max_span": 0}}, "objectives.span.max_span"),
-])
+@pytest.mark.parametrize(
+    "spec, where",
+    [
+        ({"mlm": {"max_ngram": 4}}, "objectives.mlm.max_ngram"),
+        ({"mlm": {"max_ngram": 0}}, "objectives.mlm.max_ngram"),
+        ({"mlm": {"mask_prob": 1.0}}, "objectives.mlm.mask_prob"),
+        ({"mlm": {"mask_token_prob": 0.95, "random_token_prob": 0.1}}, "objectives.mlm"),
+        ({"span": {"mask_prob": 0.0}}, "objectives.span.mask_prob"),
+        ({"span": {"geometric_p": 0.0}}, "objectives.span.geometric_p"),
+        ({"span": {"max_span": 0}}, "objectives.span.max_span"),
+    ],
+)
 def test_options_are_validated(spec, where):
     with pytest.raises(ConfigError, match=where.replace(".", r"\.")):
         build_objectives(spec, TOKENS)
 
 
 def test_span_objective_trains_and_exports():
-    from pretrain.config import ModelConfig
-    from pretrain.export import lm_head_name
-    from pretrain.model import PretrainingModel
+    from pretrain.core.config import ModelConfig
+    from pretrain.hf.export import lm_head_name
+    from pretrain.model.pretraining import PretrainingModel
 
     torch.manual_seed(0)
     objectives = build_objectives({"span": {"sbo_weight": 0.5}}, TOKENS)
-    cfg = ModelConfig(vocab_size=TOKENS.vocab_size, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
-                      max_position_embeddings=64)
+    cfg = ModelConfig(
+        vocab_size=TOKENS.vocab_size,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     model = PretrainingModel(cfg, objectives)
     assert lm_head_name(model) == "heads.span.mlm"
     head = model.heads["span"]
@@ -207,11 +222,16 @@ def test_span_objective_trains_and_exports():
     samples = [objectives[0].prepare(make_sample(rng, length), rng) for length in (40, 33, 48)]
     batch = Collator(TOKENS.pad, objectives)(samples)
     loss, metrics = model(batch)
-    assert set(metrics) == {"loss", "span/loss", "span/accuracy", "span/mlm_loss", "span/sbo_loss",
-                            "span/sbo_accuracy"}
-    assert loss.item() == pytest.approx(metrics["span/mlm_loss"].value() + 0.5 * metrics["span/sbo_loss"].value(),
-                                        rel=1e-5)
+    assert set(metrics) == {"loss", "span/loss", "span/accuracy", "span/mlm_loss", "span/sbo_loss", "span/sbo_accuracy"}
+    assert loss.item() == pytest.approx(
+        metrics["span/mlm_loss"].value() + 0.5 * metrics["span/sbo_loss"].value(), rel=1e-5
+    )
     loss.backward()
-    for param in (head.sbo.ffn[0].weight, head.sbo.ffn[3].weight, head.sbo.position_embeddings.weight,
-                  head.sbo.bias, head.mlm.dense.weight):
+    for param in (
+        head.sbo.ffn[0].weight,
+        head.sbo.ffn[3].weight,
+        head.sbo.position_embeddings.weight,
+        head.sbo.bias,
+        head.mlm.dense.weight,
+    ):
         assert param.grad is not None and param.grad.abs().sum() > 0

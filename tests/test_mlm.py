@@ -5,11 +5,13 @@ import pytest
 import torch
 
 from data_pipeline.loader import sample_rng
-from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
+from objectives import build_objectives
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
 V = 1000
-TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V + 24,
-                       replaceable=np.arange(5, V, dtype=np.int64))  # ids >= V are [unused] fillers
+TOKENS = SpecialTokens(
+    pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V + 24, replaceable=np.arange(5, V, dtype=np.int64)
+)  # ids >= V are [unused] fillers
 
 
 def make_sample(rng, length=128):
@@ -65,8 +67,7 @@ def test_masks_are_deterministic_and_new_each_epoch():
 
 
 def test_configurable_rates():
-    (mlm,) = build_objectives({"mlm": {"mask_prob": 0.3, "mask_token_prob": 1.0, "random_token_prob": 0.0}},
-                              TOKENS)
+    (mlm,) = build_objectives({"mlm": {"mask_prob": 0.3, "mask_token_prob": 1.0, "random_token_prob": 0.0}}, TOKENS)
     rng = np.random.default_rng(1)
     sample = make_sample(rng, 4096)
     eligible = ~sample["special_mask"] & (sample["input_ids"] != TOKENS.unk)
@@ -77,13 +78,19 @@ def test_configurable_rates():
 
 
 def test_sparse_head_loss_matches_dense():
-    from pretrain.config import ModelConfig
-    from pretrain.model import PretrainingModel
+    from pretrain.core.config import ModelConfig
+    from pretrain.model.pretraining import PretrainingModel
 
     torch.manual_seed(0)
     objectives = build_objectives({"mlm": {}}, TOKENS)
-    cfg = ModelConfig(vocab_size=TOKENS.vocab_size, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64,
-                      max_position_embeddings=64)
+    cfg = ModelConfig(
+        vocab_size=TOKENS.vocab_size,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=4,
+        intermediate_size=64,
+        max_position_embeddings=64,
+    )
     model = PretrainingModel(cfg, objectives).eval()
     ids = torch.randint(5, V, (2, 16))
     labels = torch.full_like(ids, IGNORE_INDEX)

@@ -10,14 +10,17 @@ import pytest
 import torch
 
 from data_pipeline.loader import Collator
-from objectives import SpecialTokens, build_objectives
-from pretrain.config import ModelConfig
-from pretrain.model import Forward, PretrainingModel, SelfAttention, rope_tables, rotate
+from objectives import build_objectives
+from pretrain.core.config import ModelConfig
+from pretrain.core.tokens import SpecialTokens
+from pretrain.model.encoder import SelfAttention, rope_tables, rotate
+from pretrain.model.pretraining import Forward, PretrainingModel
 
 V = 96
 TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
-BASE = ModelConfig(vocab_size=V, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64,
-                   max_position_embeddings=64)
+BASE = ModelConfig(
+    vocab_size=V, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64, max_position_embeddings=64
+)
 MODERN = dict(norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False)
 VARIANTS = {
     "pre": dict(norm_placement="pre"),
@@ -42,10 +45,14 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None):
         ids = rng.integers(5, V, size=n)
         ids[0], ids[n // 2], ids[-1] = TOKENS.cls, TOKENS.sep, TOKENS.sep
         types = np.zeros(n, np.int64)
-        types[n // 2 + 1:] = 1
+        types[n // 2 + 1 :] = 1
         special = np.isin(ids, [TOKENS.cls, TOKENS.sep])
-        sample = {"input_ids": ids, "token_type_ids": types, "special_mask": special,
-                  "word_starts": special | (rng.random(n) < 0.6)}  # words of 1-3 tokens, for word-level masking
+        sample = {
+            "input_ids": ids,
+            "token_type_ids": types,
+            "special_mask": special,
+            "word_starts": special | (rng.random(n) < 0.6),
+        }  # words of 1-3 tokens, for word-level masking
         for objective in objectives:
             sample = objective.prepare(sample, rng)
         samples.append(sample)
@@ -101,7 +108,10 @@ def test_option_structure():
 
 def test_shared_layers_are_stored_once():
     shared, default = build(share_layers=True), build()
-    layer_params = lambda m: sum(p.numel() for n, p in m.named_parameters() if ".layers." in n or "shared_layer" in n)
+
+    def layer_params(m):
+        return sum(p.numel() for n, p in m.named_parameters() if ".layers." in n or "shared_layer" in n)
+
     assert layer_params(default) == BASE.num_layers * layer_params(shared)
     assert len(shared.encoder.layers) == BASE.num_layers
     assert all(layer is shared.encoder.shared_layer for layer in shared.encoder.layers)
@@ -135,7 +145,10 @@ def test_rope_depends_only_on_relative_positions():
     attention = SelfAttention(replace(BASE, position_embedding="rope", attention_dropout=0.0))
     x = torch.randn(2, L, BASE.hidden_size)
     cos, sin = rope_tables(L + shift, BASE.hidden_size // BASE.num_heads, 10000.0, x.device, x.dtype)
-    at = lambda p: attention(x, None, rope=(cos[p, None, None], sin[p, None, None]))
+
+    def at(p):
+        return attention(x, None, rope=(cos[p, None, None], sin[p, None, None]))
+
     torch.testing.assert_close(at(torch.arange(L)), at(torch.arange(L) + shift), atol=1e-5, rtol=1e-5)
 
 
@@ -177,7 +190,9 @@ def test_activation_checkpointing_gives_identical_loss_and_grads(unpadded):
     batch = make_batch()
     results = []
     for checkpointing in (False, True):
-        model = build(seed=0, unpadded=unpadded, activation_checkpointing=checkpointing).train()  # dropout on: recompute must replay it
+        model = build(
+            seed=0, unpadded=unpadded, activation_checkpointing=checkpointing
+        ).train()  # dropout on: recompute must replay it
         torch.manual_seed(123)
         loss, _ = model(batch)
         loss.backward()
@@ -212,6 +227,6 @@ def test_rope_query_stream_for_plm():
         batch = make_batch(objectives=plm)
         f = Forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         plm[0].before_encoder(batch, f, model)
-        model.encoder(f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream,
-                      query_mask=f.query_mask)
-
+        model.encoder(
+            f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream, query_mask=f.query_mask
+        )

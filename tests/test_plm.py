@@ -11,16 +11,25 @@ import torch.nn.functional as F
 import transformers
 
 from data_pipeline.loader import Collator
-from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
+from objectives import build_objectives
 from objectives.plm import PAD_RANK
-from pretrain.config import ModelConfig
-from pretrain.errors import ConfigError
-from pretrain.model import Forward, PretrainingModel
+from pretrain.core.config import ModelConfig
+from pretrain.core.errors import ConfigError
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
+from pretrain.model.pretraining import Forward, PretrainingModel
 
 V = 64
 TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
-CFG = ModelConfig(vocab_size=V, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=64,
-                  max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+CFG = ModelConfig(
+    vocab_size=V,
+    hidden_size=32,
+    num_layers=2,
+    num_heads=4,
+    intermediate_size=64,
+    max_position_embeddings=64,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 
 
 def make_sample(rng, length):
@@ -28,7 +37,7 @@ def make_sample(rng, length):
     ids[0], ids[-1], ids[length // 2] = TOKENS.cls, TOKENS.sep, TOKENS.sep
     ids[3] = TOKENS.unk
     types = np.zeros(length, np.int64)
-    types[length // 2 + 1:] = 1
+    types[length // 2 + 1 :] = 1
     return {"input_ids": ids, "token_type_ids": types, "special_mask": np.isin(ids, [TOKENS.cls, TOKENS.sep])}
 
 
@@ -58,8 +67,9 @@ def prepared(model, batch) -> Forward:
 def two_stream(model, batch):
     """(content [B, L, H], query-stream logits [B, T, V], target positions [B, T]) for `batch`."""
     f = prepared(model, batch)
-    h, g = model.encoder(f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream,
-                         query_mask=f.query_mask)
+    h, g = model.encoder(
+        f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream, query_mask=f.query_mask
+    )
     return h, model.heads["plm"](g), f.query_positions
 
 
@@ -136,7 +146,7 @@ def test_no_leak_of_own_or_later_tokens_to_a_prediction(model, row):
         if batch["plm_labels"][row, t] == IGNORE_INDEX:
             continue  # filler of a row with fewer targets
 
-        def logits_with_changed(where):
+        def logits_with_changed(where, row=row, q=q):
             changed = dict(batch, input_ids=batch["input_ids"].clone())
             changed["input_ids"][row, where] = 5 + (changed["input_ids"][row, where] - 4) % (V - 5)
             return two_stream(model, changed)[1][row, q]
@@ -177,8 +187,13 @@ def test_standard_path_unchanged_and_streams_share_the_layer_math(model):
     torch.testing.assert_close(model.encoder(ids, types, mask[:, None, :].expand(-1, L, -1)), plain)
     # A query stream does not disturb the content stream, and a query stream that starts as the content
     # embeddings under the same mask follows it exactly: one block math for both streams.
-    h, g = model.encoder(ids, types, mask, query_stream=model.encoder.embeddings(ids, types),
-                         query_mask=mask[:, None, :].expand(-1, L, -1))
+    h, g = model.encoder(
+        ids,
+        types,
+        mask,
+        query_stream=model.encoder.embeddings(ids, types),
+        query_mask=mask[:, None, :].expand(-1, L, -1),
+    )
     assert torch.equal(h, plain)
     torch.testing.assert_close(g, plain, atol=1e-5, rtol=1e-5)
 
@@ -208,7 +223,7 @@ def test_plm_is_exclusive_with_other_token_objectives():
 
 
 def test_export_as_bert_for_masked_lm(model, tmp_path):
-    from pretrain.export import export_pretrained, lm_head_name, verify_export
+    from pretrain.hf.export import export_pretrained, lm_head_name, verify_export
 
     assert lm_head_name(model) == "heads.plm"
     vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"[unused{i}]" for i in range(V - 5)]

@@ -32,16 +32,39 @@ def repeated_corpus(tmp_path_factory):
 def test_recipe_overfits_a_tiny_repeated_corpus(recipe, repeated_corpus, tmp_path):
     env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
     env.pop("RANK", None)
-    overrides = [f"output_dir={tmp_path}", f"name={recipe}", f"data.corpus=[{repeated_corpus}]",
-                 "data.vocab_size=1024", "data.max_seq_len=64", "data.num_workers=1",
-                 "model.hidden_size=64", "model.num_layers=2", "model.num_heads=4", "model.intermediate_size=128",
-                 "model.max_position_embeddings=128", "model.hidden_dropout=0", "model.attention_dropout=0",
-                 "train.micro_batch_size=16", "train.max_steps=200", "train.max_minutes=0", "train.lr=3e-3",
-                 "train.warmup_steps=5", "train.log_every=1", "train.save_every=1000", "wandb.mode=disabled"]
-    proc = subprocess.run([sys.executable, "-m", "pretrain.cli", "run", recipe, *overrides, "--no-demo"], env=env,
-                          capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    overrides = [
+        f"output_dir={tmp_path}",
+        f"name={recipe}",
+        f"data.corpus=[{repeated_corpus}]",
+        "data.vocab_size=1024",
+        "data.max_seq_len=64",
+        "data.num_workers=1",
+        "model.hidden_size=64",
+        "model.num_layers=2",
+        "model.num_heads=4",
+        "model.intermediate_size=128",
+        "model.max_position_embeddings=128",
+        "model.hidden_dropout=0",
+        "model.attention_dropout=0",
+        "train.micro_batch_size=16",
+        "train.max_steps=200",
+        "train.max_minutes=0",
+        "train.lr=3e-3",
+        "train.warmup_steps=5",
+        "train.log_every=1",
+        "train.save_every=1000",
+        "wandb.mode=disabled",
+    ]
+    proc = subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", "run", recipe, *overrides, "--no-demo"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        cwd=tmp_path,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
-    records = [json.loads(l) for l in (tmp_path / recipe / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line) for line in (tmp_path / recipe / "metrics.jsonl").read_text().splitlines()]
     first, last = records[0]["loss"], sum(r["loss"] for r in records[-10:]) / 10
     assert last < 0.75 * first, (first, last, [r["loss"] for r in records])
     assert (tmp_path / recipe / "hf" / "config.json").is_file()

@@ -12,24 +12,38 @@ import transformers
 from safetensors.torch import load_file
 
 from data_pipeline.loader import Collator
-from pretrain.model import Forward
-from objectives import IGNORE_INDEX, SpecialTokens, build_objectives
+from objectives import build_objectives
 from objectives.rtd import DisentangledWordEmbedding, generator_config
-from pretrain.config import ModelConfig
-from pretrain.errors import ConfigError, UserError
-from pretrain.export_electra import (export_electra, from_hf_electra_state_dicts, to_hf_electra_state_dicts,
-                                     verify_electra_export)
-from pretrain.model import PretrainingModel
+from pretrain.core.config import ModelConfig
+from pretrain.core.errors import ConfigError, UserError
+from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
+from pretrain.hf.electra import export_electra, to_hf_electra_state_dicts, verify_electra_export
+from pretrain.hf.init_from import load_init_from
+from pretrain.model.pretraining import Forward, PretrainingModel
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 VOCAB = 128  # = conftest.TINY_VOCAB, which the `tokens` fixture uses
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 WORDS = "the a of and to in is was we our nation people government freedom liberty union states".split()
-CARD = {"objectives": {"rtd": {"disc_weight": 50.0}}, "corpus": "data/us-speeches.public-domain.jsonl",
-        "tokens_seen": 123456, "steps": 789, "final_loss": 4.2512, "run_name": "tiny-electra"}
+CARD = {
+    "objectives": {"rtd": {"disc_weight": 50.0}},
+    "corpus": "data/us-speeches.public-domain.jsonl",
+    "tokens_seen": 123456,
+    "steps": 789,
+    "final_loss": 4.2512,
+    "run_name": "tiny-electra",
+}
 # 3 heads of 16; generator_size 1/3 -> width 16, 1 head, intermediate 32. No dropout: deterministic checks.
-CFG = ModelConfig(vocab_size=VOCAB, hidden_size=48, num_layers=2, num_heads=3, intermediate_size=96,
-                  max_position_embeddings=64, hidden_dropout=0.0, attention_dropout=0.0)
+CFG = ModelConfig(
+    vocab_size=VOCAB,
+    hidden_size=48,
+    num_layers=2,
+    num_heads=3,
+    intermediate_size=96,
+    max_position_embeddings=64,
+    hidden_dropout=0.0,
+    attention_dropout=0.0,
+)
 
 
 def make_model(tokens, seed=0, randomize=False, **options) -> PretrainingModel:
@@ -95,6 +109,7 @@ def test_samples_only_at_masked_positions_never_special(tokens):
     batch = make_batch(tokens, rtd, seed=3, lengths=(40, 33, 25, 40))
     masked = batch["rtd_mlm_labels"] != IGNORE_INDEX
     original = torch.where(masked, batch["rtd_mlm_labels"], batch["input_ids"])
+
     def sample():
         forward = Forward(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
         rtd.before_encoder(batch, forward, model)
@@ -125,12 +140,18 @@ def test_discriminator_loss_does_not_reach_the_generator(tokens):
     model = make_model(tokens, gen_weight=0.0)  # the discriminator loss alone
     batch = make_batch(tokens, model.objectives[0])
     grads, _ = _grads(model, batch)
-    generator_only = [n for n in grads if n.startswith("heads.rtd.generator.") and n != "heads.rtd.generator.head.decoder_weight"]
-    assert len(generator_only) > 10 and all(_is_zero(grads[n]) for n in generator_only), \
-        [n for n in generator_only if not _is_zero(grads[n])]
+    generator_only = [
+        n for n in grads if n.startswith("heads.rtd.generator.") and n != "heads.rtd.generator.head.decoder_weight"
+    ]
+    assert len(generator_only) > 10 and all(_is_zero(grads[n]) for n in generator_only), [
+        n for n in generator_only if not _is_zero(grads[n])
+    ]
     # ... but it does train the shared embeddings (ELECTRA) and the discriminator
-    for name in ("encoder.embeddings.word_embeddings.weight", "encoder.layers.0.attention.qkv.weight",
-                 "heads.rtd.dense_prediction.weight"):
+    for name in (
+        "encoder.embeddings.word_embeddings.weight",
+        "encoder.layers.0.attention.qkv.weight",
+        "heads.rtd.dense_prediction.weight",
+    ):
         assert not _is_zero(grads[name]), name
     # Sanity: with the generator loss on, the generator does learn.
     model.objectives[0].options.gen_weight = 1.0
@@ -216,7 +237,7 @@ def test_export_matches_transformers(tokens, tokenizer_dir, tmp_path, disentangl
     disc_sd, gen_sd = load_file(out / "model.safetensors"), load_file(out / "generator" / "model.safetensors")
     assert "generator_lm_head.weight" not in gen_sd  # tied: transformers re-ties it on load
     fresh = make_model(tokens, seed=9, disentangled=disentangled)
-    fresh.load_state_dict(from_hf_electra_state_dicts(disc_sd, gen_sd, fresh), strict=True)
+    load_init_from(fresh, out)  # the import `model.init_from` runs: discriminator and generator/
     again_disc, again_gen = to_hf_electra_state_dicts(fresh)
     for ref, again in ((disc_sd, again_disc), (gen_sd, again_gen)):
         assert ref.keys() == again.keys()
@@ -225,7 +246,7 @@ def test_export_matches_transformers(tokens, tokenizer_dir, tmp_path, disentangl
 
 
 def test_fill_mask_on_the_generator_and_bert_export_refuses(tokens, tokenizer_dir, tmp_path):
-    from pretrain.export import export_pretrained
+    from pretrain.hf.export import export_pretrained
 
     model = make_model(tokens).eval()
     out = export_electra(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
@@ -236,13 +257,16 @@ def test_fill_mask_on_the_generator_and_bert_export_refuses(tokens, tokenizer_di
 
 
 def test_stage_export_dispatches_on_rtd(tokens, tokenizer_dir, tmp_path, monkeypatch):
-    from pretrain import stages
-    from pretrain.config import build_config
+    from pretrain import pipeline as stages
+    from pretrain.train.setup import config_from_dict
 
-    cfg = build_config({"output_dir": str(tmp_path), "name": "electra", "objectives": {"rtd": {}}})
+    cfg = config_from_dict({"output_dir": str(tmp_path), "name": "electra", "objectives": {"rtd": {}}})
     model = make_model(tokens).eval()
-    monkeypatch.setattr(stages, "load_checkpoint_model",
-                        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}))
+    monkeypatch.setattr(
+        stages,
+        "load_checkpoint_model",
+        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}),
+    )
     demo_dir = stages.stage_export(tmp_path / "electra")
     assert demo_dir == cfg.hf_dir / "generator"
     assert json.loads((cfg.hf_dir / "config.json").read_text())["architectures"] == ["ElectraForPreTraining"]

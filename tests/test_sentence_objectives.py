@@ -10,16 +10,20 @@ import pytest
 import torch
 
 from data_pipeline.loader import Collator, PretrainDataset, sample_rng
-from data_pipeline.pairs import SegmentPairs, assemble_pair, truncated_lengths
+from data_pipeline.pairs import SegmentPairs
 from data_pipeline.samples import build_samples
 from data_pipeline.shards import ShardSet, build_shards
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, train_tokenizer
-from objectives import IGNORE_INDEX, build_objectives, sample_builder_for, validate_objectives
-from pretrain.errors import ConfigError
+from objectives import build_objectives, sample_builder_for, validate_objectives
+from objectives.sentence_head import assemble_pair, truncated_lengths
+from pretrain.core.errors import ConfigError
+from pretrain.core.tokens import IGNORE_INDEX
 
 MAX_LEN = 48
-WORDS = ("nation people congress freedom budget treaty citizens liberty harbor territory defense courts "
-         "economy workers farmers schools science peace war history future government promise duty").split()
+WORDS = (
+    "nation people congress freedom budget treaty citizens liberty harbor territory defense courts "
+    "economy workers farmers schools science peace war history future government promise duty"
+).split()
 
 
 def make_docs(n: int, seed: int = 0) -> list[str]:
@@ -28,8 +32,10 @@ def make_docs(n: int, seed: int = 0) -> list[str]:
     docs = []
     for i in range(n):
         k = 1 if i % 20 == 7 else rng.randint(2, 12)
-        sents = [" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))).capitalize() + rng.choice(".!?")
-                 for _ in range(k)]
+        sents = [
+            " ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))).capitalize() + rng.choice(".!?")
+            for _ in range(k)
+        ]
         docs.append(" ".join(sents))
     return docs
 
@@ -63,7 +69,7 @@ def split_input(s, tokens):
     """(A, B) token ids of an assembled [CLS] A [SEP] B [SEP] sample."""
     ids = s["input_ids"]
     sep = int(np.flatnonzero(ids == tokens.sep)[0])
-    return ids[1:sep], ids[sep + 1:-1]
+    return ids[1:sep], ids[sep + 1 : -1]
 
 
 def prepared(objective, pairs, n):
@@ -78,6 +84,7 @@ def prepared(objective, pairs, n):
 
 
 # ---------------------------------------------------------------------------------------------- index
+
 
 def test_index_tiles_documents_and_respects_targets(corpus, pairs):
     shards, _ = corpus
@@ -106,11 +113,13 @@ def test_short_targets_about_ten_percent(corpus):
     assert len(targets) > 2000 and abs(short.mean() - 0.1) < 0.025, short.mean()
     assert targets.min() >= 2 and targets.max() == MAX_LEN - 3
     # index depends on the seed only
-    assert np.array_equal(SegmentPairs(shards, MAX_LEN, tokens, seed=1).first,
-                          SegmentPairs(shards, MAX_LEN, tokens, seed=1).first)
+    assert np.array_equal(
+        SegmentPairs(shards, MAX_LEN, tokens, seed=1).first, SegmentPairs(shards, MAX_LEN, tokens, seed=1).first
+    )
 
 
 # ---------------------------------------------------------------------------------------------- samples
+
 
 def test_raw_segments_are_consecutive_text(corpus, pairs):
     shards, _ = corpus
@@ -119,18 +128,21 @@ def test_raw_segments_are_consecutive_text(corpus, pairs):
         raw = pairs.sample(index, sample_rng(0, 0, index))
         doc = shards.doc_tokens(raw["_doc"]).astype(np.int64)
         assert len(raw["_seg_a"]) >= 1 and len(raw["_seg_b"]) >= 1
-        assert np.array_equal(raw["_seg_a"], doc[raw["_a_start"]:raw["_b_start"]])
-        assert np.array_equal(raw["_seg_b"], doc[raw["_b_start"]:raw["_b_end"]])
-        assert np.array_equal(raw["_seg_b_words"], shards.doc_word_starts(raw["_doc"])[raw["_b_start"]:raw["_b_end"]])
+        assert np.array_equal(raw["_seg_a"], doc[raw["_a_start"] : raw["_b_start"]])
+        assert np.array_equal(raw["_seg_b"], doc[raw["_b_start"] : raw["_b_end"]])
+        assert np.array_equal(raw["_seg_b_words"], shards.doc_word_starts(raw["_doc"])[raw["_b_start"] : raw["_b_end"]])
         sents = shards.doc_sentence_offsets(raw["_doc"])
         if len(sents) > 2:  # multi-sentence: split at a sentence boundary
             assert raw["_b_start"] in sents
         else:  # single sentence: split at a word start
             single += 1
-            assert shards.doc_word_starts(raw["_doc"])[raw["_b_start"]] or not shards.doc_word_starts(raw["_doc"])[1:].any()
+            assert (
+                shards.doc_word_starts(raw["_doc"])[raw["_b_start"]]
+                or not shards.doc_word_starts(raw["_doc"])[1:].any()
+            )
         assert raw["_rand_doc"] != raw["_doc"]
         other = shards.doc_tokens(raw["_rand_doc"]).astype(np.int64)
-        assert np.array_equal(raw["_seg_rand"], other[raw["_rand_start"]:raw["_rand_end"]])
+        assert np.array_equal(raw["_seg_rand"], other[raw["_rand_start"] : raw["_rand_end"]])
         assert raw["_rand_start"] in shards.doc_sentence_offsets(raw["_rand_doc"])
     assert single >= 5  # single-sentence documents are samples too
 
@@ -160,19 +172,22 @@ def test_assemble_pair_layout_and_bert_truncation():
     assert np.flatnonzero(s["special_mask"]).tolist() == [0, 11, 19]
     assert s["word_starts"][12] and not s["word_starts"][13]  # a segment's first token starts a word
     # removed tokens come off both ends
-    fronts = [assemble_pair(a, b, np.ones(40, bool), np.ones(7, bool), tokens, 20, rng)["input_ids"][1] - 100
-              for _ in range(400)]
+    fronts = [
+        assemble_pair(a, b, np.ones(40, bool), np.ones(7, bool), tokens, 20, rng)["input_ids"][1] - 100
+        for _ in range(400)
+    ]
     assert 14 < np.mean(fronts) < 16  # Binomial(30, 1/2): mean 15
 
 
 # ---------------------------------------------------------------------------------------------- NSP / SOP
+
 
 def check_structure(s, tokens, label_key):
     ids, tt = s["input_ids"], s["token_type_ids"]
     assert len(ids) <= MAX_LEN and ids[0] == tokens.cls and ids[-1] == tokens.sep
     seps = np.flatnonzero(ids == tokens.sep)
     assert len(seps) == 2 and np.flatnonzero(s["special_mask"]).tolist() == [0, seps[0], len(ids) - 1]
-    assert (tt[:seps[0] + 1] == 0).all() and (tt[seps[0] + 1:] == 1).all()
+    assert (tt[: seps[0] + 1] == 0).all() and (tt[seps[0] + 1 :] == 1).all()
     assert s[label_key].shape == () and s[label_key].dtype == np.int64
     assert not any(k.startswith("_") for k in s)
 
@@ -189,12 +204,14 @@ def test_nsp_labels_balanced_and_segments_true(corpus, pairs):
         doc = shards.doc_tokens(raw["_doc"]).astype(np.int64)
         if s["nsp_label"] == 0:  # B is the text right after A in the document
             if len(raw["_seg_a"]) + len(raw["_seg_b"]) <= MAX_LEN - 3:
-                assert np.array_equal(np.concatenate([a, b]), doc[raw["_a_start"]:raw["_b_end"]])
-            assert windows(a, doc[raw["_a_start"]:raw["_b_start"]]) and windows(b, doc[raw["_b_start"]:raw["_b_end"]])
+                assert np.array_equal(np.concatenate([a, b]), doc[raw["_a_start"] : raw["_b_end"]])
+            assert windows(a, doc[raw["_a_start"] : raw["_b_start"]]) and windows(
+                b, doc[raw["_b_start"] : raw["_b_end"]]
+            )
         else:  # B comes from another document
             assert raw["_rand_doc"] != raw["_doc"]
             other = shards.doc_tokens(raw["_rand_doc"]).astype(np.int64)
-            assert windows(b, other[raw["_rand_start"]:raw["_rand_end"]])
+            assert windows(b, other[raw["_rand_start"] : raw["_rand_end"]])
 
 
 def test_sop_swaps_recoverable_and_balanced(corpus, pairs):
@@ -207,12 +224,12 @@ def test_sop_swaps_recoverable_and_balanced(corpus, pairs):
         check_structure(s, tokens, "sop_label")
         first, second = split_input(s, tokens)
         doc = shards.doc_tokens(raw["_doc"]).astype(np.int64)
-        early, late = doc[raw["_a_start"]:raw["_b_start"]], doc[raw["_b_start"]:raw["_b_end"]]
+        early, late = doc[raw["_a_start"] : raw["_b_start"]], doc[raw["_b_start"] : raw["_b_end"]]
         if s["sop_label"] == 1:  # [CLS] B [SEP] A [SEP]: the later text first
             first, second = second, first
         assert windows(first, early) and windows(second, late)
         if len(early) + len(late) <= MAX_LEN - 3:
-            assert np.array_equal(np.concatenate([first, second]), doc[raw["_a_start"]:raw["_b_end"]])
+            assert np.array_equal(np.concatenate([first, second]), doc[raw["_a_start"] : raw["_b_end"]])
 
 
 def test_samples_deterministic_per_seed_epoch_index(corpus, pairs):
@@ -221,7 +238,8 @@ def test_samples_deterministic_per_seed_epoch_index(corpus, pairs):
     ds = PretrainDataset(pairs, objectives, seed=5)
     a, b = ds[17], ds[17]
     assert a.keys() == b.keys() and all(np.array_equal(a[k], b[k]) for k in a)
-    assert all(np.array_equal(pairs[4][k], v) for k, v in pairs[4].items())
+    raw = pairs.sample(4, sample_rng(5, 0, 4))
+    assert all(np.array_equal(raw[k], v) for k, v in pairs.sample(4, sample_rng(5, 0, 4)).items())
     # a new epoch draws a new split / partner for the same chunks
     other = [ds[len(pairs) + i] for i in range(40)]
     this = [ds[i] for i in range(40)]
@@ -229,6 +247,7 @@ def test_samples_deterministic_per_seed_epoch_index(corpus, pairs):
 
 
 # ---------------------------------------------------------------------------------------------- composition
+
 
 def test_composition_with_mlm(corpus, pairs):
     shards, tokens = corpus
@@ -256,14 +275,20 @@ def test_nsp_and_sop_together_rejected():
 
 @pytest.mark.parametrize("name", ["nsp", "sop"])
 def test_model_forward_backward(corpus, pairs, name):
-    from pretrain.config import ModelConfig
-    from pretrain.model import PretrainingModel
+    from pretrain.core.config import ModelConfig
+    from pretrain.model.pretraining import PretrainingModel
 
     _, tokens = corpus
     torch.manual_seed(0)
     objectives = build_objectives({"mlm": {}, name: {}}, tokens)
-    cfg = ModelConfig(vocab_size=tokens.vocab_size, hidden_size=32, num_layers=1, num_heads=2, intermediate_size=64,
-                      max_position_embeddings=MAX_LEN)
+    cfg = ModelConfig(
+        vocab_size=tokens.vocab_size,
+        hidden_size=32,
+        num_layers=1,
+        num_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=MAX_LEN,
+    )
     model = PretrainingModel(cfg, objectives)
     ds = PretrainDataset(pairs, objectives, seed=0)
     batch = Collator(tokens.pad, objectives)([ds[i] for i in range(8)])

@@ -10,7 +10,6 @@ import time
 from pathlib import Path
 
 import pytest
-
 from conftest import requires_fp16
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -37,8 +36,9 @@ def pretrain(*args, cwd, rc=0, wait=True):
 
 def snapshot(path: Path) -> dict[str, bytes]:
     """Every file under `path` with its bytes (what 'left untouched' means; the lock records its last holder)."""
-    return {str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*"))
-            if p.is_file() and p.name != ".lock"}
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
 
 
 def one_line_error(proc, *needles):
@@ -57,9 +57,20 @@ def corpus(tmp_path_factory):
 
 
 def run_args(tmp, corpus, *extra):
-    return ["tiny", f"output_dir={tmp}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=512",
-            "data.num_workers=0", "model.num_layers=1", "train.max_steps=3", "train.save_every=3",
-            "train.log_every=1", "train.warmup_steps=1", *extra]
+    return [
+        "tiny",
+        f"output_dir={tmp}",
+        "name=r",
+        f"data.corpus=[{corpus}]",
+        "data.vocab_size=512",
+        "data.num_workers=0",
+        "model.num_layers=1",
+        "train.max_steps=3",
+        "train.save_every=3",
+        "train.log_every=1",
+        "train.warmup_steps=1",
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -120,8 +131,7 @@ def test_tokenizer_and_shards_never_replace_a_users_directory(trained, corpus, t
     users.mkdir()
     (users / "manifest.json").write_text('{"my": "inventory"}')
     (users / "build.json").write_text('{"my": "build"}')
-    proc = pretrain("shards", corpus, "--tokenizer", run / "tokenizer", "--out", users, "--workers", "0", cwd=tmp,
-                    rc=2)
+    proc = pretrain("shards", corpus, "--tokenizer", run / "tokenizer", "--out", users, "--workers", "0", cwd=tmp, rc=2)
     one_line_error(proc, str(users))
     assert snapshot(users) == {"build.json": b'{"my": "build"}', "manifest.json": b'{"my": "inventory"}'}
 
@@ -134,38 +144,78 @@ def test_resume_refuses_changed_fixed_settings_and_allows_the_rest(trained, corp
     other = tmp_path / "other.jsonl"
     other.write_text("\n".join(CORPUS.read_text().splitlines()[40:60]) + "\n")
     pretrain("tokenizer", other, "--out", tmp_path / "tok2", "--vocab-size", "512", cwd=tmp)
-    changed = ["model.num_heads=2", "train.micro_batch_size=4", "data.max_seq_len=32", "train.seed=7",
-               "objectives.mlm.mask_prob=0.2", f"data.tokenizer={tmp_path / 'tok2'}", f"data.shards={tmp_path / 'sh2'}",
-               "train.max_steps=5"]
+    changed = [
+        "model.num_heads=2",
+        "train.micro_batch_size=4",
+        "data.max_seq_len=32",
+        "train.seed=7",
+        "objectives.mlm.mask_prob=0.2",
+        f"data.tokenizer={tmp_path / 'tok2'}",
+        f"data.shards={tmp_path / 'sh2'}",
+        "train.max_steps=5",
+    ]
     pretrain("shards", other, "--tokenizer", tmp_path / "tok2", "--out", tmp_path / "sh2", "--workers", "0", cwd=tmp)
     proc = pretrain("train", *run_args(tmp, corpus, *changed), cwd=tmp, rc=2)
-    one_line_error(proc, "cannot resume", "model.num_heads: 4 in the checkpoint, 2 now", "train.global_batch",
-                   "data.max_seq_len: 64 in the checkpoint, 32 now", "train.seed: 1234 in the checkpoint, 7 now",
-                   "objectives.mlm.mask_prob: 0.15 in the checkpoint, 0.2 now", "tokenizer (sha256",
-                   "data (content of the shards)", "train.allow_changes=[")
+    one_line_error(
+        proc,
+        "cannot resume",
+        "model.num_heads: 4 in the checkpoint, 2 now",
+        "train.global_batch",
+        "data.max_seq_len: 64 in the checkpoint, 32 now",
+        "train.seed: 1234 in the checkpoint, 7 now",
+        "objectives.mlm.mask_prob: 0.15 in the checkpoint, 0.2 now",
+        "tokenizer (sha256",
+        "data (content of the shards)",
+        "train.allow_changes=[",
+    )
     assert (run / "config.yaml").read_bytes() == config_before and snapshot(run) == before
 
     # what may change: the length of the run and its schedule, cadence, the split of the same global batch
-    proc = pretrain("train", *run_args(tmp, corpus, "train.max_steps=5", "train.lr=2e-3", "train.log_every=2",
-                                       "train.save_every=0", "train.micro_batch_size=4", "train.grad_accum_steps=2"),
-                    cwd=tmp)
+    proc = pretrain(
+        "train",
+        *run_args(
+            tmp,
+            corpus,
+            "train.max_steps=5",
+            "train.lr=2e-3",
+            "train.log_every=2",
+            "train.save_every=0",
+            "train.micro_batch_size=4",
+            "train.grad_accum_steps=2",
+        ),
+        cwd=tmp,
+    )
     assert "resumed from" in proc.stderr and "train.lr: 0.001 -> 0.002" in proc.stderr
     assert json.loads((run / "checkpoints" / "step_00000005" / "trainer_state.json").read_text())["step"] == 5
-    assert [json.loads(l)["step"] for l in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
 
     # on purpose, with the override: the seed changes and the run goes on
-    pretrain("train", *run_args(tmp, corpus, "train.max_steps=6", "train.seed=7", "train.allow_changes=[train.seed]"),
-             cwd=tmp)
-    assert json.loads((run / "checkpoints" / "latest").parent.joinpath("step_00000006", "trainer_state.json")
-                      .read_text())["fingerprint"]["train.seed"] == 7
+    pretrain(
+        "train",
+        *run_args(tmp, corpus, "train.max_steps=6", "train.seed=7", "train.allow_changes=[train.seed]"),
+        cwd=tmp,
+    )
+    assert (
+        json.loads((run / "checkpoints" / "latest").parent.joinpath("step_00000006", "trainer_state.json").read_text())[
+            "fingerprint"
+        ]["train.seed"]
+        == 7
+    )
 
 
 def test_one_trainer_per_run_directory(corpus, tmp_path):
     pretrain("tokenizer", corpus, "--out", tmp_path / "tok", "--vocab-size", "512", cwd=tmp_path)
-    pretrain("shards", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "sh", "--workers", "0",
-             cwd=tmp_path)
-    args = run_args(tmp_path, corpus, f"data.tokenizer={tmp_path / 'tok'}", f"data.shards={tmp_path / 'sh'}",
-                    "train.max_steps=100000", "train.save_every=0")
+    pretrain(
+        "shards", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "sh", "--workers", "0", cwd=tmp_path
+    )
+    args = run_args(
+        tmp_path,
+        corpus,
+        f"data.tokenizer={tmp_path / 'tok'}",
+        f"data.shards={tmp_path / 'sh'}",
+        "train.max_steps=100000",
+        "train.save_every=0",
+    )
     first = pretrain("train", *args, cwd=tmp_path, wait=False)
     try:
         lock = tmp_path / "r" / ".lock"
@@ -179,7 +229,7 @@ def test_one_trainer_per_run_directory(corpus, tmp_path):
         first.terminate()  # SIGTERM: the first trainer saves and exits 75
         _, err = first.communicate(timeout=300)
     assert first.returncode == 75, err[-3000:]
-    records = [json.loads(l)["step"] for l in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(line)["step"] for line in (tmp_path / "r" / "metrics.jsonl").read_text().splitlines()]
     assert records == sorted(set(records))  # one writer: no step logged twice
     # the lock went with the process: the run resumes
     pretrain("train", *args[:-2], "train.max_steps=" + str(records[-1] + 1), cwd=tmp_path)
@@ -192,9 +242,9 @@ def test_a_torn_metrics_line_blocks_nothing(trained, tmp_path):
     metrics.write_text(good + '{"step": 4, "loss": 6.2, "mlm/lo')  # the disk filled up mid-line
     proc = pretrain("export", run, "--out", tmp_path / "hf", cwd=tmp)
     assert "max |logit diff|" in proc.stderr
-    from pretrain.metrics import read_metrics
+    from pretrain.train.metrics import read_metrics
 
-    assert [r["step"] for r in read_metrics(run)] == [json.loads(l)["step"] for l in good.splitlines()]
+    assert [r["step"] for r in read_metrics(run)] == [json.loads(line)["step"] for line in good.splitlines()]
 
 
 def test_save_every_zero_saves_only_at_the_end(corpus, tmp_path):
@@ -226,18 +276,31 @@ def test_a_full_disk_says_so_and_keeps_the_last_checkpoint(corpus, tmp_path):
         pytest.skip("this machine does not let root mount a tmpfs")
     try:
         pretrain("tokenizer", corpus, "--out", tmp_path / "tok", "--vocab-size", "512", cwd=tmp_path)
-        pretrain("shards", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "sh", "--workers", "0",
-                 cwd=tmp_path)
-        args = ["tiny", f"output_dir={disk}", "name=r", f"data.tokenizer={tmp_path / 'tok'}",
-                f"data.shards={tmp_path / 'sh'}", "model.num_layers=1", "train.log_every=1", "train.warmup_steps=1",
-                "train.save_every=1", "train.keep_checkpoints=50", "train.max_steps=50"]
+        pretrain(
+            "shards", corpus, "--tokenizer", tmp_path / "tok", "--out", tmp_path / "sh", "--workers", "0", cwd=tmp_path
+        )
+        args = [
+            "tiny",
+            f"output_dir={disk}",
+            "name=r",
+            f"data.tokenizer={tmp_path / 'tok'}",
+            f"data.shards={tmp_path / 'sh'}",
+            "model.num_layers=1",
+            "train.log_every=1",
+            "train.warmup_steps=1",
+            "train.save_every=1",
+            "train.keep_checkpoints=50",
+            "train.max_steps=50",
+        ]
         proc = pretrain("train", *args, cwd=tmp_path, rc=2)
         one_line_error(proc, "no space left on device", "stays the latest checkpoint")
         latest = (disk / "r" / "checkpoints" / "latest").read_text().strip()
-        from pretrain.checkpoint import verify_integrity
+        from pretrain.train.checkpoint import verify_integrity
 
         verify_integrity(disk / "r" / "checkpoints" / latest)
-        assert sorted(p.name for p in (disk / "r" / "checkpoints").iterdir() if p.name.startswith("step_"))[-1] == latest
+        assert (
+            sorted(p.name for p in (disk / "r" / "checkpoints").iterdir() if p.name.startswith("step_"))[-1] == latest
+        )
     finally:
         subprocess.run(["umount", str(disk)])
 
@@ -251,8 +314,15 @@ def hf_checkpoint(tmp_path_factory, corpus):
     d = tmp_path_factory.mktemp("init")
     pretrain("tokenizer", corpus, "--out", d / "tok", "--vocab-size", "512", cwd=d)
     tok = transformers.PreTrainedTokenizerFast.from_pretrained(str(d / "tok"))
-    config = transformers.BertConfig(vocab_size=len(tok), hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
-                                     intermediate_size=128, max_position_embeddings=128, pad_token_id=0)
+    config = transformers.BertConfig(
+        vocab_size=len(tok),
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        max_position_embeddings=128,
+        pad_token_id=0,
+    )
     model = transformers.BertForMaskedLM(config)
     gen = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -264,9 +334,16 @@ def hf_checkpoint(tmp_path_factory, corpus):
     return d
 
 
-@pytest.mark.parametrize("precision,zero", [("bf16", 0), ("bf16", 3), ("fp32", 0),
-                                            pytest.param("fp16", 0, marks=requires_fp16),
-                                            pytest.param("fp16", 3, marks=requires_fp16)])
+@pytest.mark.parametrize(
+    "precision,zero",
+    [
+        ("bf16", 0),
+        ("bf16", 3),
+        ("fp32", 0),
+        pytest.param("fp16", 0, marks=requires_fp16),
+        pytest.param("fp16", 3, marks=requires_fp16),
+    ],
+)
 def test_exports_keep_full_precision(hf_checkpoint, tmp_path, precision, zero):
     """One step at lr 0 from a real checkpoint, then an export: every weight is the original, whatever the training
     precision and ZeRO stage (bf16/fp16 runs used to export their rounded copy: 9e-2 off in hidden states)."""
@@ -275,9 +352,21 @@ def test_exports_keep_full_precision(hf_checkpoint, tmp_path, precision, zero):
     from transformers import BertForMaskedLM
 
     d = hf_checkpoint
-    pretrain("train", "tiny", f"output_dir={tmp_path}", "name=r", f"model.init_from={d / 'hf'}",
-             f"data.shards={d / 'shards'}", "train.lr=0", "train.max_steps=1", f"train.precision={precision}",
-             f"train.zero_stage={zero}", "model.hidden_dropout=0", "model.attention_dropout=0", cwd=tmp_path)
+    pretrain(
+        "train",
+        "tiny",
+        f"output_dir={tmp_path}",
+        "name=r",
+        f"model.init_from={d / 'hf'}",
+        f"data.shards={d / 'shards'}",
+        "train.lr=0",
+        "train.max_steps=1",
+        f"train.precision={precision}",
+        f"train.zero_stage={zero}",
+        "model.hidden_dropout=0",
+        "model.attention_dropout=0",
+        cwd=tmp_path,
+    )
     pretrain("export", tmp_path / "r", "--out", tmp_path / "hf", cwd=tmp_path)
     original, exported = load_file(d / "hf" / "model.safetensors"), load_file(tmp_path / "hf" / "model.safetensors")
     assert set(exported) <= set(original) and len(exported) >= len(original) - 1  # the tied decoder is left out

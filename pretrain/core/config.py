@@ -1,0 +1,456 @@
+"""Typed run configuration: dataclasses, YAML presets and dotted command-line overrides.
+
+One source of truth: the DeepSpeed config, the HF export config and the data settings are all derived
+from a `RunConfig`. Unknown keys and wrong types fail with the key, the value and the nearest valid key.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import os
+import types
+import typing
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pretrain.core.errors import ConfigError
+
+
+def doc(default: Any = dataclasses.MISSING, text: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
+    """A dataclass field with its one-line documentation (`describe_fields`: --help, `pretrain objectives`)."""
+    if factory is not dataclasses.MISSING:
+        return field(default_factory=factory, metadata={"doc": text})
+    return field(default=default, metadata={"doc": text})
+
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "presets"
+"""The presets: package data (pyproject.toml), so an installed package has them; `configs/` links here."""
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    corpus: list[str] = doc(
+        factory=lambda: ["data/us-speeches.public-domain.jsonl"],
+        text="Corpus files, directories or globs (JSON Lines with a text field, or plain text).",
+    )
+    text_field: str = doc("text", "Field of each JSON Lines record that holds the document text.")
+    tokenizer: str = doc(
+        "", "Tokenizer directory; empty means <run_dir>/tokenizer, trained from the corpus if missing."
+    )
+    tokenizer_type: str = doc("wordpiece", "Kind of tokenizer to train: wordpiece, bpe (byte-level) or unigram.")
+    vocab_size: int = doc(8192, "Target vocabulary size (padded up to a multiple of 64).")
+    lowercase: bool = doc(True, "Lowercase text before tokenizing (uncased model).")
+    strip_accents: bool = doc(True, "Strip accents when normalizing.")
+    min_frequency: int = doc(2, "Minimum count of a pair/token to enter the vocabulary.")
+    shards: str = doc("", "Shard directory; empty means <run_dir>/shards, built from the corpus if missing.")
+    num_workers: int = doc(2, "Processes that tokenize the corpus in parallel.")
+    docs_per_shard: int = doc(2000, "Documents per shard file.")
+    on_bad_document: str = doc(
+        "skip", "What to do with a document that cannot be used (invalid UTF-8, empty): skip (counted) or error."
+    )
+    max_seq_len: int = doc(128, "Tokens per training sequence, [CLS] and [SEP] included.")
+    loader_workers: int = doc(
+        -1,
+        "DataLoader worker processes per rank: -1 = chosen from the cores present (up to 4 "
+        "per GPU rank, none on a CPU-only machine, where the training process uses every "
+        "core); 0 = in the training process.",
+    )
+    tokenizer_sample_docs: int = doc(
+        0, "Train the tokenizer on about this many documents, spread over all corpus files (0 = all)."
+    )
+    max_document_bytes: int = doc(
+        16777216,
+        "Longer documents (e.g. a 100 MB line) are skipped as too_long, or fail "
+        "with file:line under on_bad_document=error.",
+    )
+    packing: str = doc(
+        "full_sentences",
+        "Token-level samples: full_sentences (packed across documents, RoBERTa) or "
+        "doc_bounded (never cross a document).",
+    )
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int = doc(0, "Vocabulary size; 0 means take it from the tokenizer.")
+    hidden_size: int = doc(256, "Width of the encoder.")
+    num_layers: int = doc(4, "Number of Transformer layers.")
+    num_heads: int = doc(4, "Attention heads per layer.")
+    intermediate_size: int = doc(1024, "Width of the feed-forward block.")
+    max_position_embeddings: int = doc(512, "Learned absolute positions available.")
+    type_vocab_size: int = doc(2, "Token type (segment) ids available.")
+    hidden_dropout: float = doc(0.1, "Dropout on embeddings and sublayer outputs.")
+    attention_dropout: float = doc(0.1, "Dropout on attention probabilities.")
+    layer_norm_eps: float = doc(1e-12, "LayerNorm epsilon.")
+    initializer_range: float = doc(0.02, "Std of the normal initialisation of weights.")
+    pad_token_id: int = doc(0, "Id of [PAD]; set from the tokenizer.")
+    norm_placement: str = doc(
+        "post", "post (BERT: LayerNorm after each residual) or pre (LayerNorm before each sublayer, plus a final one)."
+    )
+    position_embedding: str = doc(
+        "learned", "learned absolute positions (BERT) or rope (rotary, applied to queries and keys)."
+    )
+    rope_theta: float = doc(10000.0, "RoPE base.")
+    activation: str = doc(
+        "gelu", "Feed-forward activation: gelu, or geglu (gated; the input projection is twice as wide)."
+    )
+    use_bias: bool = doc(True, "Biases in linear layers and LayerNorms (ModernBERT drops them).")
+    embedding_size: int = doc(
+        0,
+        "ALBERT's factorized embeddings: token embeddings of this width projected up to hidden_size (0 = hidden_size).",
+    )
+    share_layers: bool = doc(
+        False, "ALBERT's cross-layer parameter sharing: one set of layer weights applied num_layers times."
+    )
+    unpadded: bool = doc(
+        False,
+        "Run the encoder on the real tokens only (variable-length packing with cumulative "
+        "lengths), no compute on padding.",
+    )
+    compile: bool = doc(False, "torch.compile the encoder.")
+    activation_checkpointing: bool = doc(
+        False, "Recompute each layer's activations in the backward pass to save memory."
+    )
+    init_from: str = doc(
+        "", "A local HuggingFace checkpoint directory (bert, roberta, albert, electra, modernbert) to start from."
+    )
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    micro_batch_size: int = doc(32, "Sequences per device per forward pass.")
+    grad_accum_steps: int = doc(1, "Micro-batches accumulated per optimizer step.")
+    loss_normalization: str = doc(
+        "step",
+        "step: each loss term is a mean over all its targets in the optimizer step "
+        "(every micro-batch, every rank), so splitting a batch over accumulation or "
+        "ranks changes nothing; micro_batch: a mean per micro-batch, then averaged "
+        "(original BERT; a micro-batch with few masked tokens weighs as much as one "
+        "with many).",
+    )
+    max_steps: int = doc(1000, "Optimizer steps to train for.")
+    max_minutes: float = doc(0.0, "Stop (with a checkpoint) after this much wall-clock time; 0 = no limit.")
+    exit_after_steps: int = doc(
+        0, "Stop this invocation after this many steps, with a checkpoint (for time-limited jobs); 0 = off."
+    )
+    optimizer: str = doc("adamw", "adamw, or lamb (layer-wise trust ratio, for large batches).")
+    lr: float = doc(5e-4, "Peak learning rate.")
+    warmup_steps: int = doc(100, "Linear warmup steps, then linear decay to 0 at max_steps.")
+    weight_decay: float = doc(0.01, "AdamW weight decay (not applied to biases and LayerNorm weights).")
+    adam_beta1: float = doc(0.9, "AdamW beta1.")
+    adam_beta2: float = doc(0.98, "AdamW beta2.")
+    adam_eps: float = doc(1e-6, "AdamW epsilon.")
+    grad_clip: float = doc(1.0, "Clip the global gradient norm to this (0 = off).")
+    precision: str = doc("auto", "auto (bf16 where the machine supports it), bf16, fp16 or fp32.")
+    zero_stage: int = doc(0, "DeepSpeed ZeRO stage (0-3).")
+    nan_policy: str = doc(
+        "skip", "A step with a NaN/inf loss or gradient: skip (count it; stop after max_skipped_steps) or stop at once."
+    )
+    max_skipped_steps: int = doc(20, "With nan_policy=skip, stop when this many steps have been skipped in a row.")
+    seed: int = doc(1234, "Seed of initialisation, sample order and masking.")
+    peak_tflops: float = doc(
+        0.0, "Peak TFLOP/s of one device for MFU; 0 = look the device up in a table (unknown on CPUs)."
+    )
+    log_every: int = doc(10, "Steps between metric lines in metrics.jsonl.")
+    save_every: int = doc(
+        200, "Steps between checkpoints (0 = none in between; a final one, and one when stopped, are always written)."
+    )
+    keep_checkpoints: int = doc(2, "How many recent checkpoints to keep.")
+    allow_changes: list[str] = doc(
+        factory=list,
+        text="Settings a resume may change although the run fixed them "
+        "(tokenizer, data, model, objectives, global batch, seed, ...), "
+        "by key or prefix, e.g. [model.num_heads] or [objectives]: for "
+        "users who mean it.",
+    )
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    mode: str = doc("offline", "offline (default), online or disabled.")
+    project: str = doc("bert-pretrain", "wandb project name.")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = doc("run", "Run name; the run directory is <output_dir>/<name>.")
+    output_dir: str = doc("runs", "Parent directory of run directories.")
+    data: DataConfig = field(default_factory=DataConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    objectives: dict[str, Any] = doc(
+        factory=lambda: {"mlm": {}}, text="Objectives and their options, by registered name, each with a weight."
+    )
+    train: TrainConfig = field(default_factory=TrainConfig)
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+    export_dir: str = doc("", "Where `pretrain run` exports the HF model; empty means <run_dir>/hf.")
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.output_dir) / self.name
+
+    @property
+    def tokenizer_dir(self) -> Path:
+        return Path(self.data.tokenizer) if self.data.tokenizer else self.run_dir / "tokenizer"
+
+    @property
+    def shards_dir(self) -> Path:
+        return Path(self.data.shards) if self.data.shards else self.run_dir / "shards"
+
+    @property
+    def hf_dir(self) -> Path:
+        return Path(self.export_dir) if self.export_dir else self.run_dir / "hf"
+
+
+# ----------------------------------------------------------------------------------------------
+# Building typed dataclasses from plain dicts
+
+
+def _nearest(key: str, options: typing.Iterable[str]) -> str:
+    match = difflib.get_close_matches(key, list(options), n=1, cutoff=0.0)
+    return f" (did you mean '{match[0]}'?)" if match else ""
+
+
+def _type_name(tp: Any) -> str:
+    return getattr(tp, "__name__", str(tp))
+
+
+def _coerce(value: Any, tp: Any, where: str) -> Any:
+    """Check `value` against the annotation `tp`; allow int -> float and str -> scalar (from overrides)."""
+    origin = typing.get_origin(tp)
+    if dataclasses.is_dataclass(tp):
+        if isinstance(value, tp):
+            return value
+        if not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping of {tp.__name__} options, got {value!r}")
+        return from_dict(tp, value, where)
+    if origin is list:
+        (item_tp,) = typing.get_args(tp)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, (list, tuple)):
+            raise ConfigError(f"{where}: expected a list, got {value!r}")
+        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is Any:
+        if origin is dict and not isinstance(value, dict):
+            raise ConfigError(f"{where}: expected a mapping, got {value!r}")
+        return value
+    if origin in (typing.Union, types.UnionType):
+        args = [a for a in typing.get_args(tp) if a is not type(None)]
+        if value is None:
+            return None
+        return _coerce(value, args[0], where)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        if isinstance(value, str) and value.lower() in ("true", "false", "1", "0", "yes", "no"):
+            return value.lower() in ("true", "1", "yes")
+    elif tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        if isinstance(value, float) and value.is_integer():
+            return int(value)
+        if isinstance(value, str):
+            try:
+                return int(value.replace("_", ""))
+            except ValueError:
+                pass
+    elif tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):
+            try:
+                return float(value)
+            except ValueError:
+                pass
+    elif tp is str:
+        if isinstance(value, str):
+            return value
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return str(value)
+    else:
+        return value
+    raise ConfigError(f"{where}: value {value!r} is not a valid {_type_name(tp)}")
+
+
+def from_dict(cls: type, data: dict, where: str = "") -> Any:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types with a clear message."""
+    hints = typing.get_type_hints(cls)
+    names = {f.name for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in (data or {}).items():
+        path = f"{where}.{key}" if where else str(key)
+        if key not in names:
+            raise ConfigError(f"unknown config key '{path}'{_nearest(str(key), names)}")
+        kwargs[key] = _coerce(value, hints[key], path)
+    obj = cls(**kwargs)
+    return obj
+
+
+def to_dict(obj: Any) -> Any:
+    if dataclasses.is_dataclass(obj):
+        return {f.name: to_dict(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    if isinstance(obj, dict):
+        return {k: to_dict(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [to_dict(v) for v in obj]
+    return obj
+
+
+# ----------------------------------------------------------------------------------------------
+# YAML presets and overrides
+
+
+def _parse_scalar(text: str) -> Any:
+    """Override values are YAML scalars/lists: `0.1`, `true`, `[a, b]`, `bf16`."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+# A preset that names its objectives means exactly those, not those plus its base's.
+REPLACED_BY_PRESET = ("objectives",)
+
+
+def _deep_merge(base: dict, extra: dict, replace: tuple[str, ...] = ()) -> dict:
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in replace:
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def resolve_preset(name_or_path: str) -> Path:
+    """A config argument is a path, or the name of a preset in configs/ (with or without .yaml)."""
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    for candidate in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
+        if candidate.is_file():
+            return candidate
+    presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+    raise ConfigError(
+        f"config '{name_or_path}' not found: not a file, nor a preset{_nearest(name_or_path, presets)}; "
+        f"presets: {', '.join(presets)}"
+    )
+
+
+def load_yaml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """Read a YAML preset; `base: other.yaml` inherits from another preset (relative to this file)."""
+    if path.resolve() in _chain:
+        loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
+        raise ConfigError(f"{path}: base: presets inherit from each other in a loop ({loop})")
+    try:
+        data = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        line = f":{mark.line + 1}" if mark else ""
+        raise ConfigError(f"{path}{line}: invalid YAML ({getattr(err, 'problem', err)})") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{path}: expected a mapping at the top level")
+    base = data.pop("base", None)
+    if base:
+        base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
+        if not base_path.is_file():
+            base_path = resolve_preset(base)
+        data = _deep_merge(load_yaml(base_path, (*_chain, path.resolve())), data, replace=REPLACED_BY_PRESET)
+    return data
+
+
+def apply_overrides(data: dict, overrides: list[str]) -> dict:
+    """Apply `a.b.c=value` overrides to a nested dict."""
+    data = _deep_merge({}, data)
+    for item in overrides:
+        if "=" not in item:
+            raise ConfigError(f"override '{item}' is not of the form key=value (e.g. model.hidden_size=128)")
+        key, _, raw = item.partition("=")
+        parts = key.strip().split(".")
+        node = data
+        for part in parts[:-1]:
+            if not isinstance(node.get(part), dict):
+                node[part] = {}
+            node = node[part]
+        node[parts[-1]] = _parse_scalar(raw)
+    return data
+
+
+def build_config(data: dict) -> RunConfig:
+    """A typed, checked RunConfig from a dict. Its objectives are still the mapping given: the run's config is
+    finished, once, by `pretrain.train.setup.resolve_config` (objectives typed, `model.init_from` applied)."""
+    cfg = from_dict(RunConfig, data)
+    _check_values(cfg)
+    return cfg
+
+
+def _check_values(cfg: RunConfig) -> None:
+    choices = {
+        "train.precision": (cfg.train.precision, ("auto", "bf16", "fp16", "fp32")),
+        "data.tokenizer_type": (cfg.data.tokenizer_type, ("wordpiece", "bpe", "unigram")),
+        "data.on_bad_document": (cfg.data.on_bad_document, ("skip", "error")),
+        "data.packing": (cfg.data.packing, ("full_sentences", "doc_bounded")),
+        "wandb.mode": (cfg.wandb.mode, ("offline", "online", "disabled")),
+        "train.optimizer": (cfg.train.optimizer, ("adamw", "lamb")),
+        "model.norm_placement": (cfg.model.norm_placement, ("post", "pre")),
+        "model.position_embedding": (cfg.model.position_embedding, ("learned", "rope")),
+        "model.activation": (cfg.model.activation, ("gelu", "geglu")),
+        "train.nan_policy": (cfg.train.nan_policy, ("skip", "stop")),
+        "train.loss_normalization": (cfg.train.loss_normalization, ("step", "micro_batch")),
+    }
+    for key, (value, allowed) in choices.items():
+        if value not in allowed:
+            raise ConfigError(f"{key}: value '{value}' is not one of {', '.join(allowed)}{_nearest(value, allowed)}")
+    if cfg.train.zero_stage not in (0, 1, 2, 3):
+        raise ConfigError(f"train.zero_stage: value {cfg.train.zero_stage} is not one of 0, 1, 2, 3")
+    if cfg.model.hidden_size % cfg.model.num_heads:
+        raise ConfigError(
+            f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.num_heads ({cfg.model.num_heads})"
+        )
+    if cfg.data.max_seq_len > cfg.model.max_position_embeddings:
+        raise ConfigError(
+            f"data.max_seq_len ({cfg.data.max_seq_len}) exceeds "
+            f"model.max_position_embeddings ({cfg.model.max_position_embeddings})"
+        )
+    for key in ("micro_batch_size", "grad_accum_steps", "max_steps", "log_every"):
+        if getattr(cfg.train, key) < 1:
+            raise ConfigError(f"train.{key}: must be >= 1, got {getattr(cfg.train, key)}")
+    for key in ("save_every", "keep_checkpoints"):
+        if getattr(cfg.train, key) < 0:
+            raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
+    for key in ("num_layers", "num_heads", "hidden_size", "intermediate_size"):
+        if getattr(cfg.model, key) < 1:
+            raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg.model, key)}")
+
+
+def read_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
+    """A preset or file with dotted overrides, typed and checked (not yet resolved: see `build_config`)."""
+    data = load_yaml(resolve_preset(name_or_path)) if name_or_path else {}
+    return build_config(apply_overrides(data, overrides or []))
+
+
+def save_config(cfg: RunConfig, path: os.PathLike) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    os.replace(tmp, path)
+
+
+def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
+    """(dotted key, default, doc) for every field, nested dataclasses expanded; used by `--help`, `pretrain
+    objectives` and the README."""
+    rows = []
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(hints[f.name]):
+            rows += describe_fields(hints[f.name], key + ".")
+            continue
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
+        rows.append((key, repr(default), f.metadata.get("doc", "")))
+    return rows

@@ -1,0 +1,75 @@
+"""Metrics as summable statistics, so that micro-batches, steps and ranks combine exactly: an accuracy over every
+target of a log interval on every rank, not a mean of per-micro-batch or per-rank accuracies.
+
+Each measure has a device part (summed on the device, read once per log: `pretrain.train.metrics.MetricSums`) and a host
+part (a number known on the host), and a `value` computed from their sums.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+class Mean:
+    """A metric as a sum and a count, so that micro-batches, steps and ranks combine exactly: sum the sums, sum the
+    counts, divide once (an accuracy over all targets, not a mean of per-rank accuracies). The sum stays on the
+    device; the count is a host number (known from the batch before the forward) or a device tensor."""
+
+    def __init__(self, total: torch.Tensor, count: float | torch.Tensor = 1.0):
+        self.total, self.count = total, count
+
+    def device_part(self) -> torch.Tensor:
+        parts = [self.total.detach().float().reshape(1)]
+        if isinstance(self.count, torch.Tensor):
+            parts.append(self.count.detach().float().reshape(1))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    def host_part(self) -> float:
+        return 0.0 if isinstance(self.count, torch.Tensor) else float(self.count)
+
+    @staticmethod
+    def finish(device: torch.Tensor, host: float) -> float | None:
+        """The mean from the summed parts; None when nothing was counted."""
+        count = float(device[1]) if device.numel() > 1 else host
+        return float(device[0]) / count if count else None
+
+    def value(self) -> float | None:
+        """This measure alone (reads the device)."""
+        return self.finish(self.device_part(), self.host_part())
+
+
+class BinaryAUC:
+    """Area under the ROC curve of binary scores, threshold-free: logits are binned (`BINS` bins of width 0.1 over
+    [-BINS/20, BINS/20], the ends open) into one histogram per class on the device, summed over micro-batches, steps
+    and ranks, and the AUC is read from the histograms (ties within a bin count half)."""
+
+    BINS = 400
+
+    def __init__(self, logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor):
+        # logits, labels, weight: same shape; weight 0 leaves a position out (padding)
+        index = ((logits.detach().float() * 10).floor() + self.BINS // 2).clamp(0, self.BINS - 1).long().reshape(-1)
+        w = weight.float().reshape(-1)
+        positive = labels.float().reshape(-1) * w
+        hist = torch.zeros(2, self.BINS, device=logits.device)
+        hist[0].scatter_add_(0, index, positive)
+        hist[1].scatter_add_(0, index, w - positive)
+        self.hist = hist  # [2, BINS]: positives, negatives
+
+    def device_part(self) -> torch.Tensor:
+        return self.hist.reshape(-1)
+
+    def host_part(self) -> float:
+        return 0.0
+
+    def value(self) -> float | None:
+        """This measure alone (reads the device)."""
+        return self.finish(self.device_part(), 0.0)
+
+    @staticmethod
+    def finish(device: torch.Tensor, host: float) -> float | None:
+        """The AUC from the summed histograms; None without both classes."""
+        pos, neg = device.double().reshape(2, -1)
+        if pos.sum() == 0 or neg.sum() == 0:
+            return None
+        below = torch.cumsum(neg, 0) - neg  # negatives in lower bins
+        return float((pos * (below + 0.5 * neg)).sum() / (pos.sum() * neg.sum()))

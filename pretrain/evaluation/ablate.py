@@ -1,0 +1,614 @@
+"""`pretrain ablate CONFIG`: pretraining objectives compared at an equal budget, then downstream.
+
+An ablation config (YAML; see configs/ablation-tiny.yaml):
+
+    output_dir: runs/ablation-tiny      # the ablation directory
+    run: {base: tiny.yaml, ...}         # the run config every arm shares (encoder, data, seed, optimizer)
+    arms:                               # name -> overrides of `run` (objectives replace the shared ones)
+      mlm: {objectives: {mlm: {}}}
+      none: {pretrain: false}           # baseline: random init, same config and tokenizer, no training
+    seeds: [1234, 1235, 1236]           # pretraining seeds: every arm is pretrained (or, `none`, initialised)
+                                        # once per seed (default: run.train.seed alone)
+    budget: {kind: flops, amount: 2e15} # flops | tokens | time (minutes); the same for every arm
+    eval: {tasks: [dir, ...], seeds: [1, 2, 3], mode: [probe, full], pooling: mean, epochs: 0, lr: 0,
+           batch_size: 0, max_seq_len: 128, max_train_examples: 0}
+    launch: {procs: 8, scheduler: single_node, threads: 0}
+                                        # procs, scheduler (single_node | slurm): for --print-commands;
+                                        # threads: torch threads here and per arm (0 = torch's default;
+                                        # 1 on a shared, oversubscribed CPU, where more threads spin-wait)
+
+Layout: <dir>/tokenizer and <dir>/shards (built once, shared), <dir>/configs/<run>.yaml (each run's resolved
+config: what the cluster commands point at), <dir>/arms/<run>/ (a run directory, with hf/ and state.json; <run> is
+the arm's name, or <arm>-seed<S> with several seeds), <dir>/report.md with its plots and results.json (every score
+and every dev prediction, from which the report's paired tests are computed: `pretrain.evaluation.stats`).
+
+Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed engines, signal handlers and
+the distributed group are per process, and it is exactly the command a cluster runs. state.json records
+each finished stage (trained, exported, evaluated), so a re-run skips finished arms and stages; a
+half-trained arm resumes from its checkpoint (the trainer does that itself).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from pretrain.core.config import (
+    RunConfig,
+    _deep_merge,
+    _nearest,
+    apply_overrides,
+    load_yaml,
+    resolve_preset,
+    save_config,
+)
+from pretrain.core.errors import ConfigError, UserError
+from pretrain.core.outputs import claim_output, mark_output
+from pretrain.train.setup import config_from_dict
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/, for the arms' processes
+TOP_KEYS = ("output_dir", "run", "arms", "seeds", "budget", "eval", "launch")
+MODES = ("probe", "full")
+BUDGET_KINDS = ("tokens", "flops", "time")
+EVAL_DEFAULTS = {
+    "tasks": [],
+    "seeds": [1, 2, 3],
+    "mode": "probe",
+    "pooling": "mean",
+    "epochs": 0,
+    "lr": 0.0,
+    "batch_size": 0,
+    "max_seq_len": 128,
+    "max_train_examples": 0,
+}
+LAUNCH_DEFAULTS = {"procs": 8, "scheduler": "single_node", "threads": 0}
+
+
+def say(message: str) -> None:
+    print(f"[ablate] {message}", flush=True)
+
+
+@dataclass
+class Arm:
+    """One run of an arm: its objectives at one pretraining seed."""
+
+    name: str  # the run: the arm's name, or <arm>-seed<S> when the ablation has several seeds
+    cfg: RunConfig  # resolved; run_dir = <ablation>/arms/<name>
+    pretrain: bool = True
+    group: str = ""  # the arm this run belongs to
+    seed: int = 0
+
+
+@dataclass
+class Ablation:
+    path: Path
+    out: Path
+    base: RunConfig
+    arms: list[Arm]
+    budget_kind: str
+    budget_amount: float
+    eval: dict
+    launch: dict
+    raw: dict = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
+
+    def groups(self) -> dict[str, list[Arm]]:
+        """Arm name -> its runs (one per pretraining seed), in config order."""
+        out: dict[str, list[Arm]] = {}
+        for arm in self.arms:
+            out.setdefault(arm.group, []).append(arm)
+        return out
+
+    def arm_config_path(self, arm: Arm) -> Path:
+        return self.out / "configs" / f"{arm.name}.yaml"
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+def _run_block(block: Any, path: Path) -> dict:
+    """The shared run config: a mapping that may inherit from a preset with `base:` (relative to this file)."""
+    if block is None:
+        return {}
+    if not isinstance(block, dict):
+        raise ConfigError(f"{path}: run: expected a mapping of run config keys, got {block!r}")
+    block = dict(block)
+    base = block.pop("base", None)
+    if base:
+        base_path = path.parent / base
+        data = load_yaml(base_path if base_path.is_file() else resolve_preset(base))
+        block = _deep_merge(data, block)
+    return block
+
+
+def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
+    path = Path(config)
+    if not path.is_file():
+        path = resolve_preset(config)
+    raw = load_yaml(path)
+    raw = apply_overrides(raw, overrides or [])
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise ConfigError(
+                f"{path}: unknown ablation key '{key}'{_nearest(key, TOP_KEYS)}; keys: {', '.join(TOP_KEYS)}"
+            )
+    if not raw.get("output_dir"):
+        raise ConfigError(f"{path}: output_dir: the ablation directory is required")
+    out = Path(str(raw["output_dir"]))
+
+    budget = raw.get("budget") or {}
+    if not isinstance(budget, dict) or set(budget) - {"kind", "amount"}:
+        raise ConfigError(f"{path}: budget: expected {{kind: tokens|flops|time, amount: N}}, got {budget!r}")
+    kind = budget.get("kind")
+    if kind not in BUDGET_KINDS:
+        raise ConfigError(f"{path}: budget.kind: '{kind}' is not one of {', '.join(BUDGET_KINDS)}")
+    try:
+        amount = float(budget.get("amount"))
+    except (TypeError, ValueError):
+        raise ConfigError(f"{path}: budget.amount: '{budget.get('amount')}' is not a number") from None
+    if not amount > 0:
+        raise ConfigError(f"{path}: budget.amount: must be > 0, got {amount}")
+
+    ev = dict(EVAL_DEFAULTS)
+    for key, value in (raw.get("eval") or {}).items():
+        if key not in EVAL_DEFAULTS:
+            raise ConfigError(f"{path}: unknown key 'eval.{key}'{_nearest(key, EVAL_DEFAULTS)}")
+        ev[key] = value
+    if isinstance(ev["tasks"], str):
+        ev["tasks"] = [ev["tasks"]]
+    ev["modes"] = [ev["mode"]] if isinstance(ev["mode"], str) else list(ev["mode"] or [])
+    for mode in ev["modes"] or [None]:
+        if mode not in MODES:
+            raise ConfigError(f"{path}: eval.mode: '{mode}' is not one of {', '.join(MODES)} (or a list of them)")
+    for task in ev["tasks"]:
+        if not (Path(task) / "train.tsv").is_file():
+            raise ConfigError(
+                f"{path}: eval.tasks: '{task}' has no train.tsv (paths are relative to the "
+                f"directory you run from, {Path.cwd()})"
+            )
+    launch = {**LAUNCH_DEFAULTS, **(raw.get("launch") or {})}
+
+    run = _run_block(raw.get("run"), path)
+    # every arm shares the tokenizer and shards, built once in the ablation directory
+    shared = {
+        "output_dir": str(out / "arms"),
+        "data": {"tokenizer": str(out / "tokenizer"), "shards": str(out / "shards")},
+    }
+    base_data = _deep_merge(run, shared)
+    try:
+        base = config_from_dict({**base_data, "name": "base"})
+    except ConfigError as err:
+        raise ConfigError(f"{path}: run: {err}") from None
+
+    arms_raw = raw.get("arms")
+    if not isinstance(arms_raw, dict) or not arms_raw:
+        raise ConfigError(f"{path}: arms: expected a mapping of arm name -> overrides, e.g. arms: {{mlm: {{}}}}")
+    seeds = raw.get("seeds", [base.train.seed])
+    if isinstance(seeds, int):
+        seeds = [seeds]
+    if (
+        not isinstance(seeds, list)
+        or not seeds
+        or not all(isinstance(x, int) for x in seeds)
+        or len(set(seeds)) < len(seeds)
+    ):
+        raise ConfigError(f"{path}: seeds: expected a list of distinct integers (pretraining seeds), got {seeds!r}")
+    arms = []
+    for name, spec in arms_raw.items():
+        spec = dict(spec or {})
+        pretrain = bool(spec.pop("pretrain", name != "none"))
+        data = dict(base_data)
+        if "objectives" in spec:  # an arm's objectives replace the shared ones instead of merging with them
+            data = {**data, "objectives": spec.pop("objectives")}
+        if not pretrain:  # the baseline exports an mlm model: the same encoder and tokenizer, untrained
+            data = {**data, "objectives": {"mlm": {}}}
+        data = _deep_merge(data, spec)
+        for seed in seeds:
+            run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
+            seeded = _deep_merge(data, {"train": {"seed": seed}})
+            seeded = {
+                **seeded,
+                "name": run_name,
+                "output_dir": str(out / "arms"),
+                "data": {**seeded.get("data", {}), **shared["data"]},
+            }
+            try:
+                cfg = config_from_dict(seeded)
+            except ConfigError as err:
+                raise ConfigError(f"{path}: arms.{name}: {err}") from None
+            if (
+                cfg.model != base.model
+                or cfg.data.max_seq_len != base.data.max_seq_len
+                or ("seed" in (spec.get("train") or {}))
+            ):
+                raise ConfigError(
+                    f"{path}: arms.{name}: an arm may change objectives and training options, not the "
+                    "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
+                    "pretraining seeds of every arm)"
+                )
+            arms.append(Arm(run_name, cfg, pretrain, str(name), seed))
+    # saved as <dir>/ablation.yaml: self-contained (the `run.base` preset merged in, overrides applied)
+    resolved = {**raw, "run": run}
+    return Ablation(path, out, base, arms, kind, amount, ev, launch, resolved, seeds)
+
+
+# ----------------------------------------------------------------------------------------------
+# Budget
+
+
+def measure_step_flops(cfg: RunConfig) -> int:
+    """FLOPs of one optimizer step of this arm on one process: a real micro-batch built as the trainer
+    builds it, forward + backward counted by torch, times the accumulation steps."""
+    import torch
+
+    from data_pipeline.loader import Collator, PretrainDataset
+    from data_pipeline.shards import ShardSet
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+    from pretrain.train.flops import count_step_flops
+    from pretrain.train.setup import build_model, build_sample_source
+
+    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    model = build_model(cfg, tokens).train()
+    samples = build_sample_source(cfg, ShardSet(cfg.shards_dir, verify=False), tokens, model.objectives)
+    dataset = PretrainDataset(samples, model.objectives, cfg.train.seed)
+    batch = Collator(tokens.pad, model.objectives)([dataset[i] for i in range(cfg.train.micro_batch_size)])
+
+    def step():
+        loss, _ = model(batch)
+        loss.backward()
+
+    torch.manual_seed(cfg.train.seed)
+    return count_step_flops(step) * cfg.train.grad_accum_steps
+
+
+def apply_budget(ab: Ablation, arm: Arm, flops_per_step: int, world: int = 1) -> dict:
+    """Give the arm its budget (a new config: max_steps for tokens and flops, max_minutes for time); returns the plan
+    for the report."""
+    t = arm.cfg.train
+    global_batch = t.micro_batch_size * t.grad_accum_steps * world
+    tokens_per_step = global_batch * arm.cfg.data.max_seq_len  # token slots: padding counts, as the budget
+    minutes = t.max_minutes
+    if ab.budget_kind == "tokens":
+        steps = int(ab.budget_amount // tokens_per_step)
+    elif ab.budget_kind == "flops":
+        steps = int(ab.budget_amount // (flops_per_step * world))
+    else:
+        steps, minutes = t.max_steps, ab.budget_amount  # steps an upper bound: the clock stops training first
+    if steps < 1:
+        raise ConfigError(
+            f"{ab.path}: budget.amount {ab.budget_amount:g} {ab.budget_kind} is less than one step "
+            f"of arm '{arm.name}' ({tokens_per_step} tokens, {flops_per_step * world:.3g} FLOPs)"
+        )
+    # warmup must fit in the budget; keep the shared value unless it would eat most of the run
+    arm.cfg = replace(
+        arm.cfg,
+        train=replace(
+            t,
+            max_steps=steps,
+            max_minutes=minutes,
+            save_every=min(t.save_every, steps),
+            warmup_steps=min(t.warmup_steps, max(1, steps // 10)),
+        ),
+    )
+    return {
+        "kind": ab.budget_kind,
+        "amount": ab.budget_amount,
+        "max_steps": steps,
+        "global_batch": global_batch,
+        "tokens_per_step": tokens_per_step,
+        "flops_per_step": flops_per_step * world,
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# State
+
+
+def read_state(arm: Arm) -> dict:
+    path = arm.cfg.run_dir / "state.json"
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_state(arm: Arm, state: dict) -> None:
+    path = arm.cfg.run_dir / "state.json"
+    mark_output(path.parent, "run")  # an arm is a run directory of ours, also before its first step
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(state, indent=1))
+    os.replace(tmp, path)  # atomic: an interruption leaves the previous state, never half of one
+
+
+def _trainer_state(cfg: RunConfig) -> dict:
+    from pretrain.train import checkpoint as ckpt
+
+    latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
+    return json.loads((latest / "trainer_state.json").read_text()) if latest else {}
+
+
+# ----------------------------------------------------------------------------------------------
+# Running
+
+
+def prepare_data(ab: Ablation) -> None:
+    from pretrain.pipeline import stage_shards, stage_tokenizer
+
+    stage_tokenizer(ab.base)
+    stage_shards(ab.base)
+
+
+def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
+    """Train in a subprocess until the budget is spent; returns the trainer state of its last checkpoint."""
+    t = arm.cfg.train
+    done = _trainer_state(arm.cfg)
+    if ab.budget_kind == "time" and done:  # the clock restarts per invocation: give a resumed arm what is left
+        left = ab.budget_amount - done.get("elapsed_s", 0.0) / 60
+        if left <= 0.05:
+            return done
+        arm.cfg = replace(arm.cfg, train=replace(t, max_minutes=left))
+        t = arm.cfg.train
+        save_config(arm.cfg, cfg_path)
+    if done.get("step", 0) >= t.max_steps:
+        return done
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
+    env.pop("RANK", None)  # a single-process run, even inside a launcher's environment
+    env.pop("LOCAL_RANK", None)
+    env.pop("WORLD_SIZE", None)
+    import torch
+
+    if not torch.cuda.is_available():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    if int(ab.launch["threads"]) > 0:
+        env["OMP_NUM_THREADS"] = str(int(ab.launch["threads"]))
+    say(
+        f"arm {arm.name}: training ({t.max_steps} steps"
+        + (f", at most {t.max_minutes:.1f} min" if ab.budget_kind == "time" else "")
+        + ")"
+    )
+    proc = subprocess.run([sys.executable, "-m", "pretrain.cli", "train", str(cfg_path)], env=env)
+    if proc.returncode == 75:
+        raise UserError(
+            f"arm {arm.name}: training was interrupted (checkpoint saved); run the same "
+            f"`pretrain ablate` command again to resume"
+        )
+    if proc.returncode != 0:
+        raise UserError(
+            f"arm {arm.name}: `pretrain train {cfg_path}` failed with exit status {proc.returncode} "
+            f"(see its output above)"
+        )
+    state = _trainer_state(arm.cfg)
+    finished = state.get("step", 0) >= t.max_steps or (
+        ab.budget_kind == "time" and state.get("elapsed_s", 0.0) >= ab.budget_amount * 60 - 1
+    )
+    if not finished:
+        raise UserError(
+            f"arm {arm.name}: training stopped at step {state.get('step', 0)} of {t.max_steps} "
+            "before the budget was spent; run again to resume"
+        )
+    return state
+
+
+def export_baseline(arm: Arm) -> Path:
+    """The no-pretraining arm: the shared encoder config, randomly initialised with the shared seed, exported
+    through the same path as the trained arms so tokenizer and HF config are identical."""
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+    from pretrain.hf.export import export_pretrained
+    from pretrain.train.setup import build_model
+
+    tokens = special_tokens(load_tokenizer(arm.cfg.tokenizer_dir))
+    model = build_model(arm.cfg, tokens).eval()
+    card = {
+        "run_name": arm.cfg.name,
+        "objectives": {},
+        "corpus": "none (random initialisation)",
+        "tokens_seen": 0,
+        "steps": 0,
+        "final_loss": None,
+        "config": {"model": vars(model.config), "train": {}, "data": vars(arm.cfg.data)},
+    }
+    return export_pretrained(model, tokens, arm.cfg.tokenizer_dir, arm.cfg.hf_dir, card)
+
+
+def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=None) -> dict[str, dict[str, dict]]:
+    """{mode: {task: finetune result}} for every eval mode and task. `done` holds results already computed (kept:
+    an interrupted evaluation resumes per mode and task); `save(results)` is called after each new one."""
+    from pretrain.evaluation.finetune import finetune
+
+    ev = ab.eval
+    results = {mode: dict((done or {}).get(mode, {})) for mode in ev["modes"]}
+    for mode in ev["modes"]:
+        for task in ev["tasks"]:
+            if Path(task).name in results[mode]:
+                continue
+            result = finetune(
+                model_dir,
+                Path(task),
+                [int(s) for s in ev["seeds"]],
+                mode,
+                ev["epochs"] or None,
+                ev["lr"] or None,
+                ev["batch_size"] or None,
+                ev["max_seq_len"],
+                pooling=ev["pooling"],
+                max_train=ev["max_train_examples"],
+            )
+            s = result["summary"][result["main_metric"]]
+            say(f"  {mode} {result['task']}: {result['main_metric']} {s['mean']:.4f} +- {s['std']:.4f}")
+            results[mode][result["task"]] = result
+            if save is not None:
+                save(results)
+    return results
+
+
+def evaluated(ab: Ablation, state: dict) -> bool:
+    """Whether a run has a downstream result for every eval mode and task of this ablation."""
+    done = state.get("downstream") or {}
+    return all(Path(task).name in done.get(mode, {}) for mode in ab.eval["modes"] for task in ab.eval["tasks"])
+
+
+def _final_losses(cfg: RunConfig) -> dict[str, float]:
+    """Pretraining loss per objective, and the discriminator's AUC for rtd: mean of the last few logged intervals
+    (one is noisy)."""
+    from pretrain.train.metrics import read_metrics
+
+    records = read_metrics(cfg.run_dir)[-3:]
+    keys = [k for k in (records[-1] if records else {}) if k == "loss" or k.endswith(("/loss", "_auc"))]
+    values = {k: [r[k] for r in records if r.get(k) is not None] for k in keys}
+    return {k: sum(v) / len(v) for k, v in values.items() if v}
+
+
+def run_arm(ab: Ablation, arm: Arm) -> dict:
+    state = read_state(arm)
+    if state.get("evaluated") and evaluated(ab, state):
+        say(f"arm {arm.name}: finished earlier, skipped ({arm.cfg.run_dir / 'state.json'})")
+        return state
+    cfg_path = ab.arm_config_path(arm)
+    started = time.time()
+    if arm.pretrain:
+        if "plan" not in state:
+            flops = measure_step_flops(arm.cfg)
+            state["plan"] = apply_budget(ab, arm, flops)
+            save_config(arm.cfg, cfg_path)
+            write_state(arm, state)
+        else:  # resumed: the same plan, so a resumed arm never gets a different budget
+            arm.cfg = config_from_dict(load_yaml(cfg_path), apply_init_from=False)
+        if not state.get("trained"):
+            trainer_state = train_arm(ab, arm, cfg_path)
+            plan = state["plan"]
+            state["pretraining"] = {
+                "steps": trainer_state["step"],
+                "tokens_seen": trainer_state.get("tokens_seen", 0),
+                "token_slots": trainer_state["step"] * plan["tokens_per_step"],
+                "flops": trainer_state["step"] * plan["flops_per_step"],
+                "wall_s": trainer_state.get("elapsed_s", 0.0),
+                "final_loss": _final_losses(arm.cfg),
+            }
+            state["trained"] = True
+            write_state(arm, state)
+        if not state.get("exported"):
+            from pretrain.pipeline import stage_export
+
+            stage_export(arm.cfg.run_dir, arm.cfg.hf_dir)
+            state["exported"] = True
+            write_state(arm, state)
+    else:
+        state.setdefault("plan", {"kind": ab.budget_kind, "amount": 0, "max_steps": 0})
+        state["pretraining"] = {
+            "steps": 0,
+            "tokens_seen": 0,
+            "token_slots": 0,
+            "flops": 0,
+            "wall_s": 0.0,
+            "final_loss": {},
+        }
+        save_config(arm.cfg, cfg_path)
+        if not state.get("exported"):
+            export_baseline(arm)
+            state["exported"] = True
+            write_state(arm, state)
+    say(
+        f"arm {arm.name}: downstream ({', '.join(ab.eval['modes'])}, seeds {ab.eval['seeds']}) on "
+        f"{len(ab.eval['tasks'])} task(s)"
+    )
+
+    def save(results):
+        state["downstream"] = results
+        write_state(arm, state)
+
+    state["downstream"] = downstream(ab, arm.cfg.hf_dir, state.get("downstream"), save)
+    state["eval_s"] = time.time() - started
+    state["evaluated"] = True
+    write_state(arm, state)
+    return state
+
+
+def run_ablation(ab: Ablation, command: str | None = None) -> Path:
+    import torch
+
+    from pretrain.evaluation.report import write_report
+
+    if int(ab.launch["threads"]) > 0:
+        torch.set_num_threads(int(ab.launch["threads"]))
+    claim_output(ab.out, "ablation", "output_dir")
+    mark_output(ab.out, "ablation")
+    (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
+    prepare_data(ab)
+    results, failed = {}, {}
+    for i, arm in enumerate(ab.arms, 1):
+        say(
+            f"arm {i}/{len(ab.arms)}: {arm.name} "
+            f"({', '.join(arm.cfg.objectives) if arm.pretrain else 'no pretraining'})"
+        )
+        try:
+            results[arm.name] = run_arm(ab, arm)
+        except KeyboardInterrupt:
+            raise
+        except Exception as err:  # one broken arm must not cost the others: report it, carry on
+            message = f"{type(err).__name__}: {err}".splitlines()[0]
+            say(f"arm {arm.name} FAILED ({message}); the other arms go on, re-run to retry it")
+            failed[arm.name] = message
+            results[arm.name] = {**read_state(arm), "failed": message}
+    report = write_report(ab, results, command)
+    say(f"report: {report}")
+    if failed:
+        raise UserError(
+            f"{len(failed)} arm(s) failed: {', '.join(f'{k} ({v})' for k, v in failed.items())}; "
+            f"the report at {report} shows the others; re-run the same command to retry"
+        )
+    return report
+
+
+# ----------------------------------------------------------------------------------------------
+# Cluster commands
+
+
+def print_commands(ab: Ablation) -> list[str]:
+    """Write each arm's config (budget applied) and return one launch command per arm."""
+    claim_output(ab.out, "ablation", "output_dir")
+    procs = int(ab.launch["procs"])
+    d = ab.base.data
+    corpus = " ".join(shlex.quote(c) for c in d.corpus)
+    lines = [
+        "# 1. data, once (a cache hit when it exists); put the ablation directory on a shared filesystem",
+        f"pretrain tokenizer {corpus} --out {ab.base.tokenizer_dir} --type {d.tokenizer_type} "
+        f"--vocab-size {d.vocab_size}",
+        f"pretrain shards {corpus} --tokenizer {ab.base.tokenizer_dir} --out {ab.base.shards_dir}",
+        f"# 2. one job per arm ({ab.budget_kind} budget {ab.budget_amount:g}, {procs} processes each)",
+    ]
+    have_data = (ab.base.tokenizer_dir / "tokenizer.json").is_file() and (
+        ab.base.shards_dir / "manifest.json"
+    ).is_file()
+    for arm in ab.arms:
+        if not arm.pretrain:
+            continue
+        cfg_path = ab.arm_config_path(arm)
+        if read_state(arm).get("trained"):
+            lines.append(f"# {arm.name}: already trained here ({arm.cfg.run_dir}), nothing to launch")
+            continue
+        flops = measure_step_flops(arm.cfg) if (ab.budget_kind == "flops" and have_data) else 0
+        if ab.budget_kind == "flops" and not have_data:
+            lines.append(f"# {arm.name}: a flops budget needs the data to measure a step; run step 1, then again")
+            continue
+        plan = apply_budget(ab, arm, flops, world=procs)
+        save_config(arm.cfg, cfg_path)
+        # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
+        write_state(arm, {**read_state(arm), "plan": plan})
+        if ab.launch["scheduler"] == "slurm":
+            lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
+        else:
+            lines.append(f"launch/single_node.sh {procs} {cfg_path}")
+    mark_output(ab.out, "ablation")
+    (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))
+    lines += [
+        "# 3. when the jobs are done: export, downstream evaluation and the report (trained arms are not retrained)",
+        f"pretrain ablate {ab.out / 'ablation.yaml'}",
+    ]
+    return lines

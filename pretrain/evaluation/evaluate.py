@@ -1,0 +1,179 @@
+"""`pretrain eval`: masked-token accuracy, loss and perplexity on held-out shards.
+
+The target is a run or checkpoint directory (our model, its tied token-prediction head) or an exported
+HuggingFace directory (`AutoModelForMaskedLM`; for an ELECTRA export, its generator). Masking is BERT's 15%
+80/10/10, drawn from a fixed seed per sample, so two models evaluated on the same shards see the very same
+masks and their numbers are comparable. Perplexity is exp(mean cross-entropy over masked tokens), i.e. a
+masked-LM pseudo-perplexity, not a left-to-right one.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import inspect
+import json
+import math
+import sys
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from tqdm import tqdm
+
+from pretrain.core.errors import UserError
+from pretrain.core.tokens import IGNORE_INDEX
+
+EVAL_SEED = 20240607  # fixed, independent of any run's seed: every model is scored on the same masks
+
+
+def eval_device() -> torch.device:
+    """The GPU when there is one (this process's), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def _is_hf_dir(path: Path) -> bool:
+    return (path / "config.json").is_file() and not (path / "trainer_state.json").is_file()
+
+
+def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
+    """(logits_fn(input_ids, token_type_ids, attention_mask) -> [B, L, V], tokenizer dir, description, the longest
+    sequence the model takes, or None where positions have no table (RoPE))."""
+    target = Path(target)
+    if not target.exists():
+        raise UserError(f"'{target}' not found: expected a run, checkpoint or exported HuggingFace directory")
+    if _is_hf_dir(target):
+        from transformers import AutoConfig, AutoModelForMaskedLM
+
+        config = json.loads((target / "config.json").read_text())
+        model_dir = target
+        # An ELECTRA export keeps the discriminator at the top and the masked-LM generator below it
+        if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():
+            model_dir = target / "generator"
+        try:
+            AutoConfig.from_pretrained(str(model_dir))
+            model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval().to(eval_device())
+        except (OSError, ValueError) as err:
+            raise UserError(f"{model_dir}: cannot load a masked-LM model with transformers ({err})") from None
+
+        # Token types only where the model has them (ModernBERT has none: its forward would swallow them in **kwargs)
+        takes_types = "token_type_ids" in inspect.signature(model.forward).parameters
+
+        def logits_fn(ids, types, mask):
+            extra = {"token_type_ids": types} if takes_types else {}
+            return model(input_ids=ids, attention_mask=mask.long(), **extra).logits
+
+        hf = model.config
+        limit = hf.max_position_embeddings - (hf.pad_token_id + 1 if hf.model_type == "roberta" else 0)
+        if hf.model_type == "modernbert":
+            limit = None
+        return logits_fn, target, f"{model_dir} ({type(model).__name__})", limit
+
+    from pretrain.hf.export import lm_head_name
+    from pretrain.train.setup import load_checkpoint_model
+
+    cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
+    model.to(eval_device())
+    head = model.get_submodule(lm_head_name(model))  # raises a UserError without a token-prediction head
+
+    def logits_fn(ids, types, mask):
+        return head(model.encoder(ids, types, mask))
+
+    m = model.config
+    limit = m.max_position_embeddings if m.position_embedding == "learned" else None
+    return logits_fn, tokenizer_dir, f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})", limit
+
+
+def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path) -> Path:
+    """Held-out shards: given, or built once from `corpus` with the model's tokenizer (cached by content)."""
+    if shards:
+        return Path(shards)
+    if not corpus:
+        raise UserError("give held-out data: --shards DIR (built with the model's tokenizer) or --corpus FILE")
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.shards import build_shards
+    from data_pipeline.tokenizer import tokenizer_hash
+
+    files = expand_inputs(corpus)
+    key = hashlib.sha256(json.dumps([sorted(map(str, files)), tokenizer_hash(tokenizer_dir)]).encode()).hexdigest()
+    out = cache_root / f"eval-shards-{key[:12]}"
+    build_shards(files, tokenizer_dir, out, num_workers=0)  # a cache hit when it exists
+    return out
+
+
+@torch.no_grad()
+def evaluate_mlm(
+    target: Path,
+    shards: str | None = None,
+    corpus: list[str] | None = None,
+    max_samples: int = 0,
+    max_seq_len: int = 128,
+    batch_size: int = 32,
+    mask_prob: float = 0.15,
+    seed: int = EVAL_SEED,
+) -> dict:
+    """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards."""
+    from data_pipeline.loader import Collator
+    from data_pipeline.samples import PackedSequences
+    from data_pipeline.shards import ShardSet
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+    from objectives.mlm import MaskedLM, MLMOptions
+
+    torch.manual_seed(seed)
+    logits_fn, tokenizer_dir, description, limit = load_target(target)
+    if limit is not None and max_seq_len > limit:
+        raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
+    cache_root = Path(target) if not _is_hf_dir(Path(target)) else Path(target).parent
+    shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
+    tokens = special_tokens(load_tokenizer(tokenizer_dir))
+    shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
+    samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep)
+    n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
+    if n == 0:
+        raise UserError(f"{shard_dir}: no samples of {max_seq_len} tokens to evaluate on")
+    masker = MaskedLM(MLMOptions(mask_prob=mask_prob), tokens)
+
+    total_loss, correct, count = 0.0, 0, 0
+    for start in tqdm(range(0, n, batch_size), desc="eval", unit="batch", file=sys.stderr, mininterval=1.0):
+        # mask of sample i depends only on (seed, i): the same for every model and batch size
+        batch = Collator(tokens.pad, [masker])(
+            [
+                masker.prepare(dict(samples[i]), np.random.default_rng([seed, i]))
+                for i in range(start, min(start + batch_size, n))
+            ]
+        )
+        batch = {k: v.to(eval_device(), non_blocking=True) for k, v in batch.items()}
+        labels = batch["mlm_labels"]
+        logits = logits_fn(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        selected = labels != IGNORE_INDEX
+        logits, targets = logits[selected], labels[selected]
+        total_loss += float(F.cross_entropy(logits, targets, reduction="sum"))
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += int(targets.numel())
+    loss = total_loss / max(count, 1)
+    return {
+        "target": str(target),
+        "model": description,
+        "shards": str(shard_dir),
+        "samples": n,
+        "masked_tokens": count,
+        "accuracy": correct / max(count, 1),
+        "loss": loss,
+        "perplexity": math.exp(min(loss, 700.0)),
+        "mask_prob": mask_prob,
+        "seed": seed,
+    }
+
+
+def format_eval(result: dict) -> str:
+    rows = [
+        ("model", result["model"]),
+        ("shards", result["shards"]),
+        ("samples", f"{result['samples']:,} ({result['masked_tokens']:,} masked tokens)"),
+        ("masked-token accuracy", f"{result['accuracy']:.4f}"),
+        ("loss (mean CE)", f"{result['loss']:.4f}"),
+        ("perplexity", f"{result['perplexity']:.2f}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    return "\n".join(f"{k:<{width}}  {v}" for k, v in rows)

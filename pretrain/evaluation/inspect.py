@@ -1,0 +1,189 @@
+"""`pretrain data inspect`: what a run will actually train on, before spending compute on it.
+
+Reports the shard counts (documents, sentences, tokens, skips by reason), a histogram of document lengths
+in tokens (PNG), the packing efficiency of every sample builder (fraction of a max_seq_len window that
+holds real tokens rather than padding), and a few samples decoded after the run's own objectives prepared
+them, showing exactly which tokens each objective masks or replaces.
+"""
+
+from __future__ import annotations
+
+import os
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+from pretrain.core.tokens import IGNORE_INDEX
+
+LEGEND = "[MASK](x): x replaced by [MASK];  ~y~(x): x replaced by y;  x(=): x chosen for prediction but unchanged"
+
+
+def packing_efficiency(builder, max_seq_len: int, probe: int = 512) -> float:
+    """Mean fraction of a max_seq_len window filled by a sample's tokens (the rest would be padding).
+
+    Exact for the packed builders (from their chunk table); other builders are probed on up to `probe`
+    evenly spaced samples.
+    """
+    from data_pipeline.loader import sample_rng
+    from data_pipeline.samples import DocPackedSequences, PackedSequences
+
+    n = len(builder)
+    if n == 0:
+        return 0.0
+    if isinstance(builder, DocPackedSequences):
+        return float((builder.chunk_lengths() + 2).sum() / (n * max_seq_len))
+    if isinstance(builder, PackedSequences):
+        inner = min(builder.stream_len, n * builder.chunk)  # every sample is full but maybe the last
+        return float((inner + 2 * n) / (n * max_seq_len))
+    picks = np.unique(np.linspace(0, n - 1, min(n, probe)).astype(np.int64))
+    lengths = []
+    for i in picks:
+        sample = builder.sample(int(i), sample_rng(0, 0, int(i)))
+        lengths.append(len(sample["input_ids"]))
+    return float(np.mean(lengths) / max_seq_len)
+
+
+def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: str) -> Path:
+    """Histogram of document lengths (tokens, log-spaced bins) with the sequence length marked."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # no display: write the file only
+    import matplotlib.pyplot as plt
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    hi = max(2, int(lengths.max()))
+    bins = np.unique(np.geomspace(1, hi + 1, 60).astype(np.int64))
+    ax.hist(lengths, bins=bins, color="#4c72b0")
+    ax.set_xscale("log")
+    ax.axvline(max_seq_len - 2, color="#c44e52", linestyle="--", label=f"max_seq_len - 2 = {max_seq_len - 2}")
+    ax.axvline(float(np.median(lengths)), color="#55a868", linestyle=":", label=f"median = {np.median(lengths):.0f}")
+    ax.set_xlabel("document length (tokens)")
+    ax.set_ylabel("documents")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
+
+
+def render_sample(original: dict, prepared: dict, tokenizer) -> list[str]:
+    """Lines showing a prepared sample: its tokens with each objective's changes marked (see LEGEND)."""
+    orig = np.asarray(original["input_ids"])
+    ids = np.asarray(prepared["input_ids"])
+    n = len(ids)
+    token_labels = {
+        k: np.asarray(v) for k, v in prepared.items() if k.endswith("labels") and np.ndim(v) == 1 and len(v) == n
+    }
+    chosen = np.zeros(n, bool)
+    for labels in token_labels.values():
+        chosen |= labels != IGNORE_INDEX
+    same_tokens = len(orig) == n
+    words = []
+    for i in range(n):
+        tok = tokenizer.convert_ids_to_tokens(int(ids[i]))
+        if same_tokens and ids[i] != orig[i]:
+            was = tokenizer.convert_ids_to_tokens(int(orig[i]))
+            words.append(f"{tok}({was})" if int(ids[i]) == tokenizer.mask_token_id else f"~{tok}~({was})")
+        elif chosen[i]:
+            words.append(f"{tok}(=)")
+        else:
+            words.append(tok)
+    lines = textwrap.wrap(" ".join(words), width=110, break_long_words=False, break_on_hyphens=False)
+    chosen_count = int(chosen.sum())
+    stats = [f"{n} tokens", f"{chosen_count} chosen for prediction"]
+    if same_tokens:
+        stats.append(f"{int((ids != orig).sum())} changed")
+    for key, value in prepared.items():
+        if np.ndim(value) == 0:  # sentence-level targets, e.g. NSP/SOP labels
+            stats.append(f"{key}={int(value)}")
+    return [", ".join(stats)] + ["    " + line for line in lines]
+
+
+def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int = 3) -> dict:
+    """Counts, histogram, packing efficiency and decoded samples for a run's shards; returns a report dict
+    (`format_report` turns it into text)."""
+    from data_pipeline.loader import PretrainDataset, sample_rng
+    from data_pipeline.samples import build_samples, builder_kind
+    from data_pipeline.shards import ShardSet
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+    from objectives import build_objectives, sample_builder_for
+
+    tokenizer = load_tokenizer(cfg.tokenizer_dir)
+    tokens = special_tokens(tokenizer)
+    # Sizes are checked, checksums are not: inspecting must stay cheap; training verifies in full.
+    shards = ShardSet(cfg.shards_dir, verify=False, expected_tokenizer_hash=tokenizer_hash(cfg.tokenizer_dir))
+    m = shards.manifest
+    lengths = shards.doc_lengths()
+    L = cfg.data.max_seq_len
+    seed = cfg.train.seed
+
+    png = Path(out_png) if out_png else cfg.shards_dir.parent / "inspect" / "doc_lengths.png"
+    length_histogram(lengths, png, L, f"{shards.num_docs:,} documents, {shards.num_tokens:,} tokens ({cfg.shards_dir})")
+
+    objectives = build_objectives(cfg.objectives, tokens)
+    objective_kind = sample_builder_for(objectives)
+    packing = getattr(cfg.data, "packing", "full_sentences")
+    run_kind = builder_kind(objective_kind, packing)
+    kinds = ["packed", "doc_packed"] + ([objective_kind] if objective_kind not in ("packed", "doc_packed") else [])
+    efficiency, builders = {}, {}
+    for kind in kinds:
+        builder = build_samples(kind, shards, L, tokens, seed)
+        builders[kind] = builder
+        efficiency[kind] = {"samples": len(builder), "efficiency": packing_efficiency(builder, L)}
+
+    builder = builders.get(run_kind) or build_samples(run_kind, shards, L, tokens, seed)
+    dataset = PretrainDataset(builder, objectives, seed)
+    samples = []
+    for position in range(min(num_samples, len(dataset))):
+        epoch, index = dataset.locate(position)
+        rng = sample_rng(seed, epoch, index)  # the builder draws first from the same rng, as the dataset does
+        original = builder.sample(index, rng)
+        samples.append(
+            {"position": position, "index": index, "lines": render_sample(original, dataset[position], tokenizer)}
+        )
+
+    return {
+        "shards_dir": str(cfg.shards_dir),
+        "tokenizer_dir": str(cfg.tokenizer_dir),
+        "counts": m["counts"],
+        "num_shards": len(m["shards"]),
+        "vocab_size": m["vocab_size"],
+        "max_seq_len": L,
+        "doc_lengths": {
+            "mean": float(lengths.mean()),
+            "median": float(np.median(lengths)),
+            "p95": float(np.percentile(lengths, 95)),
+            "max": int(lengths.max()),
+            "over_max_seq_len": float((lengths > L - 2).mean()),
+        },
+        "histogram": str(png),
+        "packing": efficiency,
+        "run_builder": run_kind,
+        "objectives": [o.name for o in objectives],
+        "samples": samples,
+    }
+
+
+def format_report(r: dict) -> str:
+    c, d = r["counts"], r["doc_lengths"]
+    skipped = ", ".join(f"{n:,} {why}" for why, n in (c.get("skipped") or {}).items() if n) or "none"
+    out = [
+        f"shards     {r['shards_dir']} ({r['num_shards']} shard(s), vocab {r['vocab_size']:,})",
+        f"documents  {c['documents']:,}   sentences {c['sentences']:,}   tokens {c['tokens']:,}",
+        f"skipped    {skipped}",
+        f"doc length mean {d['mean']:.0f}, median {d['median']:.0f}, p95 {d['p95']:.0f}, max {d['max']:,} tokens; "
+        f"{d['over_max_seq_len']:.1%} longer than max_seq_len - 2 = {r['max_seq_len'] - 2}",
+        f"histogram  {r['histogram']}",
+        f"packing    (non-pad fraction of {r['max_seq_len']}-token windows; * = this run's builder)",
+    ]
+    for kind, e in r["packing"].items():
+        mark = "*" if kind == r["run_builder"] else " "
+        out.append(f"  {mark} {kind:<11} {e['samples']:>10,} samples   {e['efficiency']:.1%}")
+    out.append(f"samples    objectives {', '.join(r['objectives'])}, builder {r['run_builder']}; {LEGEND}")
+    for s in r["samples"]:
+        out.append(f"  position {s['position']} (sample {s['index']}): {s['lines'][0]}")
+        out += s["lines"][1:]
+    return "\n".join(out)

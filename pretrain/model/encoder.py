@@ -1,0 +1,376 @@
+"""A BERT encoder on PyTorch SDPA with fused qkv, and the options of its successors (ModernBERT, ALBERT).
+
+Shapes: B = batch, L = sequence length, H = hidden size, N = heads, D = H / N, I = intermediate size,
+E = embedding width (= H unless ALBERT-factorized), T = real (non-padding) tokens of a batch, V = vocabulary.
+Weight names are ours (fused qkv projection); `pretrain.hf.export` maps them to each HF architecture.
+
+The defaults are BERT: post-LN, learned absolute positions, GELU, biases, E = H, one set of weights per layer,
+and run exactly the ops (so the bits) they always ran. Each ModelConfig option changes one thing and they
+compose freely, because each lives in one place:
+- norm_placement=pre    EncoderLayer: LN before attention and FFN, residuals un-normalised; a final LN
+                        (`encoder.final_norm`). The embedding LN stays (ModernBERT's `embeddings.norm`), so the
+                        first layer's attn_norm is an Identity (ModernBERT's too) except where its input is not
+                        that LN's output: shared layers (one module for every depth) and E != H (projected).
+- position_embedding=rope  SelfAttention rotates q and k per head (HF's rotate-half convention, as ModernBERT);
+                        no position table. cos/sin come from a cache keyed by length, device and dtype.
+- activation=geglu      EncoderLayer: ffn_in projects to 2I; gelu(first half) * second half (ModernBERT's order,
+                        so its Wi maps unchanged).
+- use_bias=False        every Linear and LayerNorm of the encoder (and the MLM head) without bias.
+- embedding_size=E      Embeddings: word/position/type tables of width E, LN(E), then `embeddings.projection` E -> H.
+- share_layers          BertEncoder: one `shared_layer` (in the state dict once); `layers` is that module N times.
+- unpadded              BertEncoder: real tokens packed to [T, H] for embeddings, projections, FFN and LN;
+                        attention re-pads q/k/v only (see `Packed` for why and the measurements).
+- compile               torch.compile of a plain function over the module (state-dict names unchanged).
+- activation_checkpointing  each layer under torch.utils.checkpoint (non-reentrant, RNG state preserved).
+
+Two-stream attention (XLNet, used by objectives.plm): besides the content stream h [B, L, H], the encoder can
+carry a query stream g [B, Lq, H] through the SAME layers. At each layer g's queries attend to the content
+stream's keys/values at that layer's input, under a per-query mask; g never attends to g. Lq may be smaller
+than L (PLM runs g only at its prediction targets). Without a query stream nothing changes: same ops, same bits.
+The two-stream path always runs padded (its masks are per query, [B, L, L]); with RoPE it needs the query
+positions (`query_positions`).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from pretrain.core.config import ModelConfig
+from pretrain.model.padding import Packed, attention_bias
+
+
+def _linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
+    return nn.Linear(n_in, n_out, bias=cfg.use_bias)
+
+
+def _norm(cfg: ModelConfig, width: int) -> nn.LayerNorm:
+    return nn.LayerNorm(width, eps=cfg.layer_norm_eps, bias=cfg.use_bias)
+
+
+def _embedding_size(cfg: ModelConfig) -> int:
+    return cfg.embedding_size or cfg.hidden_size
+
+
+# ----------------------------------------------------------------------------------------------
+# Rotary position embeddings
+
+_ROPE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+
+
+def rope_tables(
+    length: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """cos, sin [length, D] of positions 0..length-1 (computed in fp32, then cast, as HF does). Cached: every
+    layer of every step asks for the same table. Under torch.compile they are computed in the graph instead
+    (a dict of tensors would be a guard per entry; inductor folds the arithmetic)."""
+    key = (length, head_dim, theta, device, dtype)
+    if not torch.compiler.is_compiling() and key in _ROPE_CACHE:
+        return _ROPE_CACHE[key]
+    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)  # [D/2]
+    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # [L, D/2]
+    angles = torch.cat((angles, angles), dim=-1)  # [L, D]: rotate-half pairs dims i and i + D/2
+    tables = (angles.cos().to(dtype), angles.sin().to(dtype))
+    if not torch.compiler.is_compiling():
+        _ROPE_CACHE[key] = tables
+    return tables
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """RoPE on the last dim: x [..., D], cos / sin broadcastable to x. Pairs (i, i + D/2) turn by angle_i."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((-x2, x1), dim=-1) * sin
+
+
+# ----------------------------------------------------------------------------------------------
+# Modules
+
+
+class Embeddings(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        E = _embedding_size(cfg)
+        self.word_embeddings = nn.Embedding(cfg.vocab_size, E, padding_idx=cfg.pad_token_id)
+        # RoPE encodes positions in attention: no table (and nothing to export for it).
+        self.position_embeddings = (
+            nn.Embedding(cfg.max_position_embeddings, E) if cfg.position_embedding == "learned" else None
+        )
+        self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, E)
+        self.layer_norm = _norm(cfg, E)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+        # ALBERT: the tables are E wide and LN-ed there; one matmul lifts them to H (only when E != H, so the
+        # default model has no such weight).
+        self.projection = _linear(cfg, E, cfg.hidden_size) if E != cfg.hidden_size else None
+
+    def forward(
+        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """input_ids, token_type_ids [B, L] -> [B, L, H]. Packed: input_ids, token_type_ids, position_ids [T] ->
+        [T, H]. position_ids defaults to 0..L-1 for every row."""
+        x = self.word_embeddings(input_ids)
+        if self.position_embeddings is not None:
+            if position_ids is None:
+                positions = torch.arange(input_ids.shape[1], device=input_ids.device)
+                x = x + self.position_embeddings(positions)[None]
+            else:
+                x = x + self.position_embeddings(position_ids)
+        if token_type_ids is None:
+            x = x + self.token_type_embeddings.weight[0]
+        else:
+            x = x + self.token_type_embeddings(token_type_ids)
+        x = self.dropout(self.layer_norm(x))
+        return x if self.projection is None else self.projection(x)
+
+    def query_stream(self, word: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
+        """Initial query stream: a content-free vector `word` [H] in place of the word embedding, plus the
+        position and type embeddings of `positions`, normalised like the content embeddings. With RoPE the
+        position enters in attention instead (BertEncoder's `query_positions`).
+        word [H], positions / token_type_ids [B, Lq] -> [B, Lq, H]."""
+        if self.projection is not None:
+            raise ValueError("the PLM query stream needs embedding_size == hidden_size (its w is H wide)")
+        if self.position_embeddings is None:
+            x = word + self.token_type_embeddings(token_type_ids)
+        else:
+            x = word + self.position_embeddings(positions) + self.token_type_embeddings(token_type_ids)
+        return self.dropout(self.layer_norm(x))
+
+
+class SelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.qkv = _linear(cfg, cfg.hidden_size, 3 * cfg.hidden_size)  # one matmul for q, k, v
+        self.out = _linear(cfg, cfg.hidden_size, cfg.hidden_size)
+        self.dropout_p = cfg.attention_dropout
+        self.rope_theta = cfg.rope_theta if cfg.position_embedding == "rope" else None
+
+    def _attend(
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None
+    ) -> torch.Tensor:
+        # q [B, N, Lq, D], k / v [B, N, L, D] -> [B, Lq, H] (before the output projection)
+        B, N, Lq, D = q.shape
+        y = F.scaled_dot_product_attention(
+            q, k, v, attn_mask=attn_bias, dropout_p=self.dropout_p if self.training else 0.0
+        )
+        return y.transpose(1, 2).reshape(B, Lq, N * D)
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        query: torch.Tensor | None = None,
+        query_bias: torch.Tensor | None = None,
+        *,
+        rope: tuple | None = None,
+        query_rope: tuple | None = None,
+        packed: Packed | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias unused: `packed` has its own).
+        With a query stream `query` [B, Lq, H], also its attention output [B, Lq, H]: Q from `query` through
+        the same q projection, K and V those of `x` (computed once).
+        rope: (cos, sin) broadcastable to [*x.shape[:-1], 1, 1, D] (the tokens' positions), default 0..L-1;
+        query_rope: the same for the query stream's positions, broadcastable to [B, Lq, 1, D]."""
+        *lead, H = x.shape  # lead: [B, L], or [T] packed
+        N, D = self.num_heads, H // self.num_heads
+        qkv = self.qkv(x).view(*lead, 3, N, D)
+        if self.rope_theta is not None:
+            if (
+                rope is None
+            ):  # positions 0..L-1 (also how layers used outside BertEncoder, e.g. ELECTRA's generator, get them)
+                cos, sin = rope_tables(lead[-1], D, self.rope_theta, x.device, qkv.dtype)
+                rope = (cos[:, None, None], sin[:, None, None])  # [L, 1, 1, D]
+            cos, sin = (t.to(qkv.dtype) for t in rope)  # tables may be fp32 while autocast runs bf16
+            qkv = torch.cat((rotate(qkv[..., :2, :, :], cos, sin), qkv[..., 2:, :, :]), dim=-3)
+        if packed is not None:
+            qkv, attn_bias = packed.to_attention(qkv), packed.attn_bias  # [T, 3, N, D] -> [B, Lp, 3, N, D]
+        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x [B, N, L, D]
+        y = self._attend(q, k, v, attn_bias)  # [B, L, H]
+        if packed is not None:
+            y = packed.from_attention(y)  # [T, H]: the output projection skips padding
+        y = self.out(y)
+        if query is None:
+            return y
+        # Only the q third of the fused projection: [B, Lq, H] -> [B, N, Lq, D]
+        bias = self.qkv.bias[:H] if self.qkv.bias is not None else None
+        q_g = F.linear(query, self.qkv.weight[:H], bias).view(query.shape[0], query.shape[1], N, D)
+        if self.rope_theta is not None:
+            if query_rope is None:
+                raise ValueError("with RoPE the query stream needs its positions (BertEncoder query_positions)")
+            q_g = rotate(q_g, *(t.to(q_g.dtype) for t in query_rope))
+        return y, self.out(self._attend(q_g.transpose(1, 2), k, v, query_bias))
+
+
+class EncoderLayer(nn.Module):
+    """Post-LN (BERT): x = LN(x + Attn(x)); x = LN(x + FFN(x)).
+    Pre-LN:           x = x + Attn(LN(x)); x = x + FFN(LN(x)).
+    FFN: ffn_out(gelu(ffn_in(x))), or with GeGLU ffn_out(gelu(a) * b) where [a, b] = ffn_in(x) [.., 2I]."""
+
+    def __init__(self, cfg: ModelConfig, attn_norm: bool = True):
+        super().__init__()
+        self.pre_norm = cfg.norm_placement == "pre"
+        self.gated = cfg.activation == "geglu"
+        self.attention = SelfAttention(cfg)
+        # attn_norm=False only for a pre-LN layer whose input is already LayerNorm-ed (see the module doc).
+        self.attn_norm = _norm(cfg, cfg.hidden_size) if attn_norm else nn.Identity()
+        self.ffn_in = _linear(cfg, cfg.hidden_size, (2 if self.gated else 1) * cfg.intermediate_size)
+        self.ffn_out = _linear(cfg, cfg.intermediate_size, cfg.hidden_size)
+        self.ffn_norm = _norm(cfg, cfg.hidden_size)
+        self.dropout = nn.Dropout(cfg.hidden_dropout)
+
+    def _ffn(self, x: torch.Tensor) -> torch.Tensor:
+        # [*, H] -> [*, H]
+        if self.gated:
+            a, b = self.ffn_in(x).chunk(2, dim=-1)  # [*, I] each
+            return self.ffn_out(F.gelu(a) * b)
+        return self.ffn_out(F.gelu(self.ffn_in(x)))
+
+    def _residual_ffn(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        # The block math after attention, shared by both streams: [B, *, H] (or [T, H]) -> same
+        if self.pre_norm:
+            x = x + self.dropout(attn_out)
+            return x + self.dropout(self._ffn(self.ffn_norm(x)))
+        x = self.attn_norm(x + self.dropout(attn_out))
+        return self.ffn_norm(x + self.dropout(self._ffn(x)))
+
+    def forward(
+        self,
+        x: torch.Tensor,
+        attn_bias: torch.Tensor | None,
+        query: torch.Tensor | None = None,
+        query_bias: torch.Tensor | None = None,
+        *,
+        rope: tuple | None = None,
+        query_rope: tuple | None = None,
+        packed: Packed | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """x [B, L, H] (or packed [T, H]) -> same; with a query stream [B, Lq, H], returns (x', query')."""
+        h = self.attn_norm(x) if self.pre_norm else x
+        if query is None:
+            return self._residual_ffn(x, self.attention(h, attn_bias, rope=rope, packed=packed))
+        h_query = self.attn_norm(query) if self.pre_norm else query
+        a, a_query = self.attention(h, attn_bias, h_query, query_bias, rope=rope, query_rope=query_rope)
+        return self._residual_ffn(x, a), self._residual_ffn(query, a_query)
+
+
+def _layer_stack(encoder: BertEncoder, x: torch.Tensor, bias, g, g_bias, rope, query_rope, packed):
+    """The layers (+ final norm) over x [B, L, H] or packed [T, H], and the query stream g [B, Lq, H] if any.
+    A plain function of the module, so that torch.compile wraps it without replacing the module."""
+    for layer in encoder.layers:
+        kwargs = {"rope": rope, "query_rope": query_rope, "packed": packed}
+        if encoder.config.activation_checkpointing and torch.is_grad_enabled():
+            # Non-reentrant: works with kwargs and with inputs that need no grad; the RNG state is saved and
+            # restored, so recomputed dropout masks are the forward's (same loss, same grads, resumable).
+            out = checkpoint(layer, x, bias, g, g_bias, use_reentrant=False, **kwargs)
+        else:
+            out = layer(x, bias, g, g_bias, **kwargs)
+        x, g = out if g is not None else (out, None)
+    if encoder.final_norm is not None:
+        x = encoder.final_norm(x)
+        g = encoder.final_norm(g) if g is not None else None
+    return x, g
+
+
+_compiled_layer_stack = None
+
+
+def _compiled():
+    global _compiled_layer_stack
+    if _compiled_layer_stack is None:  # lazily: importing this module must not start dynamo
+        _compiled_layer_stack = torch.compile(_layer_stack)
+    return _compiled_layer_stack
+
+
+def _dispatch_mode_active() -> bool:
+    """FlopCounterMode (pretrain.train.flops) and similar modes must see the eager ops, not a compiled graph."""
+    from torch.utils._python_dispatch import _get_current_dispatch_mode
+
+    return _get_current_dispatch_mode() is not None
+
+
+class BertEncoder(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.config = cfg
+        self.embeddings = Embeddings(cfg)
+        if cfg.share_layers:
+            # ALBERT: one layer applied num_layers times. It is registered once (state dict:
+            # encoder.shared_layer.*); `layers` is a plain tuple, not a module container, so it adds no names.
+            self.shared_layer = EncoderLayer(cfg)
+            self.layers = (self.shared_layer,) * cfg.num_layers
+        else:
+            # Pre-LN's first attn_norm would re-normalise the embedding LN's output: Identity (as ModernBERT),
+            # unless a projection (E != H) sits between them.
+            skip_first = cfg.norm_placement == "pre" and _embedding_size(cfg) == cfg.hidden_size
+            self.layers = nn.ModuleList(
+                EncoderLayer(cfg, attn_norm=not (skip_first and i == 0)) for i in range(cfg.num_layers)
+            )
+        # Pre-LN leaves the residual stream un-normalised: one LN on the output (ModernBERT's final_norm).
+        self.final_norm = _norm(cfg, cfg.hidden_size) if cfg.norm_placement == "pre" else None
+
+    def _head_dim(self) -> int:
+        return self.config.hidden_size // self.config.num_heads
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None = None,
+        attention_mask: torch.Tensor | None = None,
+        query_stream: torch.Tensor | None = None,
+        query_mask: torch.Tensor | None = None,
+        query_positions: torch.Tensor | None = None,
+        num_tokens: int | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """input_ids [B, L] -> hidden states [B, L, H]. attention_mask: [B, L] or per-query [B, L, L].
+        Two-stream: with query_stream [B, Lq, H] (initial state) and query_mask [B, Lq, L] (which content
+        positions each query may see), returns (content [B, L, H], query stream [B, Lq, H]); with RoPE,
+        query_positions [B, Lq] are the query stream's positions.
+        With config.unpadded and a [B, L] key mask, the layers run on the real tokens only; the result is
+        re-padded with zeros at padding (the padded path leaves values there that nothing should read).
+        num_tokens: the real tokens of the batch when the caller knows them (`Packed.from_mask`)."""
+        cfg = self.config
+        stack = _compiled() if cfg.compile and not _dispatch_mode_active() else _layer_stack
+        packed = None
+        if cfg.unpadded and query_stream is None and attention_mask is not None and attention_mask.dim() == 2:
+            packed = Packed.from_mask(attention_mask, self.embeddings.word_embeddings.weight.dtype, num_tokens)
+        if packed is not None:
+            positions = packed.indices % packed.length  # [T]: the column, as in the padded path
+            types = None if token_type_ids is None else packed.gather(token_type_ids)
+            x = self.embeddings(packed.gather(input_ids), types, positions)  # [T, H]
+            rope = None
+            if cfg.position_embedding == "rope":
+                cos, sin = rope_tables(packed.length, self._head_dim(), cfg.rope_theta, x.device, x.dtype)
+                rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
+            x, _ = stack(self, x, None, None, None, rope, None, packed)
+            return packed.repad(x)
+
+        x = self.embeddings(input_ids, token_type_ids)
+        bias = attention_bias(attention_mask, x.dtype)
+        if query_stream is None:
+            return stack(self, x, bias, None, None, None, None, None)[0]
+        g_bias, query_rope = attention_bias(query_mask, x.dtype), None
+        if cfg.position_embedding == "rope":
+            if query_positions is None:
+                raise ValueError("position_embedding=rope: the query stream needs query_positions [B, Lq]")
+            cos, sin = rope_tables(input_ids.shape[1], self._head_dim(), cfg.rope_theta, x.device, x.dtype)
+            query_rope = (cos[query_positions, None], sin[query_positions, None])  # [B, Lq, 1, D]
+        return stack(self, x, bias, query_stream, g_bias, None, query_rope, None)
+
+
+def init_weights(module: nn.Module, std: float) -> None:
+    """BERT's initialisation: normal(0, std) weights, zero biases, unit LayerNorm."""
+    for m in module.modules():
+        if isinstance(m, nn.Linear):
+            nn.init.normal_(m.weight, std=std)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)
+        elif isinstance(m, nn.Embedding):
+            nn.init.normal_(m.weight, std=std)
+            if m.padding_idx is not None:
+                with torch.no_grad():
+                    m.weight[m.padding_idx].zero_()
+        elif isinstance(m, nn.LayerNorm):
+            nn.init.ones_(m.weight)
+            if m.bias is not None:
+                nn.init.zeros_(m.bias)

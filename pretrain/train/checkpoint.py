@@ -1,0 +1,367 @@
+"""Checkpoints: DeepSpeed engine state + trainer state + rng + resolved config + tokenizer.
+
+Layout: <run>/checkpoints/step_00000120/{DeepSpeed files, trainer_state.json, rng_rank0.pt, config.yaml,
+tokenizer/} and <run>/checkpoints/latest (a one-line pointer). The pointer moves, atomically, only after
+every rank has finished writing, so a job killed mid-write leaves the previous checkpoint as the latest.
+"""
+
+from __future__ import annotations
+
+import errno
+import io
+import json
+import os
+import pickle
+import re
+import shutil
+import sys
+from contextlib import contextmanager, redirect_stdout
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from pretrain.core.errors import UserError
+from pretrain.core.files import write_atomic
+
+LATEST = "latest"
+INTEGRITY = "integrity.json"
+UNIVERSAL = "universal"  # <checkpoint>/universal: DeepSpeed's world-size-free layout, made on a resize
+_TAG = re.compile(r"^step_(\d{8})$")
+
+
+def _safe_globals() -> list:
+    """The few non-tensor classes DeepSpeed writes into its checkpoints: nothing else is ever unpickled."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler, LossScaler
+    from deepspeed.runtime.zero.config import ZeroStageEnum
+    from deepspeed.utils.tensor_fragment import fragment_address
+
+    return [LossScaler, DynamicLossScaler, ZeroStageEnum, fragment_address]
+
+
+@contextmanager
+def weights_only_loads(path: Path):
+    """Every torch.load inside (DeepSpeed's own included, which ask for weights_only=False) loads tensors and
+    plain data only, plus the allowlisted DeepSpeed classes; anything else fails naming the checkpoint."""
+    original = torch.load
+
+    def load(*args, **kwargs):
+        kwargs["weights_only"] = True
+        return original(*args, **kwargs)
+
+    torch.load = load
+    try:
+        with torch.serialization.safe_globals(_safe_globals()):
+            yield
+    except pickle.UnpicklingError as err:
+        found = re.findall(r"GLOBAL ([\w.]+)", str(err))
+        raise UserError(
+            f"checkpoint {path} holds a Python object we do not load "
+            f"({', '.join(found) or 'not tensors or plain data'})"
+        ) from None
+    finally:
+        torch.load = original
+
+
+def tag_for(step: int) -> str:
+    return f"step_{step:08d}"
+
+
+def write_integrity(path: Path) -> None:
+    """Size and sha256 of every file of a finished checkpoint (written once all ranks are done)."""
+    from pretrain.core.files import sha256_file
+
+    files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != INTEGRITY)
+    record = {str(p.relative_to(path)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    write_atomic(path / INTEGRITY, json.dumps(record, indent=1))
+
+
+def verify_integrity(path: Path) -> None:
+    """Every file the manifest lists is there, whole and unchanged; checked before anything is unpickled."""
+    from pretrain.core.files import sha256_file
+
+    manifest = Path(path) / INTEGRITY
+    if not manifest.is_file():
+        raise UserError(f"checkpoint {path} has no {INTEGRITY}: it was not completely written")
+    for name, want in json.loads(manifest.read_text()).items():
+        file = Path(path) / name
+        if not file.is_file():
+            raise UserError(f"checkpoint file {file} is missing")
+        if file.stat().st_size != want["bytes"]:
+            raise UserError(
+                f"checkpoint file {file} is truncated or changed ({file.stat().st_size} bytes, "
+                f"expected {want['bytes']})"
+            )
+        if sha256_file(file) != want["sha256"]:
+            raise UserError(f"checkpoint file {file} is corrupt (sha256 mismatch)")
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint directory the `latest` pointer names, or None when there is none yet. If the user moved that
+    checkpoint away (as a damaged checkpoint's message suggests), the newest complete one before it."""
+    pointer = Path(root) / LATEST
+    if not pointer.is_file():
+        return None
+    tag = pointer.read_text().strip()
+    path = Path(root) / tag
+    if (path / "trainer_state.json").is_file():
+        return path
+    earlier = [c for c in all_checkpoints(root) if c.name < tag and (c / INTEGRITY).is_file()]
+    if not path.exists() and earlier:
+        print(
+            f"{path} is gone: continuing from {earlier[-1].name}, the newest complete checkpoint before it",
+            file=sys.stderr,
+            flush=True,
+        )
+        return earlier[-1]
+    raise UserError(f"{pointer} names checkpoint '{tag}', but {path}/trainer_state.json is missing")
+
+
+def _intact_before(path: Path) -> Path | None:
+    """The newest checkpoint before `path` (same run) whose files verify."""
+    for candidate in reversed(all_checkpoints(path.parent)):
+        if candidate.name < path.name:
+            try:
+                verify_integrity(candidate)
+                return candidate
+            except UserError:
+                continue
+    return None
+
+
+def damaged(path: Path, err: UserError, then: str = "run the same command again") -> UserError:
+    """`err` (a failed integrity check of checkpoint `path`) with what the user can do: the previous intact
+    checkpoint, if there is one, and how to continue from it."""
+    previous = _intact_before(Path(path))
+    if previous is None:
+        return UserError(f"{err}; no earlier intact checkpoint in {Path(path).parent}")
+    aside = Path(path).parent / f"damaged-{Path(path).name}"
+    return UserError(
+        f"{err}. The previous checkpoint {previous.name} is intact: to continue from it, move the damaged "
+        f"one out of the way (mv {path} {aside}) and {then}"
+    )
+
+
+def all_checkpoints(root: Path) -> list[Path]:
+    return sorted(p for p in Path(root).glob("step_*") if _TAG.match(p.name) and p.is_dir())
+
+
+def _barrier() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+
+
+def _size(path: Path) -> int:
+    return sum(p.stat().st_size for p in Path(path).rglob("*") if p.is_file()) if path else 0
+
+
+def _disk_full(err: BaseException, root: Path, previous: Path | None) -> str | None:
+    """A message when `err`, raised while writing a checkpoint into `root`, means the disk is full. torch.save
+    reports a full disk as a RuntimeError from its zip writer ("unexpected pos ..."), not as ENOSPC."""
+    free = shutil.disk_usage(root).free
+    if getattr(err, "errno", None) != errno.ENOSPC and free >= max(64 << 20, _size(previous)):
+        return None
+    return (
+        f"no space left on device on {root} while writing a checkpoint ({free >> 20} MiB free"
+        + (f", a checkpoint takes {_size(previous) >> 20} MiB" if previous else "")
+        + ")"
+    )
+
+
+def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer_dir: Path, keep: int) -> Path:
+    """Collective: every rank calls it. Returns the checkpoint directory. A rank that fails to write (a full disk)
+    fails every rank, and the half-written directory goes: `latest` still names the previous checkpoint."""
+    from pretrain.train.distributed import any_rank
+
+    root = Path(root)
+    tag = tag_for(state["step"])
+    path = root / tag
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    previous = latest_checkpoint(root) if rank == 0 else None
+    if rank == 0 and path.exists():  # left half-written by a killed job; `latest` never named it
+        shutil.rmtree(path)
+    _barrier()
+    failure = None
+    try:
+        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        rng = {"torch": torch.get_rng_state()}
+        if torch.cuda.is_available():
+            rng["cuda"] = torch.cuda.get_rng_state()
+        torch.save(rng, path / f"rng_rank{rank}.pt")
+        if rank == 0:
+            (path / "config.yaml").write_text(config_text)
+            if tokenizer_dir and Path(tokenizer_dir).is_dir() and not (path / "tokenizer").exists():
+                from data_pipeline.tokenizer import copy_tokenizer_files
+
+                copy_tokenizer_files(tokenizer_dir, path / "tokenizer")
+            write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
+    except (OSError, RuntimeError) as err:
+        failure = err
+    if any_rank(failure is not None):  # also the barrier after every rank's writes
+        full = _disk_full(failure, root, previous) if failure is not None else None
+        if rank == 0:
+            shutil.rmtree(path, ignore_errors=True)
+        kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
+        if full:
+            raise UserError(f"{full}; {kept}. Free some space and run the same command again") from failure
+        if failure is not None:
+            raise failure
+        raise UserError(f"another rank failed to write checkpoint {tag} (its message says why); {kept}")
+    if rank == 0:
+        write_integrity(path)
+        write_atomic(root / LATEST, tag)
+        for old in all_checkpoints(root)[:-keep] if keep > 0 else []:
+            shutil.rmtree(old, ignore_errors=True)
+    _barrier()
+    return path
+
+
+def needs_universal(path: Path, world_size: int) -> bool:
+    """True when `path` was written by another number of ranks and its optimizer state is split per rank
+    (ZeRO 1-3, or DeepSpeed's bf16 optimizer): DeepSpeed can then load it only in its universal layout."""
+    saved = json.loads((Path(path) / "trainer_state.json").read_text()).get("world_size", world_size)
+    return saved != world_size and any(Path(path).glob("*zero_pp_rank_*_optim_states.pt"))
+
+
+def make_universal(path: Path) -> Path:
+    """Collective. Rank 0 converts the checkpoint to DeepSpeed's universal layout in <path>/universal (once:
+    a later resize reuses it), through a temporary directory renamed into place, so a job killed while
+    converting leaves nothing half-made. The checkpoint itself is left as it was."""
+    from argparse import Namespace
+
+    from deepspeed.checkpoint.ds_to_universal import main as ds_to_universal
+
+    path = Path(path)
+    out = path / UNIVERSAL
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    if rank == 0 and not out.is_dir():
+        print(
+            f"{path} was written by another number of ranks: converting it once to DeepSpeed's universal "
+            f"checkpoint layout in {out}",
+            file=sys.stderr,
+            flush=True,
+        )
+        verify_integrity(path)
+        tmp = path / f".{UNIVERSAL}-tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        args = Namespace(
+            input_folder=str(path),
+            output_folder=str(tmp),
+            num_extract_workers=1,
+            num_merge_workers=1,
+            keep_temp_folder=False,
+            strict=True,
+            inject_missing_state=True,
+        )
+        # In this process (1 worker), so DeepSpeed's own loads stay weights-only too
+        with weights_only_loads(path), redirect_stdout(sys.stderr):
+            ds_to_universal(args)
+        os.replace(tmp, out)
+    _barrier()
+    return out
+
+
+def load_checkpoint(engine, path: Path, universal: bool = False) -> dict:
+    """Restore engine (weights, optimizer, scheduler) and this rank's rng; returns the trainer state.
+
+    `universal`: load <path>/universal (see `make_universal`); the engine must have been configured with
+    DeepSpeed's `checkpoint.load_universal`."""
+    path = Path(path)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+    try:
+        verify_integrity(path)
+    except UserError as err:
+        raise damaged(path, err) from None
+    load_dir, tag = (path, UNIVERSAL) if universal else (path.parent, path.name)
+    with weights_only_loads(path):
+        try:
+            load_path, _ = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True)
+        except RuntimeError as err:  # shapes or names that do not fit (only past train.allow_changes)
+            raise UserError(f"checkpoint {path} does not fit this model: {str(err).strip().splitlines()[0]}") from None
+    if load_path is None:
+        raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
+    rng_file = path / f"rng_rank{rank}.pt"
+    if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
+        rng = torch.load(rng_file, weights_only=True)
+        torch.set_rng_state(rng["torch"])
+        if "cuda" in rng and torch.cuda.is_available():
+            torch.cuda.set_rng_state(rng["cuda"])
+    return json.loads((path / "trainer_state.json").read_text())
+
+
+def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
+    """A run directory (its latest checkpoint), a checkpoints/ directory, or a checkpoint directory."""
+    path = Path(run_or_checkpoint)
+    if not path.exists():
+        raise UserError(f"'{path}' not found: expected a run directory or a checkpoint directory")
+    if (path / "trainer_state.json").is_file():
+        return path
+    for root in (path / "checkpoints", path):
+        found = latest_checkpoint(root) if root.is_dir() else None
+        if found:
+            return found
+    raise UserError(f"no checkpoint in '{path}' (looked for checkpoints/latest and trainer_state.json)")
+
+
+def _zero0_masters(model_states: dict) -> dict[str, torch.Tensor] | None:
+    """The fp32 master weights DeepSpeed's ZeRO-0 fp16 wrappers keep (fp16, and bf16 before it ran under torch
+    autocast): FP16_UnfusedOptimizer saves `fp32_groups`, one tensor per parameter; FP16_Optimizer (fused)
+    `fp32_groups_flat`, one flat tensor per group. Neither saves names: they follow our optimizer's parameter
+    order (`optim.param_groups`), and every master must round to the saved low-precision weight (DeepSpeed copies
+    master -> module after each step), which catches any other order. None for other checkpoints."""
+    from pretrain.train.optim import decays
+
+    opt = model_states.get("optimizer") or {}
+    if not ({"fp32_groups", "fp32_groups_flat"} & set(opt)):
+        return None
+    module = model_states["module"]
+    first, aliases = {}, {}  # tied weights share storage in the saved module
+    for name, t in module.items():
+        key = (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape))
+        if key in first and t.numel():
+            aliases[name] = first[key]
+        else:
+            first[key] = name
+    names = list(first.values())
+    names = [n for n in names if decays(n, module[n])] + [n for n in names if not decays(n, module[n])]
+    if "fp32_groups" in opt:
+        masters = [t for group in opt["fp32_groups"] for t in group]
+    else:
+        flat = torch.cat([g.view(-1) for g in opt["fp32_groups_flat"]])
+        sizes = [module[n].numel() for n in names]
+        masters = [t.view(module[n].shape) for n, t in zip(names, flat[: sum(sizes)].split(sizes))]
+    state = {}
+    for name, master in zip(names, masters, strict=True):
+        if master.shape != module[name].shape or not torch.equal(master.to(module[name].dtype), module[name]):
+            raise UserError(
+                f"fp32 master weights of the checkpoint do not match its parameter {name}: "
+                "it was written by an optimizer with another parameter order"
+            )
+        state[name] = master.clone()
+    for alias, name in aliases.items():
+        state[alias] = state[name]
+    return {**{k: v for k, v in module.items() if k not in state}, **state}  # buffers, as saved
+
+
+def load_module_state(path: Path) -> dict[str, torch.Tensor]:
+    """The exact fp32 weights of a checkpoint without a DeepSpeed engine (any ZeRO stage, precision, world size):
+    where DeepSpeed keeps fp32 master copies they are the weights, never the module's bf16/fp16 copy.
+
+    ZeRO 1-3: the fp32 partitions, merged by DeepSpeed's zero_to_fp32. ZeRO-0 under DeepSpeed's fp16 wrappers: their
+    fp32 groups (`_zero0_masters`). ZeRO-0 otherwise (fp32, or bf16 under autocast): the module, fp32 already.
+    """
+    path = Path(path)
+    try:
+        verify_integrity(path)
+    except UserError as err:
+        raise damaged(path, err, "use the intact one") from None
+    with weights_only_loads(path):
+        if any(path.glob("*optim_states.pt")):
+            from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
+
+            with redirect_stdout(io.StringIO()):
+                state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+        else:
+            model_states = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu")
+            state = _zero0_masters(model_states) or model_states["module"]
+    return {k: v.float() for k, v in state.items() if v is not None}

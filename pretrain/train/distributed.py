@@ -1,0 +1,128 @@
+"""Process groups: joining them (any launcher, or none), a gloo group for small CPU-side decisions, and precision."""
+
+from __future__ import annotations
+
+import os
+import socket
+from functools import lru_cache
+
+
+def has_cuda() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+@lru_cache(maxsize=1)
+def cpu_supports_bf16() -> bool:
+    """Native bf16 on this CPU (AVX512-BF16 or AMX): bf16 is then both correct and fast."""
+    try:
+        flags = open("/proc/cpuinfo").read()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def resolve_precision(requested: str) -> str:
+    if requested != "auto":
+        return requested
+    import torch
+
+    if has_cuda():
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "bf16" if cpu_supports_bf16() else "fp32"
+
+
+def precision_mode(precision: str, zero_stage: int) -> str:
+    """How a resolved precision runs. bf16 under ZeRO-0 is torch autocast over fp32 weights, as DDP with AMP and
+    transformers' Trainer run it: no DeepSpeed low-precision wrapper in the step, fp32 weights in checkpoints and
+    exports. Under ZeRO 1-3 it is DeepSpeed's bf16 (bf16 weights and gradients, fp32 master partitions: half the
+    communication). fp16 is DeepSpeed's, with dynamic loss scaling."""
+    return "bf16-autocast" if precision == "bf16" and zero_stage == 0 else precision
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def init_distributed() -> tuple[int, int]:
+    """Join (or, for a plain single process, create) the process group; returns (rank, world_size).
+
+    Under the `deepspeed` launcher, torchrun or srun the rank variables are set; a plain `pretrain train`
+    is a world of one, which DeepSpeed would otherwise look for through MPI.
+    """
+    if not has_cuda():
+        os.environ.setdefault("DS_ACCELERATOR", "cpu")
+    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun without a launcher
+        os.environ["RANK"] = os.environ["SLURM_PROCID"]
+        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
+        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "RANK" not in os.environ:
+        os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(_free_port()))
+    import deepspeed
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        deepspeed.init_distributed(dist_backend=None, verbose=False)
+        _unlink_shm_allreduce_buffer(dist)
+        _make_control_group(dist)
+    if has_cuda():
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+    return dist.get_rank(), dist.get_world_size()
+
+
+_control_group = None
+
+
+def _make_control_group(dist) -> None:
+    """Collective (every rank, right after init): a gloo group over all ranks for the trainer's small CPU-side
+    decisions (stop flags, target counts, metric sums). Under NCCL the default group takes CUDA tensors only, and
+    moving a flag to the GPU to reduce it would make the host wait for the GPU."""
+    global _control_group
+    if dist.get_world_size() > 1 and dist.get_backend() != "gloo":
+        _control_group = dist.new_group(backend="gloo")
+
+
+def control_group():
+    """The process group for CPU tensors: the gloo control group, or None (the default group) where that is gloo."""
+    return _control_group
+
+
+def _unlink_shm_allreduce_buffer(dist) -> None:
+    """Remove this rank's name for DeepSpeed's CPU all-reduce buffer once every rank has mapped it.
+
+    DeepSpeed's CPU backend creates a ~66 MB POSIX shared-memory segment per rank, named by
+    uid/MASTER_ADDR/MASTER_PORT/rank, and never unlinks it: every run on a fresh port leaves one in /dev/shm
+    (which is RAM) until the machine runs out. Ranks open each other's segment only inside init, so after
+    a barrier the names are no longer needed; the mappings stay valid until the processes exit.
+    """
+    name = "deepspeed_allreduce_buffer_{}_{}_{}_{}".format(
+        os.getuid(), os.environ.get("MASTER_ADDR", ""), os.environ.get("MASTER_PORT", ""), dist.get_rank()
+    )
+    if dist.get_world_size() > 1:
+        dist.barrier()
+    try:
+        os.unlink(os.path.join("/dev/shm", name))
+    except FileNotFoundError:
+        pass
+
+
+def any_rank(*flags: bool) -> bool | list[bool]:
+    """Collective: each flag OR-ed over ranks in one all-reduce, so every rank takes the same decision (one flag:
+    a bool; several: a list). Also a barrier."""
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        out = [bool(f) for f in flags]
+    else:
+        t = torch.tensor([1.0 if f else 0.0 for f in flags])
+        dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control_group())
+        out = [bool(v) for v in t.tolist()]
+    return out[0] if len(flags) == 1 else out

@@ -1,0 +1,133 @@
+"""`pretrain train --dry-run`: what a run would do, without training.
+
+Prints the resolved config, the batch arithmetic (micro x accumulation x data-parallel = global), parameter
+counts per part, and a per-device memory estimate: model states from DeepSpeed's own ZeRO estimators, plus
+an estimate of activations (Korthikanti et al. 2022: about 34 * s * b * h bytes per layer in 16-bit with
+fused attention, doubled for fp32).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import os
+
+import torch
+import yaml
+
+from pretrain.core.config import RunConfig, to_dict
+from pretrain.train.distributed import precision_mode, resolve_precision
+from pretrain.train.engine import deepspeed_config
+
+
+def _vocab_size(cfg: RunConfig) -> int:
+    if cfg.model.vocab_size:
+        return cfg.model.vocab_size
+    if (cfg.tokenizer_dir / "tokenizer.json").is_file():
+        from data_pipeline.tokenizer import load_tokenizer
+
+        return len(load_tokenizer(cfg.tokenizer_dir))
+    return -(-cfg.data.vocab_size // 64) * 64  # what the tokenizer will be padded to
+
+
+def _model_on_meta(cfg: RunConfig, vocab_size: int):
+    """The run's model without memory or weights. Its tokenizer's special ids where it exists already
+    (a `model.init_from` checkpoint's, e.g. RoBERTa's pad id 1), BERT's layout otherwise."""
+    import numpy as np
+
+    from pretrain.core.tokens import SpecialTokens
+    from pretrain.train.setup import build_model
+
+    if (cfg.tokenizer_dir / "tokenizer.json").is_file():
+        from data_pipeline.tokenizer import load_tokenizer, special_tokens
+
+        tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    else:
+        tokens = SpecialTokens(
+            pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=vocab_size, replaceable=np.arange(5, vocab_size)
+        )
+    with torch.device("meta"):
+        return build_model(cfg, tokens, load_init_weights=False)
+
+
+def _gib(n_bytes: float) -> str:
+    return f"{n_bytes / 2**30:.2f} GiB"
+
+
+def _zero_estimate(stage: int, params: int, largest_layer: int, gpus_per_node: int, nodes: int) -> str:
+    """DeepSpeed's estimator table for this stage (it prints; we capture)."""
+    buf = io.StringIO()
+    with contextlib.redirect_stdout(buf):
+        if stage == 3:
+            from deepspeed.runtime.zero.stage3 import estimate_zero3_model_states_mem_needs_all_cold
+
+            estimate_zero3_model_states_mem_needs_all_cold(
+                params, largest_layer, num_gpus_per_node=gpus_per_node, num_nodes=nodes
+            )
+        else:
+            from deepspeed.runtime.zero.stage_1_and_2 import estimate_zero2_model_states_mem_needs_all_cold
+
+            estimate_zero2_model_states_mem_needs_all_cold(params, num_gpus_per_node=gpus_per_node, num_nodes=nodes)
+    return buf.getvalue().rstrip()
+
+
+def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | None = None) -> str:
+    world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
+    per_node = gpus_per_node or min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
+    nodes = max(1, world // max(1, per_node))
+    t, m = cfg.train, cfg.model
+    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+    vocab = _vocab_size(cfg)
+    model = _model_on_meta(cfg, vocab)
+    parts: dict[str, int] = {}
+    for name, p in model.named_parameters():
+        key = (
+            "embeddings"
+            if ".embeddings." in f".{name}"
+            else name.split(".")[0] + (f".{name.split('.')[1]}" if name.startswith("heads.") else "")
+        )
+        parts[key] = parts.get(key, 0) + p.numel()
+    total = sum(parts.values())
+    largest = max(p.numel() for p in model.parameters())
+    global_batch = t.micro_batch_size * t.grad_accum_steps * world
+    tokens_per_step = global_batch * cfg.data.max_seq_len
+    act_bytes = 34 * cfg.data.max_seq_len * t.micro_batch_size * m.hidden_size * m.num_layers
+    act_bytes *= 2 if precision == "fp32" else 1
+    ds = deepspeed_config(cfg, world)
+
+    lines = [
+        "# resolved config",
+        yaml.safe_dump(to_dict(cfg), sort_keys=False).rstrip(),
+        "",
+        "# batch arithmetic",
+        f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x data-parallel ranks "
+        f"{world} = global batch {global_batch} sequences = {tokens_per_step:,} tokens per step",
+        f"{t.max_steps:,} steps = {t.max_steps * global_batch:,} sequences = {t.max_steps * tokens_per_step:,} tokens",
+        "each loss term is a mean over "
+        + (
+            "all its targets in the step (train.loss_normalization=step)"
+            if t.loss_normalization == "step"
+            else "each micro-batch, then averaged (train.loss_normalization=micro_batch)"
+        ),
+        "",
+        "# parameters",
+    ]
+    lines += [f"{name:<24} {n:>14,}" for name, n in sorted(parts.items())]
+    lines += [
+        f"{'total':<24} {total:>14,}",
+        "",
+        f"# memory per device (ZeRO stage {t.zero_stage}, {precision}, {world} rank(s) on {nodes} node(s))",
+    ]
+    if t.zero_stage == 0:
+        weights = {"fp32": 4, "bf16-autocast": 4, "fp16": 2}[precision]  # autocast: fp32 weights and gradients
+        master = 0 if weights == 4 else 4
+        states = total * (weights + master + 8 + weights)  # weights, fp32 master, Adam moments, gradients
+        lines.append(f"model states (weights, master copy, Adam moments, gradients): {_gib(states)}")
+    else:
+        lines.append("model states, DeepSpeed's estimator:")
+        lines.append(_zero_estimate(t.zero_stage, total, largest, per_node, nodes))
+    lines.append(
+        f"activations (estimate, micro-batch {t.micro_batch_size}, seq {cfg.data.max_seq_len}): {_gib(act_bytes)}"
+    )
+    lines += ["", "# DeepSpeed config (derived)", yaml.safe_dump(ds, sort_keys=False).rstrip()]
+    return "\n".join(lines)

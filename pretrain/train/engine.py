@@ -1,0 +1,209 @@
+"""The DeepSpeed engine of a run: its config (derived from the RunConfig, one source of truth), its creation, and
+the work-arounds DeepSpeed 0.19 needs, kept here rather than in the training loop.
+
+Which optimizer path each precision and ZeRO stage takes (`precision_mode`):
+- fp32, and bf16 (torch autocast over fp32 weights) under ZeRO-0: DeepSpeed wraps nothing; our optimizer is torch's
+  fused AdamW, which clips and skips non-finite steps on the device (`pretrain.train.optim`, `guard`), so the step never
+  waits for the host. DeepSpeed's own clipping is off there.
+- bf16 under ZeRO 1-3 and fp16: DeepSpeed's low-precision and ZeRO optimizers wrap ours; they clip, check for
+  overflow and skip (reading a few values back to the host each step: DeepSpeed's own).
+Work-arounds (DeepSpeed 0.19):
+- fp16 under ZeRO-0: the wrappers unscale gradients of a loss they never scaled (PR #8393), and start Adam with a
+  dummy step (`fp16_loss_needs_scaling`, `drop_fp16_dummy_step`);
+- bf16/fp16: the fp32 master weights are built from the module after its cast, so they start rounded
+  (`restore_fp32_masters`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import inspect
+from dataclasses import dataclass, field
+
+import torch
+from torch import nn
+
+from pretrain.core.config import RunConfig
+from pretrain.train.distributed import precision_mode, resolve_precision
+from pretrain.train.optim import StepGuard, build_optimizer, build_scheduler
+
+
+def optimizer_unwrapped(precision: str, zero_stage: int) -> bool:
+    """True where DeepSpeed adds no optimizer wrapper: our optimizer then clips and skips itself."""
+    return zero_stage == 0 and precision in ("fp32", "bf16-autocast")
+
+
+def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
+    t = cfg.train
+    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+    ds = {
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.grad_accum_steps,
+        "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world_size,
+        # unwrapped, our optimizer clips on the device; DeepSpeed's fp32 clipping reads the norm back to the host
+        "gradient_clipping": 0.0 if optimizer_unwrapped(precision, t.zero_stage) else t.grad_clip,
+        "zero_optimization": {"stage": t.zero_stage},
+        "zero_allow_untested_optimizer": True,  # our AdamW/LAMB are torch optimizers
+        "steps_per_print": 10**9,  # we log ourselves
+        "wall_clock_breakdown": False,
+    }
+    if precision == "bf16":  # bf16-autocast: DeepSpeed sees an fp32 model
+        ds["bf16"] = {"enabled": True}
+    elif precision == "fp16":
+        ds["fp16"] = {
+            "enabled": True,
+            "loss_scale": 0,
+            "initial_scale_power": 16,
+            "loss_scale_window": 1000,
+            "hysteresis": 2,
+            "min_loss_scale": 1,
+        }
+    return ds
+
+
+@dataclass
+class Engine:
+    """A DeepSpeed engine with what the training step needs around it."""
+
+    ds: object  # deepspeed.DeepSpeedEngine
+    precision: str  # precision_mode: fp32, bf16-autocast, bf16 or fp16
+    prescale_fp16: bool
+    skip_flags: list = field(default_factory=list)  # steps DeepSpeed's wrappers skipped, when they skip
+    _skipped_before: int = 0
+
+    @property
+    def device(self) -> torch.device:
+        return self.ds.device
+
+    @property
+    def guarded(self) -> bool:
+        return isinstance(self.ds.optimizer, StepGuard) and self.ds.optimizer.guard
+
+    def autocast(self):
+        if self.precision == "bf16-autocast":
+            return torch.autocast(self.device.type, dtype=torch.bfloat16)
+        return contextlib.nullcontext()
+
+    def backward(self, loss: torch.Tensor) -> None:
+        self.ds.backward(loss * self.ds.optimizer.loss_scale if self.prescale_fp16 else loss)
+
+    def step(self) -> None:
+        """engine.step(): the optimizer steps at the end of the accumulation (DeepSpeed knows when)."""
+        boundary = self.ds.is_gradient_accumulation_boundary()
+        self.ds.step()
+        if boundary and not self.guarded:  # DeepSpeed's wrappers decided on the host already: note it
+            self.skip_flags.append(self.ds.skipped_steps > self._skipped_before)
+            self._skipped_before = self.ds.skipped_steps
+
+    def take_skip_flags(self) -> list[bool]:
+        """Whether each optimizer step since the last call was skipped (non-finite gradients), oldest first. Reads
+        the device where the optimizer guards itself: call at log steps."""
+        if self.guarded:
+            flags = self.ds.optimizer.take_skips()
+            return [bool(f) for f in torch.stack(flags).tolist()] if flags else []  # one read for the interval
+        flags, self.skip_flags = self.skip_flags, []
+        return flags
+
+    def grad_norm(self) -> float | None:
+        """Global gradient norm (before clipping) of the last step. Reads the device: call at log steps."""
+        if self.guarded:
+            norm = getattr(self.ds.optimizer, "grad_norm", None)
+            return None if norm is None else float(norm)
+        norm = self.ds.get_global_grad_norm()
+        if norm is None:
+            return None
+        norm = float(norm)
+        from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+        if isinstance(self.ds.optimizer, FP16_UnfusedOptimizer):  # it measures the loss-scaled gradients
+            norm /= self.ds.optimizer.loss_scale
+        return norm
+
+    def loss_scale(self) -> float | None:
+        """fp16's current dynamic loss scale: every DeepSpeed fp16 optimizer (fused, unfused, ZeRO 1-3) has it."""
+        scale = getattr(self.ds.optimizer, "loss_scale", None)
+        return float(scale) if scale is not None and self.precision == "fp16" else None
+
+
+def build_engine(cfg: RunConfig, model: nn.Module, world_size: int, fresh: bool, load_universal: bool) -> Engine:
+    """deepspeed.initialize with the run's optimizer, schedule and config, corrected as the module doc says.
+    `fresh`: no checkpoint will be loaded (the fp32 masters are then restored from the model's own weights)."""
+    import deepspeed
+
+    t = cfg.train
+    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+    optimizer = build_optimizer(model, t, guard=optimizer_unwrapped(precision, t.zero_stage))
+    ds_config = deepspeed_config(cfg, world_size)
+    if load_universal:
+        ds_config["checkpoint"] = {"load_universal": True}
+    # DeepSpeed casts the module to bf16/fp16 in place and builds its fp32 masters from that copy
+    fp32_weights = (
+        {n: p.detach().clone() for n, p in model.named_parameters()}
+        if fresh and precision in ("bf16", "fp16")
+        else None
+    )
+    ds, _, _, _ = deepspeed.initialize(
+        model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t), config=ds_config
+    )
+    drop_fp16_dummy_step(ds)
+    if fp32_weights is not None:
+        restore_fp32_masters(ds, fp32_weights)
+    return Engine(ds, precision, fp16_loss_needs_scaling(ds), _skipped_before=ds.skipped_steps)
+
+
+def _zero0_fp16(optimizer) -> bool:
+    """DeepSpeed's ZeRO-0 fp16 wrappers (FP16_Optimizer, FP16_UnfusedOptimizer), which need two corrections."""
+    from deepspeed.runtime.fp16.fused_optimizer import FP16_Optimizer
+    from deepspeed.runtime.fp16.unfused_optimizer import FP16_UnfusedOptimizer
+
+    return isinstance(optimizer, (FP16_Optimizer, FP16_UnfusedOptimizer))
+
+
+def _unwrapped(fn):
+    """The function a decorator wraps, followed through __wrapped__ and through closures (DeepSpeed's NVTX
+    wrapper keeps the original only in its closure)."""
+    fn = inspect.unwrap(fn)
+    inner = next((c.cell_contents for c in fn.__closure__ or () if inspect.isfunction(c.cell_contents)), None)
+    return fn if inner is None else _unwrapped(inner)
+
+
+def fp16_loss_needs_scaling(engine) -> bool:
+    """True where DeepSpeed's fp16 optimizer would unscale gradients that were never scaled: under ZeRO-0 its
+    step() divides the gradients by the loss scale, but engine.backward() multiplies the loss by it only for
+    ZeRO optimizers (DeepSpeed <= 0.19; PR #8393 open). Updates then come out 65536x too small and Adam's epsilon
+    swamps them. The trainer scales the loss itself, unless this DeepSpeed's backward handles fp16 (as the fix
+    does)."""
+    from deepspeed.runtime.engine import DeepSpeedEngine
+
+    return _zero0_fp16(engine.optimizer) and "fp16" not in inspect.getsource(_unwrapped(DeepSpeedEngine.backward))
+
+
+def drop_fp16_dummy_step(engine) -> None:
+    """DeepSpeed's ZeRO-0 fp16 wrappers create the optimizer state by a step with zero gradients: Adam's count
+    then starts at 1 and its bias correction damps the first real updates (to 0.74x at the first). Dropping the
+    state lets the optimizer create it at the first real step, as under every other precision and stage."""
+    if _zero0_fp16(engine.optimizer):
+        engine.optimizer.optimizer.state.clear()
+
+
+def restore_fp32_masters(engine, weights: dict[str, torch.Tensor]) -> None:
+    """Make DeepSpeed's fp32 master weights the model's fp32 weights. DeepSpeed builds them from the module after
+    casting it to bf16/fp16, so they start rounded: a `model.init_from` checkpoint lost about 1e-3 of precision
+    before the first step, for good. ZeRO 1-3 through DeepSpeed's own setter; ZeRO-0's fp16 wrappers keep one fp32
+    tensor per parameter (unfused) or one flat tensor per group (fused), in their fp16 groups' order."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    names = {id(p): n for n, p in engine.module.named_parameters()}
+    if _zero0_fp16(engine.optimizer):
+        opt = engine.optimizer
+        for i, group in enumerate(opt.fp16_groups):
+            flat = opt.fp32_groups_flat[i] if hasattr(opt, "fp32_groups_flat") else None
+            offset = 0
+            for j, param in enumerate(group):
+                value = weights[names[id(param)]].to(param.device).view(-1)
+                target = flat[offset : offset + value.numel()] if flat is not None else opt.fp32_groups[i][j].view(-1)
+                target.data.copy_(value)
+                offset += value.numel()
+        return
+    for name, param in engine.module.named_parameters():
+        safe_set_full_fp32_param(param, weights[name].to(engine.device))

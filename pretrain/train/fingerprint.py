@@ -1,0 +1,112 @@
+"""What a run keeps fixed across resumes, and the check that refuses a resume which would change it.
+
+Every checkpoint records the run's fingerprint: the tokenizer and the data it trained on, the model's shape, the
+objectives and their options, what a sample is (sequence length, packing), the global batch, the seed, and what the
+optimizer state's layout depends on (precision, ZeRO stage, optimizer, loss normalization). Resuming with any of them
+changed would pair the checkpoint's weights and sample order with something they were not trained for, or fail deep
+inside DeepSpeed; `check_resume` refuses before anything is written, naming each difference, unless
+`train.allow_changes` lists it. Everything else may change on resume (see the README's "Resuming"), and
+`changed_settings` says what did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pretrain.core.config import ModelConfig, RunConfig, to_dict
+from pretrain.core.errors import UserError
+
+# Model fields that change neither the weights' shapes nor their meaning: free to change on resume.
+MODEL_EXECUTION = (
+    "hidden_dropout",
+    "attention_dropout",
+    "initializer_range",
+    "unpadded",
+    "compile",
+    "activation_checkpointing",
+    "init_from",
+)
+FIXED_TRAIN = ("seed", "optimizer", "zero_stage", "loss_normalization")
+FIXED_DATA = ("max_seq_len", "packing")
+
+
+def _flat(prefix: str, value: Any) -> dict[str, Any]:
+    if isinstance(value, dict):
+        out: dict[str, Any] = {}
+        for key, sub in value.items():
+            out.update(_flat(f"{prefix}.{key}", sub))
+        return out or {prefix: {}}
+    return {prefix: value}
+
+
+def fingerprint(
+    cfg: RunConfig,
+    model: ModelConfig,
+    precision: str,
+    world_size: int,
+    tokenizer_sha256: str | None,
+    data_sha256: str | None,
+) -> dict[str, Any]:
+    """The fixed settings of a run, as flat dotted keys. `model` is the resolved model config (vocabulary from the
+    tokenizer), `precision` the resolved one (auto -> bf16/fp16/fp32 on this machine)."""
+    t = cfg.train
+    record: dict[str, Any] = {
+        "tokenizer (sha256 of tokenizer.json)": tokenizer_sha256,
+        "data (content of the shards)": data_sha256,
+        **{f"model.{k}": v for k, v in to_dict(model).items() if k not in MODEL_EXECUTION},
+        **_flat("objectives", to_dict(cfg.objectives)),
+        **{f"data.{k}": getattr(cfg.data, k) for k in FIXED_DATA},
+        "train.global_batch (micro_batch_size x grad_accum_steps x ranks)": t.micro_batch_size
+        * t.grad_accum_steps
+        * world_size,
+        "train.precision": precision,
+        **{f"train.{k}": getattr(t, k) for k in FIXED_TRAIN},
+    }
+    return record
+
+
+def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
+    """(key, in the checkpoint, now) for each fixed setting that differs. A value the checkpoint did not record
+    (None: an older checkpoint) is not compared."""
+    missing = object()
+    diffs = []
+    for key in sorted(set(saved) | set(current)):
+        old, new = saved.get(key, missing), current.get(key, missing)
+        if old is None or new is None or old == new:
+            continue
+        diffs.append((key, "absent" if old is missing else old, "absent" if new is missing else new))
+    return diffs
+
+
+def _allowed(key: str, allow: list[str]) -> bool:
+    name = key.split(" ", 1)[0]  # "tokenizer (sha256 ...)" -> "tokenizer"
+    return any(name == a or name.startswith(a + ".") for a in allow)
+
+
+def _show(value: Any) -> str:
+    text = str(value)
+    return text[:12] + "..." if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
+
+
+def check_resume(saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint) -> None:
+    """Refuse (UserError) to resume `checkpoint` when a fixed setting differs and `allow` does not list it."""
+    diffs = [d for d in differences(saved, current) if not _allowed(d[0], allow)]
+    if not diffs:
+        return
+    lines = "; ".join(f"{key}: {_show(old)} in the checkpoint, {_show(new)} now" for key, old, new in diffs)
+    keys = sorted({key.split(" ", 1)[0] for key, _, _ in diffs})
+    raise UserError(
+        f"cannot resume {checkpoint} with changed settings ({lines}). The run directory was left as it "
+        "was. Use the settings it was started with, or another run name; to continue on purpose anyway, "
+        f"add train.allow_changes=[{','.join(keys)}]"
+    )
+
+
+def changed_settings(saved_config: dict, current_config: dict) -> list[str]:
+    """'key: old -> new' for every setting that differs between two resolved configs (as dicts)."""
+    old, new = _flat("", saved_config), _flat("", current_config)
+    return [
+        f"{k[1:]}: {old.get(k)} -> {new.get(k)}"
+        for k in sorted(set(old) | set(new))
+        if old.get(k) != new.get(k) and k[1:] not in ("name", "output_dir", "train.allow_changes")
+    ]

@@ -1,0 +1,57 @@
+"""FLOPs of a training step, TFLOP/s and MFU.
+
+FLOPs are counted, not derived from a formula: torch's FlopCounterMode records the matmuls and attention of
+one real forward + backward. That stays right for every mix of objectives (sparse MLM heads, ELECTRA's
+generator, PLM's second stream) without a hand-kept formula per objective.
+"""
+
+from __future__ import annotations
+
+import re
+
+import torch
+from torch.utils.flop_counter import FlopCounterMode
+
+# Dense peak TFLOP/s per device for 16-bit (bf16/fp16) and fp32 (TF32 where the tensor cores do it), from
+# the vendors' data sheets; `train.peak_tflops` overrides.
+PEAK_TFLOPS = {
+    "H200": {"16": 989.0, "32": 494.5},
+    "H100 SXM": {"16": 989.0, "32": 494.5},
+    "H100 PCIe": {"16": 756.0, "32": 378.0},
+    "H100": {"16": 989.0, "32": 494.5},
+    "A100": {"16": 312.0, "32": 156.0},
+    "A10G": {"16": 125.0, "32": 62.5},
+    "L4": {"16": 121.0, "32": 60.0},
+    "V100": {"16": 125.0, "32": 15.7},
+}
+
+
+def count_step_flops(fn) -> int:
+    """FLOPs of everything `fn()` runs (call it around a forward and backward)."""
+    with FlopCounterMode(display=False) as counter:
+        fn()
+    return int(counter.get_total_flops())
+
+
+def device_peak_tflops(precision: str, override: float = 0.0) -> float | None:
+    """Peak TFLOP/s of one device of this machine, or None when unknown (e.g. a CPU; set train.peak_tflops)."""
+    if override > 0:
+        return override
+    if not torch.cuda.is_available():
+        return None
+    name = torch.cuda.get_device_name()
+    bits = "32" if precision == "fp32" else "16"
+    for key in sorted(PEAK_TFLOPS, key=len, reverse=True):  # most specific name first ("H100 PCIe" before "H100")
+        if re.search(re.escape(key).replace(r"\ ", r".*"), name, flags=re.IGNORECASE):
+            return PEAK_TFLOPS[key][bits]
+    return None
+
+
+def throughput_metrics(
+    flops_per_sample: float, samples_per_s: float, world_size: int, peak_tflops: float | None
+) -> dict[str, float]:
+    achieved = flops_per_sample * samples_per_s / 1e12  # TFLOP/s over all ranks
+    out = {"tflops": float(f"{achieved / world_size:.4g}")}  # per device, as MFU is
+    if peak_tflops:
+        out["mfu"] = float(f"{achieved / (world_size * peak_tflops):.4g}")
+    return out

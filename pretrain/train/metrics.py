@@ -1,0 +1,147 @@
+"""Where training metrics go: metrics.jsonl (one object per logged step), wandb (offline by default), a
+progress bar. Only rank 0 writes; the others get a logger that does nothing."""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from pretrain.core.measures import Mean
+
+
+class MetricSums:
+    """Running sums of a log interval's metrics, kept on the device: adding a micro-batch's metrics reads nothing
+    back to the host. `read` moves them to the host once, sums them over ranks in one CPU all-reduce (the gloo
+    control group) and finalises each (a Mean divides, an AUC integrates its histograms)."""
+
+    def __init__(self):
+        self.device: dict[str, torch.Tensor] = {}
+        self.host: dict[str, float] = {}
+        self.kinds: dict[str, type] = {}
+
+    def add(self, metrics: dict) -> None:
+        for name, stat in metrics.items():
+            if isinstance(stat, torch.Tensor):
+                stat = Mean(stat)  # a micro-batch mean
+            part = stat.device_part()
+            self.device[name] = part if name not in self.device else self.device[name] + part
+            self.host[name] = self.host.get(name, 0.0) + stat.host_part()
+            self.kinds[name] = type(stat)
+
+    def read(self, group=None) -> dict[str, float | None]:
+        """Collective. The interval's value of every metric over all ranks; starts a new interval."""
+        import torch.distributed as dist
+
+        names = sorted(self.device)
+        if not names:
+            return {}
+        sizes = [self.device[n].numel() for n in names]
+        flat = torch.cat(
+            [
+                torch.cat([self.device[n] for n in names]).cpu().double(),
+                torch.tensor([self.host[n] for n in names], dtype=torch.float64),
+            ]
+        )
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            dist.all_reduce(flat, group=group)
+        device, host = flat[: sum(sizes)].split(sizes), flat[sum(sizes) :].tolist()
+        values = {n: self.kinds[n].finish(d, h) for n, d, h in zip(names, device, host)}
+        self.device, self.host = {}, {}
+        return values
+
+
+class MetricsLogger:
+    def __init__(
+        self,
+        run_dir: Path,
+        config: dict,
+        total_steps: int,
+        start_step: int,
+        wandb_mode: str,
+        wandb_project: str,
+        enabled: bool = True,
+    ):
+        self.enabled = enabled
+        self.path = Path(run_dir) / "metrics.jsonl"
+        self.bar = None
+        self.wandb = None
+        if not enabled:
+            return
+        self.bar = tqdm(
+            total=total_steps,
+            initial=start_step,
+            desc="train",
+            unit="step",
+            dynamic_ncols=True,
+            file=sys.stderr,
+            disable=None if os.environ.get("CI") else False,
+            mininterval=1.0,
+        )
+        if wandb_mode != "disabled":
+            self.wandb = _init_wandb(Path(run_dir), config, wandb_mode, wandb_project)
+
+    def advance(self, steps: int, postfix: dict | None = None) -> None:
+        if self.bar is not None:
+            self.bar.update(steps)
+            if postfix:
+                self.bar.set_postfix(postfix, refresh=False)
+
+    def log(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+
+    def write(self, message: str) -> None:
+        if self.enabled:
+            (tqdm.write if self.bar is not None else print)(message, file=sys.stderr)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            self.bar.close()
+        if self.wandb is not None:
+            self.wandb.finish()
+
+
+def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
+    """One wandb run per run directory, kept across resumes (its id is stored in the run directory)."""
+    import wandb
+
+    id_file = run_dir / "wandb_run_id"
+    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
+    id_file.write_text(run_id)
+    os.environ.setdefault("WANDB_SILENT", "true")
+    return wandb.init(
+        project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir), mode=mode, config=config
+    )
+
+
+def read_metrics(run_dir: Path) -> list[dict]:
+    """The records of <run_dir>/metrics.jsonl. A last line cut short (a crash or a full disk while logging) is left
+    out, and the trainer rewrites the file without it before appending; any other line that is not a JSON record is
+    skipped with a warning naming it."""
+    path = Path(run_dir) / "metrics.jsonl"
+    if not path.is_file():
+        return []
+    lines = path.read_text(errors="replace").splitlines()
+    records = []
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            record = None
+        if isinstance(record, dict) and "step" in record:
+            records.append(record)
+        elif number < len(lines):
+            print(f"warning: {path}:{number}: not a metrics record, skipped", file=sys.stderr)
+    return records

@@ -1,0 +1,143 @@
+"""Optimizers and the learning-rate schedule.
+
+Where the optimizer runs unwrapped (ZeRO-0 in fp32 or bf16 autocast: DeepSpeed adds no low-precision wrapper), it
+also clips the gradient norm and skips a step whose gradients are not finite, without reading anything back to the
+host (`guard`): the norm is torch's foreach `clip_grad_norm_` (a device tensor), and the skip is the `found_inf` flag
+that torch's fused AdamW honours (the mechanism GradScaler uses): parameters, moments and step count stay as they
+were. So the GPU never waits for the host between logging steps; the norm and the skips stay on the device until the
+trainer reads them at a log step. Under DeepSpeed's fp16/bf16 and ZeRO optimizers, DeepSpeed clips and skips.
+
+AdamW is torch's, fused on the devices that have it. LAMB (You et al. 2019, the large-batch BERT optimizer) is
+written here in plain torch because DeepSpeed's fused LAMB needs CUDA; it runs on any device and under every ZeRO
+stage (DeepSpeed wraps it like any torch optimizer), and skips non-finite steps on the device too.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import nn
+
+from pretrain.core.errors import ConfigError
+
+
+class StepGuard:
+    """Mixin: with `guard` on, each step first clips the global gradient norm to `max_norm` (0 = no clipping) and
+    flags non-finite gradients, all on the device. `grad_norm` is the last step's norm (before clipping), `skips` the
+    per-step flags (1.0 = skipped) since the trainer last took them. DeepSpeed's engine reads `overflow` to count
+    skipped steps and hold the lr schedule: it stays False, the schedule advances with the step count."""
+
+    guard = False
+    max_norm = 0.0
+    overflow = False
+
+    def guarded_step_flag(self) -> torch.Tensor | None:
+        """1.0 on the device where this step's gradients are not finite (the step is skipped), else 0.0; None
+        without the guard."""
+        if not self.guard:
+            return None
+        grads = [p for g in self.param_groups for p in g["params"] if p.grad is not None]
+        norm = torch.nn.utils.clip_grad_norm_(grads, self.max_norm if self.max_norm > 0 else math.inf, foreach=True)
+        found_inf = (~torch.isfinite(norm)).float()
+        self.grad_norm = norm.detach()
+        self.skips = getattr(self, "skips", []) + [found_inf]
+        return found_inf
+
+    def take_skips(self) -> list[torch.Tensor]:
+        skips, self.skips = getattr(self, "skips", []), []
+        return skips
+
+
+class AdamW(StepGuard, torch.optim.AdamW):
+    def __init__(self, params, **kwargs):
+        super().__init__(params, fused=True, **kwargs)  # CPU and CUDA; one kernel over all parameters
+
+    def step(self, closure=None):
+        self.found_inf, self.grad_scale = self.guarded_step_flag(), None  # found_inf: the fused kernel skips
+        return super().step(closure)
+
+
+class Lamb(StepGuard, torch.optim.Optimizer):
+    """Adam moments, then a per-tensor trust ratio ||w|| / ||update|| scales the step (1 where a norm is 0). A skipped
+    step (the guard's flag) leaves parameters, moments and step count as they were, without leaving the device."""
+
+    def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
+        super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
+
+    @torch.no_grad()
+    def step(self, closure=None):
+        loss = closure() if closure is not None else None
+        found_inf = self.guarded_step_flag()
+        for group in self.param_groups:
+            beta1, beta2 = group["betas"]
+            for p in group["params"]:
+                if p.grad is None:
+                    continue
+                state = self.state[p]
+                if not state:
+                    state["step"] = torch.zeros((), dtype=torch.float32, device=p.device)
+                    state["exp_avg"] = torch.zeros_like(p)
+                    state["exp_avg_sq"] = torch.zeros_like(p)
+                grad, keep = p.grad, 1.0
+                if found_inf is not None:  # a skipped step: betas of 1 and a zero update keep everything
+                    grad = torch.nan_to_num(grad, nan=0.0, posinf=0.0, neginf=0.0)
+                    keep = 1.0 - found_inf
+                b1, b2 = 1 - (1 - beta1) * keep, 1 - (1 - beta2) * keep
+                state["step"] += keep
+                m, v = state["exp_avg"], state["exp_avg_sq"]
+                m.mul_(b1).add_(grad * (1 - b1))
+                v.mul_(b2).add_(grad * grad * (1 - b2))
+                step = state["step"].clamp(min=1)
+                update = (m / (1 - beta1**step)) / ((v / (1 - beta2**step)).sqrt_().add_(group["eps"]))
+                if group["weight_decay"]:
+                    update.add_(p, alpha=group["weight_decay"])
+                w_norm, u_norm = p.norm(), update.norm()
+                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * (trust * keep), alpha=-group["lr"])
+        return loss
+
+
+def decays(name: str, param: torch.Tensor) -> bool:
+    """Weight decay applies to matrices, not to biases and LayerNorm weights (BERT)."""
+    return param.ndim >= 2 and "norm" not in name
+
+
+def param_groups(model: nn.Module, weight_decay: float) -> list[dict]:
+    """Two groups, in named_parameters order: decayed, then not decayed (`decays`)."""
+    decay, no_decay = [], []
+    for name, param in model.named_parameters():
+        if param.requires_grad:
+            (decay if decays(name, param) else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+def build_optimizer(model: nn.Module, train_cfg, guard: bool = False) -> torch.optim.Optimizer:
+    """The run's optimizer. `guard`: it runs unwrapped, so it clips to train.grad_clip and skips non-finite steps
+    itself (see the module doc)."""
+    t = train_cfg
+    groups = param_groups(model, t.weight_decay)
+    betas = (t.adam_beta1, t.adam_beta2)
+    if t.optimizer == "adamw":
+        optimizer = AdamW(groups, lr=t.lr, betas=betas, eps=t.adam_eps)
+    elif t.optimizer == "lamb":
+        optimizer = Lamb(groups, lr=t.lr, betas=betas, eps=t.adam_eps)
+    else:
+        raise ConfigError(f"train.optimizer: value '{t.optimizer}' is not one of adamw, lamb")
+    optimizer.guard, optimizer.max_norm = guard, t.grad_clip
+    return optimizer
+
+
+def lr_lambda(warmup_steps: int, max_steps: int):
+    """Linear warmup to the peak, then linear decay to 0 at max_steps."""
+
+    def f(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / max(1, warmup_steps)
+        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
+
+    return f
+
+
+def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg.warmup_steps, train_cfg.max_steps))

@@ -1,0 +1,89 @@
+"""What a run is built from: its config, finished once (`resolve_config`); its model (the encoder, the objectives'
+heads, `model.init_from` weights) and its sample source, from that config and the tokenizer; and a checkpoint loaded
+back as a model."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import replace
+from pathlib import Path
+
+import torch
+
+from data_pipeline.samples import build_samples, builder_kind
+from data_pipeline.shards import ShardSet
+from data_pipeline.tokenizer import load_tokenizer, special_tokens
+from objectives import build_objectives, sample_builder_for, validate_objectives
+from pretrain.core.config import RunConfig, build_config, load_yaml, read_config
+from pretrain.core.errors import ConfigError, UserError
+from pretrain.core.tokens import SpecialTokens
+from pretrain.hf.init_from import load_init_from, resolve_init_from
+from pretrain.model.pretraining import PretrainingModel
+from pretrain.train import checkpoint as ckpt
+
+
+def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
+    """The run's config, finished once and frozen, then passed down as it is: each objective's options typed and
+    checked, the mix checked (`objectives.validate_objectives`), and with `model.init_from` the checkpoint's
+    architecture and tokenizer (`hf.init_from.resolve_init_from`). `apply_init_from=False` for a config a run
+    saved, which has them already (and whose init_from directory may be gone)."""
+    cfg = replace(cfg, objectives=validate_objectives(cfg.objectives))
+    return resolve_init_from(cfg) if apply_init_from else cfg
+
+
+def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
+    """A preset or config file with dotted overrides, resolved (`resolve_config`)."""
+    return resolve_config(read_config(name_or_path, overrides))
+
+
+def config_from_dict(data: dict, apply_init_from: bool = True) -> RunConfig:
+    return resolve_config(build_config(data), apply_init_from)
+
+
+def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
+    """The model config with vocabulary and padding id taken from the tokenizer, which must fit it: no more tokens
+    than model.vocab_size when that is set, and the padding id of a `model.init_from` checkpoint."""
+    if 0 < cfg.model.vocab_size < tokens.vocab_size:
+        raise ConfigError(
+            f"model.vocab_size ({cfg.model.vocab_size}) is smaller than the tokenizer's vocabulary "
+            f"({tokens.vocab_size} tokens, {cfg.tokenizer_dir}): leave it 0 to take the tokenizer's"
+            + (" (use the checkpoint's tokenizer)" if cfg.model.init_from else "")
+        )
+    if cfg.model.init_from and cfg.model.pad_token_id != tokens.pad:
+        raise ConfigError(
+            f"model.init_from {cfg.model.init_from}: the tokenizer's pad id is {tokens.pad}, the "
+            f"checkpoint's pad_token_id {cfg.model.pad_token_id}: use the checkpoint's tokenizer"
+        )
+    return replace(cfg.model, vocab_size=cfg.model.vocab_size or tokens.vocab_size, pad_token_id=tokens.pad)
+
+
+def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool = True) -> PretrainingModel:
+    """The model of a resolved run config. With `model.init_from: DIR` (a HF checkpoint directory) and
+    `load_init_weights`, its weights come from DIR (heads the checkpoint lacks stay freshly initialised, with a
+    warning). Without them (loading one of our checkpoints, which replaces them anyway) DIR may be gone."""
+    torch.manual_seed(cfg.train.seed)
+    model = PretrainingModel(model_config_for(cfg, tokens), build_objectives(cfg.objectives, tokens))
+    if cfg.model.init_from and load_init_weights:
+        load_init_from(model, cfg.model.init_from)
+    return model
+
+
+def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
+    kind = builder_kind(sample_builder_for(objectives), cfg.data.packing)
+    return build_samples(kind, shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
+
+
+def load_checkpoint_model(path: Path):
+    """(config, model, special tokens, tokenizer dir, trainer state) of a checkpoint, fp32 on CPU."""
+    path = ckpt.resolve_checkpoint(path)
+    cfg = config_from_dict(load_yaml(path / "config.yaml"), apply_init_from=False)
+    tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
+    tokens = special_tokens(load_tokenizer(tokenizer_dir))
+    model = build_model(cfg, tokens, load_init_weights=False)  # the checkpoint's weights replace them anyway
+    missing, unexpected = model.load_state_dict(ckpt.load_module_state(path), strict=False)
+    if missing or unexpected:
+        raise UserError(
+            f"checkpoint {path} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+        )
+    state = json.loads((path / "trainer_state.json").read_text())
+    return cfg, model.eval(), tokens, tokenizer_dir, state

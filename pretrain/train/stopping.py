@@ -1,0 +1,83 @@
+"""When a run stops: max_steps, max_minutes, exit_after_steps, a signal, or too many non-finite steps.
+
+Every rank takes the same decision: the flags are OR-ed over ranks in one small CPU all-reduce per step (gloo, never
+the GPU). Non-finite steps are known on the device (the optimizer's skip flags) and read at log steps and before a
+checkpoint, so `nan_policy` acts at the next log step at the latest.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+EXIT_PREEMPTED = 75  # SIGTERM: the step finished, a checkpoint was written; run the same command to resume
+EXIT_NONFINITE = 76  # stopped by train.nan_policy: the last good checkpoint is the latest
+
+
+class StopFlag:
+    """Set by SIGTERM/SIGINT; the step in progress finishes, then we checkpoint and exit."""
+
+    def __init__(self):
+        self.signal = 0
+        self._previous = {}
+
+    def install(self):
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            self._previous[sig] = signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        self.signal = signum
+
+    def restore(self):
+        for sig, handler in self._previous.items():
+            signal.signal(sig, handler)
+
+
+class Stopping:
+    """The stop rules of one invocation. `check` after every step; `skipped` with each step's skip flags."""
+
+    def __init__(self, train_cfg, start_step: int):
+        self.t = train_cfg
+        self.start_step = start_step
+        self.started = time.time()
+        self.flag = StopFlag()
+        self.reason, self.exit_code = "max_steps", 0
+        self.skipped_total = 0
+        self.skipped_in_a_row = 0
+
+    def __enter__(self):
+        self.flag.install()
+        return self
+
+    def __exit__(self, *exc):
+        self.flag.restore()
+
+    def timed_out(self) -> bool:
+        return self.t.max_minutes > 0 and (time.time() - self.started) / 60 >= self.t.max_minutes
+
+    def requested(self, step: int) -> bool:
+        """This rank's reasons to stop after `step` (a signal, the clock, exit_after_steps); OR-ed over ranks by
+        the caller."""
+        return (
+            bool(self.flag.signal)
+            or self.timed_out()
+            or (self.t.exit_after_steps > 0 and step - self.start_step >= self.t.exit_after_steps)
+        )
+
+    def stop(self, step: int) -> None:
+        """Record why the run stops now (after `requested` was true on some rank)."""
+        self.reason = "signal" if self.flag.signal else ("max_minutes" if self.timed_out() else "exit_after_steps")
+        self.exit_code = EXIT_PREEMPTED if self.flag.signal else 0
+
+    def count_skips(self, flags: list[bool]) -> tuple[int, bool]:
+        """Fold the skip flags of the steps since the last call (oldest first); returns (newly skipped, whether
+        `nan_policy` says stop)."""
+        stop = False
+        for skipped in flags:
+            self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
+            stop |= skipped and (self.t.nan_policy == "stop" or self.skipped_in_a_row >= self.t.max_skipped_steps)
+        new = sum(flags)
+        self.skipped_total += new
+        if stop:
+            self.reason, self.exit_code = "nonfinite", EXIT_NONFINITE
+        return new, stop

@@ -1,0 +1,395 @@
+"""The training loop: always through `deepspeed.initialize` (`pretrain.train.engine`), also for one process on CPU.
+
+    data (shards -> packed samples -> objectives.prepare -> collate, in loader workers)
+    -> `train_step`: engine(batch) -> weighted loss -> backward -> step  (x grad_accum_steps)
+    -> `after_step`: log (`MetricSums`, read once per log_every), stop (`pretrain.train.stopping`), checkpoint
+
+Between logging steps nothing is read back from the device: metrics and the optimizer's gradient norm and skip flags
+accumulate there, token counts come from the host-side batch, and ranks agree on stopping through a CPU all-reduce.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import math
+import os
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+import yaml
+
+from data_pipeline.loader import PretrainDataset, build_loader
+from data_pipeline.shards import ShardSet
+from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+from pretrain.core.batch import Batch
+from pretrain.core.config import RunConfig, load_yaml, to_dict
+from pretrain.core.errors import UserError
+from pretrain.core.files import write_atomic
+from pretrain.core.outputs import claim_output, exclusive, mark_output
+from pretrain.core.tokens import SpecialTokens
+from pretrain.train import checkpoint as ckpt
+from pretrain.train.distributed import any_rank, control_group, init_distributed, precision_mode, resolve_precision
+from pretrain.train.engine import Engine, build_engine
+from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
+from pretrain.train.flops import count_step_flops, device_peak_tflops, throughput_metrics
+from pretrain.train.metrics import MetricsLogger, MetricSums, read_metrics
+from pretrain.train.setup import build_model, build_sample_source, config_from_dict, model_config_for
+from pretrain.train.stopping import Stopping
+
+
+def saved_fingerprint(checkpoint: Path) -> dict:
+    """The fingerprint a checkpoint recorded; for one written before fingerprints existed, what its config.yaml and
+    tokenizer say (its data is then not compared)."""
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    if "fingerprint" in state:
+        return state["fingerprint"]
+    saved = config_from_dict(load_yaml(checkpoint / "config.yaml"), apply_init_from=False)
+    tokenizer_dir = checkpoint / "tokenizer" if (checkpoint / "tokenizer" / "tokenizer.json").is_file() else None
+    model = saved.model
+    if tokenizer_dir is not None:
+        model = model_config_for(saved, special_tokens(load_tokenizer(tokenizer_dir)))
+    # before fingerprints, bf16 under ZeRO-0 ran on DeepSpeed's bf16 wrapper: precision 'bf16', not 'bf16-autocast'
+    return fingerprint(
+        saved,
+        model,
+        resolve_precision(saved.train.precision),
+        state.get("world_size", 1),
+        tokenizer_hash(tokenizer_dir) if tokenizer_dir else None,
+        None,
+    )
+
+
+def _trim_metrics(run_dir: Path, last_step: int) -> None:
+    """Before training, drop metric lines after the step we start from (steps only increase), and a line torn by
+    a crash or a full disk, which the next append would run into."""
+    path = run_dir / "metrics.jsonl"
+    if not path.is_file():
+        return
+    records = read_metrics(run_dir)
+    kept = [r for r in records if r["step"] <= last_step]
+    text = "".join(json.dumps(r) + "\n" for r in kept)
+    if path.read_text() != text:
+        ckpt.write_atomic(path, text)
+
+
+@contextlib.contextmanager
+def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
+    """Collective. Rank 0 claims the run directory (absent, empty, or a run directory of ours: see
+    `pretrain.core.outputs`) and holds its lock for the body: one trainer per run directory. Every rank fails
+    together."""
+    error, held = None, contextlib.ExitStack()
+    if is_main:
+        try:
+            claim_output(run_dir, "run", "the run directory")
+            held.enter_context(exclusive(run_dir, doing, ", or use another run name (name=...)"))
+            mark_output(run_dir, "run")
+        except UserError as err:
+            held.close()
+            error = err
+    if any_rank(error is not None):
+        raise error or UserError(f"rank 0 could not take the run directory {run_dir} (its message says why)")
+    with held:
+        yield
+
+
+def train(cfg: RunConfig) -> dict:
+    """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
+    logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
+    rank, world = init_distributed()
+    with own_run_dir(cfg.run_dir, rank == 0):
+        return Trainer.start(cfg, rank, world).run()
+
+
+@dataclass
+class Interval:
+    """What happened since the last log line: steps, wall time, this rank's real tokens."""
+
+    steps: int = 0
+    tokens: int = 0
+    started: float = field(default_factory=time.time)
+
+
+@dataclass
+class Trainer:
+    cfg: RunConfig
+    config_text: str  # the resolved config as YAML, saved with every checkpoint
+    rank: int
+    world: int
+    engine: Engine
+    dataset: PretrainDataset
+    state: dict
+    """Saved with every checkpoint: step, consumed_samples, tokens_seen, elapsed_s, skipped steps, fingerprint."""
+    logger: MetricsLogger
+    flops_per_sample: float
+    metrics: MetricSums = field(default_factory=MetricSums)
+    interval: Interval = field(default_factory=Interval)
+    unflushed_tokens: int = 0  # this rank's tokens not yet summed over ranks into state["tokens_seen"]
+    clock: float = field(default_factory=time.time)  # training time since, not yet in state["elapsed_s"]
+
+    @classmethod
+    def start(cls, cfg: RunConfig, rank: int, world: int) -> Trainer:
+        """Data, model, engine and the checkpoint to resume from; refuses a resume that changes the run before
+        anything is written (`pretrain.train.fingerprint`)."""
+        run_dir, t, is_main = cfg.run_dir, cfg.train, rank == 0
+        tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+        tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
+        shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
+        latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+        precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+        identity = fingerprint(
+            cfg, model_config_for(cfg, tokens), precision, world, tokenizer_sha, shards.content_hash()
+        )
+        if latest is not None:
+            check_resume(saved_fingerprint(latest), identity, t.allow_changes, latest)
+        config = to_dict(cfg)
+        config_text = yaml.safe_dump(config, sort_keys=False)  # config.yaml, and in every checkpoint
+        if is_main:
+            if latest is not None and (run_dir / "config.yaml").is_file():
+                changed = changed_settings(yaml.safe_load((run_dir / "config.yaml").read_text()), config)
+                if changed:
+                    print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
+            write_atomic(run_dir / "config.yaml", config_text)
+
+        model = build_model(cfg, tokens)
+        samples = build_sample_source(cfg, shards, tokens, model.objectives)
+        # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
+        universal = latest is not None and ckpt.needs_universal(latest, world)
+        if universal:
+            ckpt.make_universal(latest)
+        engine = build_engine(cfg, model, world, fresh=latest is None, load_universal=universal)
+        torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
+        state = {
+            "step": 0,
+            "consumed_samples": 0,
+            "tokens_seen": 0,
+            "elapsed_s": 0.0,
+            "skipped_steps": 0,
+            "skipped_in_a_row": 0,
+        }
+        if latest is not None:
+            state.update(ckpt.load_checkpoint(engine.ds, latest, universal=universal))
+        state.update(world_size=world, fingerprint=identity)
+        if is_main:
+            _trim_metrics(run_dir, state["step"])
+        dataset = PretrainDataset(samples, model.objectives, t.seed)
+        logger = MetricsLogger(
+            run_dir, config, t.max_steps, state["step"], cfg.wandb.mode, cfg.wandb.project, enabled=is_main
+        )
+        if latest is not None:
+            logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
+        logger.write(
+            f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
+            f"process(es), {precision}, global batch {cfg.train.micro_batch_size * t.grad_accum_steps * world} "
+            f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
+            f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch"
+        )
+        flops = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
+        return cls(cfg, config_text, rank, world, engine, dataset, state, logger, flops)
+
+    @property
+    def global_batch(self) -> int:
+        t = self.cfg.train
+        return t.micro_batch_size * t.grad_accum_steps * self.world
+
+    def run(self) -> dict:
+        t = self.cfg.train
+        tokens = self.dataset.objectives[0].tokens
+        loader = build_loader(
+            self.dataset,
+            tokens.pad,
+            self.state["consumed_samples"],
+            t.micro_batch_size,
+            t.grad_accum_steps,
+            self.rank,
+            self.world,
+            self.cfg.data.loader_workers,
+        )
+        data = iter(loader)
+        stopping = Stopping(t, self.state["step"])
+        stopping.skipped_total, stopping.skipped_in_a_row = self.state["skipped_steps"], self.state["skipped_in_a_row"]
+        try:
+            with stopping:
+                while self.state["step"] < t.max_steps:
+                    self.train_step([next(data) for _ in range(t.grad_accum_steps)])
+                    if self.after_step(stopping):
+                        break
+        finally:
+            self.logger.close()
+        final = read_metrics(self.cfg.run_dir)[-1] if self.rank == 0 and read_metrics(self.cfg.run_dir) else {}
+        return {
+            "step": self.state["step"],
+            "tokens_seen": self.state["tokens_seen"],
+            "exit_code": stopping.exit_code,
+            "reason": stopping.reason,
+            "final_loss": final.get("loss"),
+            "run_dir": str(self.cfg.run_dir),
+            "complete": self.state["step"] >= t.max_steps,
+        }
+
+    def train_step(self, micro_batches: list[Batch]) -> None:
+        """One optimizer step over the accumulated micro-batches. Reads nothing back from the device: counts come
+        with the host-side batches, metrics accumulate on the device."""
+        engine = self.engine
+        weights = step_loss_weights(micro_batches) if self.cfg.train.loss_normalization == "step" else None
+        for micro_batch in micro_batches:
+            with engine.autocast():
+                loss, metrics = engine.ds(micro_batch.to(engine.device), weights)
+            engine.backward(loss)
+            engine.step()
+            self.metrics.add(metrics)
+        tokens = sum(b.tokens for b in micro_batches)
+        self.interval.tokens += tokens
+        self.unflushed_tokens += tokens
+        self.state["step"] += 1
+        self.state["consumed_samples"] += self.global_batch
+        self.interval.steps += 1
+        self.logger.advance(1)
+
+    def after_step(self, stopping: Stopping) -> bool:
+        """Log, decide whether to stop, checkpoint; True when the run stops here."""
+        t, step = self.cfg.train, self.state["step"]
+        stop_now = any_rank(stopping.requested(step))
+        nonfinite = False
+        if step % t.log_every == 0 or step == t.max_steps or stop_now:
+            nonfinite = self.log(stopping)
+        elif t.save_every and step % t.save_every == 0:
+            nonfinite = self.count_skips(stopping)  # a checkpoint must know whether its steps were skipped
+        if nonfinite:
+            self.logger.write(
+                f"stopping: train.nan_policy={t.nan_policy}, {stopping.skipped_in_a_row} non-finite "
+                "step(s) in a row; the latest checkpoint is the last good one"
+            )
+            return True
+        if stop_now or (t.save_every and step % t.save_every == 0) or step == t.max_steps:
+            self.save()
+        if stop_now:
+            stopping.stop(step)
+            self.logger.write(
+                f"stopped at step {step} ({stopping.reason}); checkpoint saved, run the same command again to continue"
+            )
+        return stop_now
+
+    def count_skips(self, stopping: Stopping) -> bool:
+        """Fold the steps skipped (non-finite gradients) since the last call into the state; True when
+        train.nan_policy says stop. fp16's loss-scale overflows are routine and not counted."""
+        flags = self.engine.take_skip_flags()
+        if self.engine.precision == "fp16":
+            return False
+        new, stop = stopping.count_skips(flags)
+        if new:
+            self.logger.write(
+                f"warning: {new} step(s) up to step {self.state['step']} skipped (non-finite loss or "
+                f"gradient); {stopping.skipped_total} skipped so far"
+            )
+        self.state["skipped_steps"], self.state["skipped_in_a_row"] = stopping.skipped_total, stopping.skipped_in_a_row
+        return stop
+
+    def log(self, stopping: Stopping) -> bool:
+        """Collective. One metrics line for the interval since the last one; returns `count_skips`."""
+        stop = self.count_skips(stopping)
+        means = self.metrics.read(control_group())
+        tokens = self.sum_ranks(self.interval.tokens)
+        self.flush_tokens()
+        elapsed = max(time.time() - self.interval.started, 1e-9)
+        loss = means.pop("loss")
+        record = {
+            "step": self.state["step"],
+            "loss": _rounded(loss),
+            **{k: _rounded(v) for k, v in sorted(means.items())},
+            "lr": self.engine.ds.get_lr()[0],
+            "grad_norm": _rounded(self.engine.grad_norm()),
+            "tokens": self.state["tokens_seen"],
+            "tokens_per_s": round(tokens / elapsed, 1),
+            **throughput_metrics(
+                self.flops_per_sample,
+                self.interval.steps * self.global_batch / elapsed,
+                self.world,
+                device_peak_tflops(resolve_precision(self.cfg.train.precision), self.cfg.train.peak_tflops),
+            ),
+            "skipped_steps": self.state["skipped_steps"],
+        }
+        if self.engine.loss_scale() is not None:
+            record["loss_scale"] = self.engine.loss_scale()
+        self.logger.log(record)
+        self.logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
+        if loss is not None and not math.isfinite(loss):
+            self.logger.write(f"warning: non-finite loss at step {self.state['step']}")
+        self.interval = Interval()
+        return stop
+
+    def flush_tokens(self) -> None:
+        """Collective: the tokens every rank consumed since the last flush into state["tokens_seen"]."""
+        self.state["tokens_seen"] += self.sum_ranks(self.unflushed_tokens)
+        self.unflushed_tokens = 0
+
+    def save(self) -> None:
+        """Collective: a checkpoint of this step (the latest once every rank has written)."""
+        t = self.cfg.train
+        self.flush_tokens()
+        now = time.time()
+        self.state["elapsed_s"] += now - self.clock
+        self.clock = now
+        ckpt.save_checkpoint(
+            self.engine.ds,
+            self.cfg.run_dir / "checkpoints",
+            self.state,
+            self.config_text,
+            self.cfg.tokenizer_dir,
+            t.keep_checkpoints,
+        )
+
+    @staticmethod
+    def sum_ranks(value: int) -> int:
+        if not dist.is_initialized() or dist.get_world_size() == 1:
+            return value
+        total = torch.tensor([float(value)], dtype=torch.float64)
+        dist.all_reduce(total, group=control_group())
+        return int(total.item())
+
+
+def probe_flops_per_sample(
+    cfg: RunConfig, tokens: SpecialTokens, dataset: PretrainDataset, position: int, n: int = 2
+) -> float:
+    """Training FLOPs per sample, counted on a throwaway fp32 CPU copy of the model over `n` real samples.
+
+    A separate model and saved/restored rng keep the run itself untouched (bitwise resume); under ZeRO-3 the
+    engine's own parameters are partitioned anyway.
+    """
+    from data_pipeline.loader import Collator
+
+    rng_state = torch.get_rng_state()
+    try:
+        probe = build_model(cfg, tokens, load_init_weights=False)  # FLOPs need the shapes, not the weights
+        batch = Collator(tokens.pad, probe.objectives)([dataset[position + i] for i in range(n)])
+        flops = count_step_flops(lambda: probe(batch)[0].backward())
+    finally:
+        torch.set_rng_state(rng_state)
+    return flops / n
+
+
+def step_loss_weights(micro_batches: list[Batch]) -> dict[str, float]:
+    """Per loss term, the weight of one target under train.loss_normalization=step: micro-batches x ranks / the
+    term's targets in the whole step, over every micro-batch of every rank (one small CPU all-reduce of the
+    host-side counts). DeepSpeed divides the gradient by micro-batches x ranks, which leaves each term a mean over
+    all its targets in the step, however the step is split. A term with no target anywhere weighs 0."""
+    terms = sorted({term for b in micro_batches for term in b.counts})
+    totals = [float(sum(b.counts.get(term, 0) for b in micro_batches)) for term in terms]
+    parts = len(micro_batches)
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        summed = torch.tensor(totals, dtype=torch.float64)
+        dist.all_reduce(summed, group=control_group())
+        totals, parts = summed.tolist(), parts * dist.get_world_size()
+    return {term: parts / total if total else 0.0 for term, total in zip(terms, totals)}
+
+
+def _rounded(value: float | None) -> float | None:
+    return round(value, 6) if value is not None and math.isfinite(value) else value
+
+
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
