@@ -89,7 +89,7 @@ T.Trainer.train_step, T.Trainer.after_step = train_step, after_step
 from pretrain.model.padding import Packed
 with mode:
     Packed.from_mask(torch.tensor([[True, True, False]]), torch.float32)
-probe = sum(n for k, n in mode.ours.items() if "model.py" in k)
+probe = sum(n for k, n in mode.ours.items() if os.path.join("model", "padding.py") in k)
 mode.ours.clear()
 
 results = []

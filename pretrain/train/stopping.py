@@ -15,15 +15,20 @@ EXIT_NONFINITE = 76  # stopped by train.nan_policy: the last good checkpoint is 
 
 
 class StopFlag:
-    """Set by SIGTERM/SIGINT; the step in progress finishes, then we checkpoint and exit."""
+    """Set by SIGTERM/SIGINT while entered; the step in progress finishes, then we checkpoint and exit. Entered
+    as soon as the run directory is ours, so a signal during set-up also ends in a checkpoint and exit 75."""
 
     def __init__(self):
         self.signal = 0
         self._previous = {}
 
-    def install(self):
+    def __enter__(self):
         for sig in (signal.SIGTERM, signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def __exit__(self, *exc):
+        self.restore()
 
     def _handle(self, signum, frame):
         self.signal = signum
@@ -36,21 +41,14 @@ class StopFlag:
 class Stopping:
     """The stop rules of one invocation. `check` after every step; `skipped` with each step's skip flags."""
 
-    def __init__(self, train_cfg, start_step: int):
+    def __init__(self, train_cfg, start_step: int, flag: StopFlag):
         self.t = train_cfg
         self.start_step = start_step
         self.started = time.time()
-        self.flag = StopFlag()
+        self.flag = flag
         self.reason, self.exit_code = "max_steps", 0
         self.skipped_total = 0
         self.skipped_in_a_row = 0
-
-    def __enter__(self):
-        self.flag.install()
-        return self
-
-    def __exit__(self, *exc):
-        self.flag.restore()
 
     def timed_out(self) -> bool:
         return self.t.max_minutes > 0 and (time.time() - self.started) / 60 >= self.t.max_minutes

@@ -40,7 +40,7 @@ from pretrain.train.fingerprint import changed_settings, check_resume, fingerpri
 from pretrain.train.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.train.metrics import MetricsLogger, MetricSums, read_metrics
 from pretrain.train.setup import build_model, build_sample_source, config_from_dict, model_config_for
-from pretrain.train.stopping import Stopping
+from pretrain.train.stopping import StopFlag, Stopping
 
 
 def saved_fingerprint(checkpoint: Path) -> dict:
@@ -102,8 +102,8 @@ def train(cfg: RunConfig) -> dict:
     """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = init_distributed()
-    with own_run_dir(cfg.run_dir, rank == 0):
-        return Trainer.start(cfg, rank, world).run()
+    with own_run_dir(cfg.run_dir, rank == 0), StopFlag() as flag:
+        return Trainer.start(cfg, rank, world).run(flag)
 
 
 @dataclass
@@ -197,7 +197,7 @@ class Trainer:
         t = self.cfg.train
         return t.micro_batch_size * t.grad_accum_steps * self.world
 
-    def run(self) -> dict:
+    def run(self, flag: StopFlag) -> dict:
         t = self.cfg.train
         tokens = self.dataset.objectives[0].tokens
         loader = build_loader(
@@ -211,14 +211,13 @@ class Trainer:
             self.cfg.data.loader_workers,
         )
         data = iter(loader)
-        stopping = Stopping(t, self.state["step"])
+        stopping = Stopping(t, self.state["step"], flag)
         stopping.skipped_total, stopping.skipped_in_a_row = self.state["skipped_steps"], self.state["skipped_in_a_row"]
         try:
-            with stopping:
-                while self.state["step"] < t.max_steps:
-                    self.train_step([next(data) for _ in range(t.grad_accum_steps)])
-                    if self.after_step(stopping):
-                        break
+            while self.state["step"] < t.max_steps:
+                self.train_step([next(data) for _ in range(t.grad_accum_steps)])
+                if self.after_step(stopping):
+                    break
         finally:
             self.logger.close()
         final = read_metrics(self.cfg.run_dir)[-1] if self.rank == 0 and read_metrics(self.cfg.run_dir) else {}
