@@ -7,6 +7,7 @@ and compilation are left out of both. The table gives medians over repeats, the 
 metrics.jsonl (on a GPU; a CPU has no peak in the table). `--objectives mlm,rtd` also times other objectives of ours
 on the same shape (tokens/s per objective, and each relative to mlm).
 
+    pip install -e '.[bench]'                                            # the peer's accelerate
     python benchmarks/trainer_vs_hf.py                                   # CPU: BERT-mini, batch 32, seq 128
     python benchmarks/trainer_vs_hf.py --shape base --batch 128 --steps 150 --warm 50 --hf-compile
     python benchmarks/trainer_vs_hf.py --shape base --batch 32 --seq 512 --objectives mlm,rtd
@@ -19,6 +20,7 @@ blocks are the corpus tokenized with our tokenizer, cut into [CLS] + seq-2 token
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import statistics
@@ -159,9 +161,12 @@ def run_peer(a, work: Path, tok: Path, compile_: bool) -> dict:
         "out": str(work / "hf-out"),
     }
     proc = subprocess.run(
-        [sys.executable, "-c", PEER, json.dumps(spec)], check=True, env=_env(), cwd=work, capture_output=True, text=True
+        [sys.executable, "-c", PEER, json.dumps(spec)], env=_env(), cwd=work, capture_output=True, text=True
     )
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if proc.returncode != 0:
+        raise SystemExit(f"the HF Trainer run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+    # Trainer prints its own summary dict after ours
+    return json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"tokens_per_s"')][-1])
 
 
 def main() -> None:
@@ -188,6 +193,8 @@ def main() -> None:
     p.add_argument("--ours-overrides", nargs="*", default=[], help="extra key=value overrides for our runs")
     p.add_argument("--verbose", action="store_true")
     a = p.parse_args()
+    if importlib.util.find_spec("accelerate") is None:  # transformers' Trainer needs it; our trainer does not
+        raise SystemExit("the peer (transformers' Trainer) needs accelerate: pip install -e '.[bench]'")
     work = a.work or Path(tempfile.mkdtemp(prefix="trainer-vs-hf-"))
     work.mkdir(parents=True, exist_ok=True)
     tok, shards = prepare(work, a.corpus, a.vocab)

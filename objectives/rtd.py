@@ -44,8 +44,9 @@ class RTDOptions(MaskingRates):
     )
     random_token_prob: float = doc(0.0, "Of the chosen tokens, the fraction shown to the generator as a random token.")
     generator_size: float = doc(
-        1 / 3,
-        "Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA: 1/4-1/2).",
+        0.25,
+        "Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA-Small "
+        "and -Base: 1/4; the paper finds 1/4-1/2 best).",
     )
     generator_layers: int = doc(0, "Generator depth; 0 = as many layers as the encoder.")
     temperature: float = doc(1.0, "Replacements are sampled from softmax(generator logits / temperature).")
@@ -149,7 +150,10 @@ class Generator(nn.Module):
     def __init__(self, gen_cfg, embedding_size: int, word_embeddings: nn.Embedding):
         super().__init__()
         self.config = gen_cfg
-        self.embeddings_project = nn.Linear(embedding_size, gen_cfg.hidden_size)  # E -> Hg
+        # E -> Hg, only where the widths differ (as in ELECTRA and transformers' ElectraModel)
+        self.embeddings_project = (
+            nn.Linear(embedding_size, gen_cfg.hidden_size) if embedding_size != gen_cfg.hidden_size else None
+        )
         self.layers = nn.ModuleList(EncoderLayer(gen_cfg) for _ in range(gen_cfg.num_layers))
         self.head = GeneratorHead(gen_cfg.hidden_size, embedding_size, gen_cfg.layer_norm_eps, word_embeddings)
 
@@ -164,7 +168,9 @@ class Generator(nn.Module):
         word = embeddings.word_embeddings
         view = word.generator_view() if isinstance(word, DisentangledWordEmbedding) else contextlib.nullcontext()
         with view:
-            x = self.embeddings_project(embeddings(input_ids, token_type_ids))  # [B, L, E] -> [B, L, Hg]
+            x = embeddings(input_ids, token_type_ids, project=False)  # [B, L, E]
+        if self.embeddings_project is not None:
+            x = self.embeddings_project(x)  # [B, L, Hg]
         bias = attention_bias(attention_mask, x.dtype)
         for layer in self.layers:
             x = layer(x, bias)
@@ -179,7 +185,10 @@ class RTDHead(nn.Module):
         super().__init__()
         if opts.disentangled:
             encoder.embeddings.word_embeddings = DisentangledWordEmbedding(encoder.embeddings.word_embeddings)
-        self.generator = Generator(generator_config(cfg, opts), cfg.hidden_size, encoder.embeddings.word_embeddings)
+        # The generator reads the shared E-wide embeddings (E = H unless model.embedding_size is set, as in
+        # ELECTRA-small: E 128 under H 256) through its own E -> Hg projection, and its head maps back to E.
+        word = encoder.embeddings.word_embeddings
+        self.generator = Generator(generator_config(cfg, opts), word.embedding_dim, word)
         self.dense = nn.Linear(cfg.hidden_size, cfg.hidden_size)
         self.dense_prediction = nn.Linear(cfg.hidden_size, 1)
 

@@ -39,15 +39,19 @@ class Mean:
 
 
 class BinaryAUC:
-    """Area under the ROC curve of binary scores, threshold-free: logits are binned (`BINS` bins of width 0.1 over
-    [-BINS/20, BINS/20], the ends open) into one histogram per class on the device, summed over micro-batches, steps
-    and ranks, and the AUC is read from the histograms (ties within a bin count half)."""
+    """Area under the ROC curve of binary scores, threshold-free: logits are binned into one histogram per class on
+    the device, summed over micro-batches, steps and ranks, and the AUC is read from the histograms (ties within a
+    bin count half). Bins are 1/1024 wide over [-16, 16] (the ends open): ELECTRA's discriminator spends its first
+    thousands of steps with logits within ~0.05 of its base rate, where 0.1-wide bins read 0.50 for an AUC of 0.53;
+    at this width the binned AUC is within 1e-4 of the exact one for logit spreads down to 0.01 (a test checks)."""
 
-    BINS = 400
+    PER_UNIT = 1024
+    BINS = 32 * PER_UNIT  # [-16, 16]
 
     def __init__(self, logits: torch.Tensor, labels: torch.Tensor, weight: torch.Tensor):
         # logits, labels, weight: same shape; weight 0 leaves a position out (padding)
-        index = ((logits.detach().float() * 10).floor() + self.BINS // 2).clamp(0, self.BINS - 1).long().reshape(-1)
+        scaled = (logits.detach().float() * self.PER_UNIT).floor() + self.BINS // 2
+        index = scaled.clamp(0, self.BINS - 1).long().reshape(-1)
         w = weight.float().reshape(-1)
         positive = labels.float().reshape(-1) * w
         hist = torch.zeros(2, self.BINS, device=logits.device)

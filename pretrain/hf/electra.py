@@ -2,14 +2,15 @@
 `ElectraForMaskedLM` in out_dir/generator; both complete `from_pretrained` directories, written atomically.
 
 Layout, as `save_pretrained` writes it in transformers 5.x:
-- discriminator: embedding_size = hidden_size = H, so no `electra.embeddings_project`;
-- generator: embedding_size = H (the shared embeddings), hidden_size = Hg, with `electra.embeddings_project`
+- discriminator: embedding_size E (model.embedding_size, or H), hidden_size H; `electra.embeddings_project`
+  E -> H only when E != H (ELECTRA-small: E 128 under H 256);
+- generator: embedding_size E (the shared embeddings), hidden_size Hg, with `electra.embeddings_project`
   E -> Hg; `generator_lm_head.weight` is tied to the word embeddings and left out (as BERT's decoder is).
 The embeddings appear in both files (HF has no cross-model sharing); in disentangled mode the discriminator's
 word table is the effective one, shared + delta, and the generator's the shared one.
 
 The encoder's names are BERT's with `bert.` read as `electra.`: one table per model (`pretrain.hf.interop`:
-`discriminator_weight_map`, `generator_weight_map`), each used in both directions: here to export, by
+`electra_discriminator_table`, `generator_table`), each used in both directions: here to export, by
 `pretrain.hf.init_from` to import.
 """
 
@@ -34,7 +35,7 @@ from pretrain.hf.export import (
     model_card,
     write_hf_dir,
 )
-from pretrain.hf.interop import discriminator_weight_map, generator_weight_map, to_hf
+from pretrain.hf.interop import electra_discriminator_table, generator_table, to_hf
 
 GENERATOR_DIR = "generator"
 
@@ -47,7 +48,8 @@ def rtd_head(model: nn.Module) -> RTDHead:
 
 
 def hf_electra_config(model_cfg: ModelConfig, body: ModelConfig, tokens: SpecialTokens, architecture: str) -> Any:
-    """ElectraConfig of a body of width `body.hidden_size` on embeddings of width model_cfg.hidden_size.
+    """ElectraConfig of a body of width `body.hidden_size` on the shared embeddings (width E:
+    model_cfg.embedding_size, or its hidden_size).
     HF's "gelu" (GELUActivation, erf form) is our F.gelu; the generator head's GELU is hard-wired in HF."""
     import transformers
 
@@ -58,7 +60,7 @@ def hf_electra_config(model_cfg: ModelConfig, body: ModelConfig, tokens: Special
     return transformers.ElectraConfig(
         architectures=[architecture],
         vocab_size=model_cfg.vocab_size,
-        embedding_size=model_cfg.hidden_size,
+        embedding_size=model_cfg.embedding_size or model_cfg.hidden_size,
         hidden_size=body.hidden_size,
         num_hidden_layers=body.num_layers,
         num_attention_heads=body.num_heads,
@@ -86,8 +88,8 @@ def to_hf_electra_state_dicts(model: nn.Module) -> tuple[dict[str, torch.Tensor]
     if isinstance(word, DisentangledWordEmbedding):
         disc_src["encoder.embeddings.word_embeddings.weight"] = word.effective_weight().detach()  # what it reads
     return (
-        to_hf(discriminator_weight_map(model.config.num_layers), disc_src),
-        to_hf(generator_weight_map(head.generator.config.num_layers), ours),
+        to_hf(electra_discriminator_table(model), disc_src),
+        to_hf(generator_table(head.generator), ours),
     )
 
 

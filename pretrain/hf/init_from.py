@@ -29,7 +29,7 @@ from pretrain.hf.interop import (
     electra_generator_as_mlm_table,
     fill_aliases,
     from_hf_state_dict,
-    generator_weight_map,
+    generator_table,
     roberta_offset,
 )
 
@@ -263,7 +263,7 @@ def _electra_import(model, directory: Path, sd, classes, where):
     if "rtd" in model.heads and (gen_dir / "config.json").is_file():
         gen = model.heads["rtd"].generator
         gen_sd = _normalise(read_hf_weights(gen_dir), "electra")
-        gen_table = generator_weight_map(gen.config.num_layers)
+        gen_table = generator_table(gen)
         gen_state, gen_absent, gen_unused = from_hf_state_dict(
             gen_sd, model, "electra", f"{where}/generator", gen_table
         )

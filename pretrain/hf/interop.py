@@ -118,11 +118,8 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
         if requested not in (None, "electra"):
             raise UserError(f"--arch {requested}: an rtd (ELECTRA) run exports as electra only")
         _require(opts, BERT_OPTIONS, "electra")
-        if albertish:
-            raise UserError(
-                "ELECTRA export has no factorized embeddings or shared layers on the discriminator "
-                f"(model.embedding_size={cfg.embedding_size}, model.share_layers={cfg.share_layers})"
-            )
+        if getattr(cfg, "share_layers", False):  # factorized embeddings are ELECTRA's own (embeddings_project)
+            raise UserError("ELECTRA export has no shared layers on the discriminator (model.share_layers=true)")
         return Target("electra", "ElectraForPreTraining", ("the generator is in generator/ (ElectraForMaskedLM)",))
 
     if lm_head_name(model) is None:
@@ -290,12 +287,14 @@ def discriminator_weight_map(num_layers: int) -> Table:
     )
 
 
-def generator_weight_map(num_layers: int) -> Table:
-    """Our names <-> ElectraForMaskedLM names. The decoder is the word-embedding Parameter: no entry."""
+def generator_table(generator: nn.Module) -> Table:
+    """Our names <-> ElectraForMaskedLM names of our rtd generator. The decoder is the word-embedding Parameter:
+    no entry. `electra.embeddings_project` (E -> Hg) exists where the widths differ, on both sides."""
     gen = f"{ELECTRA_HEAD}.generator"
+    project = generator.embeddings_project is not None
     return (
-        _body(num_layers, f"{gen}.layers")
-        + _linear_or_norm(f"{gen}.embeddings_project", "electra.embeddings_project")
+        _body(generator.config.num_layers, f"{gen}.layers")
+        + (_linear_or_norm(f"{gen}.embeddings_project", "electra.embeddings_project") if project else [])
         + _linear_or_norm(f"{gen}.head.dense", "generator_predictions.dense")
         + _linear_or_norm(f"{gen}.head.layer_norm", "generator_predictions.LayerNorm")
         + [Link(f"{gen}.head.bias", ("generator_lm_head.bias",))]

@@ -105,10 +105,15 @@ class Embeddings(nn.Module):
         self.projection = _linear(cfg, E, cfg.hidden_size) if E != cfg.hidden_size else None
 
     def forward(
-        self, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, position_ids: torch.Tensor | None = None
+        self,
+        input_ids: torch.Tensor,
+        token_type_ids: torch.Tensor | None,
+        position_ids: torch.Tensor | None = None,
+        project: bool = True,
     ) -> torch.Tensor:
         """input_ids, token_type_ids [B, L] -> [B, L, H]. Packed: input_ids, token_type_ids, position_ids [T] ->
-        [T, H]. position_ids defaults to 0..L-1 for every row."""
+        [T, H]. position_ids defaults to 0..L-1 for every row. project=False: the E-wide normalised embeddings,
+        before the E -> H projection (what ELECTRA's generator reads through its own projection)."""
         x = self.word_embeddings(input_ids)
         if self.position_embeddings is not None:
             if position_ids is None:
@@ -121,7 +126,7 @@ class Embeddings(nn.Module):
         else:
             x = x + self.token_type_embeddings(token_type_ids)
         x = self.dropout(self.layer_norm(x))
-        return x if self.projection is None else self.projection(x)
+        return x if self.projection is None or not project else self.projection(x)
 
     def query_stream(self, word: torch.Tensor, positions: torch.Tensor, token_type_ids: torch.Tensor) -> torch.Tensor:
         """Initial query stream: a content-free vector `word` [H] in place of the word embedding, plus the
