@@ -197,6 +197,10 @@ def main() -> None:
         raise SystemExit("the peer (transformers' Trainer) needs accelerate: pip install -e '.[bench]'")
     work = a.work or Path(tempfile.mkdtemp(prefix="trainer-vs-hf-"))
     work.mkdir(parents=True, exist_ok=True)
+    # our trainer resumes a run directory it finds: an old run there would be timed as a resumed, finished one
+    stale = sorted(str(d) for d in work.glob("ours-*") if d.is_dir())
+    if stale:
+        raise SystemExit(f"{work} already holds runs of an earlier benchmark ({', '.join(stale)}): give a new --work")
     tok, shards = prepare(work, a.corpus, a.vocab)
     import torch
 
