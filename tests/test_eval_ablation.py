@@ -116,6 +116,7 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
     assert report.startswith("# ") and "pretrain ablate" in report and "What this budget can and cannot show" in report
     assert "| mlm |" in report and "| none |" in report and " ± " in report and "vs none" in report
     assert "one pretraining seed per arm" in report  # the notes say what a single seed leaves out
+    assert "Run on: " in report and "not recorded" not in report and "torch " in report  # device, versions, date
     for png in ("loss_curves.png", "downstream.png", "significance.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -335,6 +336,15 @@ def test_report_notes_follow_the_numbers(tmp_path):
     assert "Pairs of pretrained arms that differ: mlm vs span" in clear
     assert "span 2.00x" in clear  # FLOPs per token relative to mlm, from the plans
     assert "No pretrained arm separates" not in clear
+    assert "Run on: not recorded" in clear  # these fake arms carry no host record
     flat = write_report(ab, _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})).read_text()
     assert "No pretrained arm separates from the random encoder" in flat and "above a random encoder" not in flat
+    assert "every arm within noise of a random encoder (mlm, span)" in flat
     assert "No pair of pretrained arms differs significantly" in flat
+    worse = _fake_results(ab, {"mlm": 0.6, "span": 0.3, "none": 0.6})
+    for state in worse.values():
+        state["host"] = {"device": "CPU: test (2 cores)", "torch": "2.x", "deepspeed": "0.y", "date": "2026-11-22"}
+    worse = write_report(ab, worse).read_text()
+    assert "below a random encoder: span -0." in worse and "within noise of it: mlm" in worse
+    assert "No pretrained arm separates from the random encoder" in worse
+    assert "Run on: CPU: test (2 cores); torch 2.x, DeepSpeed 0.y; 2026-11-22." in worse

@@ -465,6 +465,21 @@ def _final_losses(cfg: RunConfig) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in values.items() if v}
 
 
+def host_record() -> dict:
+    """Where and when an arm finished, for the report's "Run on" line."""
+    import deepspeed
+    import torch
+
+    from pretrain.train.flops import device_description
+
+    return {
+        "device": device_description(),
+        "torch": torch.__version__,
+        "deepspeed": deepspeed.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+    }
+
+
 def run_arm(ab: Ablation, arm: Arm) -> dict:
     state = read_state(arm)
     if state.get("evaluated") and evaluated(ab, state):
@@ -525,6 +540,7 @@ def run_arm(ab: Ablation, arm: Arm) -> dict:
 
     state["downstream"] = downstream(ab, arm.cfg.hf_dir, state.get("downstream"), save)
     state["eval_s"] = time.time() - started
+    state["host"] = host_record()
     state["evaluated"] = True
     write_state(arm, state)
     return state

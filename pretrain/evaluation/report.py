@@ -217,13 +217,15 @@ def notes(ab, table: dict, found: list[Comparison], pre: dict) -> list[str]:
             above = [c for c in here if c.significant and c.diff > 0]
             below = [c for c in here if c.significant and c.diff < 0]
             same = [c for c in here if not c.significant]
-            parts = []
-            if above:
-                parts.append("above a random encoder: " + ", ".join(f"{c.a} {c.interval()}" for c in above))
-            if below:
-                parts.append("below it: " + ", ".join(f"{c.a} {c.interval()}" for c in below))
-            if same:
+            parts = []  # the first part names the random encoder, the later ones say "it"
+            for group, words in ((above, "above"), (below, "below")):
+                if group:
+                    what = "a random encoder" if not parts else "it"
+                    parts.append(f"{words} {what}: " + ", ".join(f"{c.a} {c.interval()}" for c in group))
+            if same and parts:
                 parts.append("within noise of it: " + ", ".join(c.a for c in same))
+            elif same:
+                parts.append("every arm within noise of a random encoder (" + ", ".join(c.a for c in same) + ")")
             lines.append(f"{task} ({mode}, {next(iter(tasks[task].values())).metric}): " + "; ".join(parts) + ".")
     if versus and not any(c.significant and c.diff > 0 for c in versus):
         lines.append(
@@ -253,7 +255,8 @@ def notes(ab, table: dict, found: list[Comparison], pre: dict) -> list[str]:
             if auc >= 0.7
             else "it has barely begun to tell replaced tokens from real ones"
             if auc >= 0.55
-            else "it is at its base rate: it has not learned to detect replaced tokens at this budget"
+            else "it is near its base rate (below 0.55), so it has not yet learned to detect replaced tokens; "
+            "ELECTRA's discriminator can sit there for thousands of steps (benchmarks/RESULTS.md)"
         )
         lines.append(f"The ELECTRA discriminator ended pretraining at AUC {auc:.3f} (0.5 = chance): {state}.")
     if "probe" in table:
@@ -361,6 +364,19 @@ def plot_significance(found: list[Comparison], path: Path) -> None:
 # The report
 
 
+def run_on(results: dict) -> str:
+    """Devices, versions and dates of the arms (each arm records them when it finishes)."""
+    hosts = [s["host"] for s in results.values() if s.get("host")]
+    if not hosts:
+        return "Run on: not recorded (arms finished before versions that record it)."
+    devices = ", ".join(sorted({h["device"] for h in hosts}))
+    versions = ", ".join(sorted({f"torch {h['torch']}, DeepSpeed {h['deepspeed']}" for h in hosts}))
+    dates = sorted({h["date"] for h in hosts})
+    when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
+    missing = len(results) - len(hosts)
+    return f"Run on: {devices}; {versions}; {when}" + (f" ({missing} arm(s) not recorded)." if missing else ".")
+
+
 def write_report(ab, results: dict, command: str | None = None) -> Path:
     out = ab.out
     table = cells(ab, results)
@@ -377,6 +393,7 @@ def write_report(ab, results: dict, command: str | None = None) -> Path:
     lines = [f"# Pretraining-objective ablation: {ab.out.name}", ""]
     if command:
         lines += ["Made with:", "", "```bash", command, "```", ""]
+    lines += [run_on(results), ""]
     lines += [
         f"Budget: **{ab.budget_amount:g} {unit} per arm**, pretraining seeds {ab.seeds}. Shared: encoder "
         f"{b.model.num_layers} layers x {b.model.hidden_size} hidden ({b.model.num_heads} heads), sequences of "

@@ -1,4 +1,4 @@
-"""FLOPs of a training step, TFLOP/s and MFU.
+"""FLOPs of a training step, TFLOP/s and MFU, and the devices they are measured on.
 
 FLOPs are counted, not derived from a formula: torch's FlopCounterMode records the matmuls and attention of
 one real forward + backward. That stays right for every mix of objectives (sparse MLM heads, ELECTRA's
@@ -7,6 +7,8 @@ generator, PLM's second stream) without a hand-kept formula per objective.
 
 from __future__ import annotations
 
+import os
+import platform
 import re
 
 import torch
@@ -45,6 +47,20 @@ def device_peak_tflops(precision: str, override: float = 0.0) -> float | None:
         if re.search(re.escape(key).replace(r"\ ", r".*"), name, flags=re.IGNORECASE):
             return PEAK_TFLOPS[key][bits]
     return None
+
+
+def device_description() -> str:
+    """The devices this process trains on, in words: "1 x NVIDIA H100 80GB HBM3" or "CPU: AMD EPYC ... (2 cores)"."""
+    if torch.cuda.is_available():
+        return f"{torch.cuda.device_count()} x {torch.cuda.get_device_name()}"
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    model = platform.processor() or platform.machine()
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), model)
+    except OSError:
+        pass
+    return f"CPU: {model} ({cores} cores)"
 
 
 def throughput_metrics(
