@@ -348,3 +348,33 @@ def test_report_notes_follow_the_numbers(tmp_path):
     assert "below a random encoder: span -0." in worse and "within noise of it: mlm" in worse
     assert "No pretrained arm separates from the random encoder" in worse
     assert "Run on: CPU: test (2 cores); torch 2.x, DeepSpeed 0.y; 2026-11-22." in worse
+
+
+def test_report_tasks_follow_the_configs_order(tmp_path):
+    """Columns and notes list tasks as the config does, not in a set's (hash-seeded) order: same inputs, same report."""
+    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.report import cells
+
+    tasks = [make_pair_task(tmp_path / name, 4, 2) for name in ("zeta", "alpha", "mid")]
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [f"eval.tasks=[{', '.join(map(str, tasks))}]"])
+    one = _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})
+    for state in one.values():
+        (result,) = state["downstream"]["probe"].values()
+        state["downstream"]["probe"] = {name: result for name in ("mid", "alpha", "zeta")}
+    assert [list(tasks) for tasks in cells(ab, one).values()] == [["zeta", "alpha", "mid"]]
+
+
+def test_notes_say_which_uncorrected_differences_do_not_survive_holm():
+    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.report import Comparison, notes
+
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [])
+    found = [
+        Comparison("probe", "subj", "span", "none", 0.033, 0.005, 0.062, p=0.02, p_holm=0.6),
+        Comparison("probe", "subj", "mlm", "none", -0.008, -0.03, 0.01, p=0.5, p_holm=1.0),
+    ]
+    text = " ".join(notes(ab, {}, found, {}))
+    assert "Before correction, 1 of the 2 comparisons with the random encoder have a p below 0.05" in text
+    assert "span on subj (probe) +0.033" in text and "does not keep them" in text
+    found[0].p_holm = 0.04  # significant after correction: no longer a caveat
+    assert "Before correction" not in " ".join(notes(ab, {}, found, {}))

@@ -74,10 +74,12 @@ def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
     """{mode: {task: {arm: Cell}}} from the runs' downstream results (runs that failed or lack a result are left out,
     and an arm needs the same downstream seeds in all its runs)."""
     out: dict = {}
+    order = {Path(t).name: i for i, t in enumerate(ab.eval["tasks"])}
     for arm, runs in ab.groups().items():
         states = [results.get(run.name, {}) for run in runs]
         for mode in ab.eval["modes"]:
-            for task in {t for s in states for t in s.get("downstream", {}).get(mode, {})}:
+            present = {t for s in states for t in s.get("downstream", {}).get(mode, {})}
+            for task in sorted(present, key=lambda t: (order.get(t, len(order)), t)):  # the config's order
                 found = [s["downstream"][mode][task] for s in states if task in s.get("downstream", {}).get(mode, {})]
                 if len({len(r["dev_predictions"]) for r in found}) != 1:
                     continue
@@ -227,6 +229,15 @@ def notes(ab, table: dict, found: list[Comparison], pre: dict) -> list[str]:
             elif same:
                 parts.append("every arm within noise of a random encoder (" + ", ".join(c.a for c in same) + ")")
             lines.append(f"{task} ({mode}, {next(iter(tasks[task].values())).metric}): " + "; ".join(parts) + ".")
+    loose = [c for c in versus if c.p < ALPHA and not c.significant]
+    if loose:  # what an uncorrected reading would claim, and why it does not hold
+        lines.append(
+            f"Before correction, {len(loose)} of the {len(versus)} comparisons with the random encoder have a p "
+            f"below {ALPHA} ("
+            + ", ".join(f"{c.a} on {c.task} ({c.mode}) {c.diff:+.3f}" for c in loose)
+            + f"); about {len(versus) * ALPHA:.1f} would by chance alone, and Holm's correction over the report's "
+            f"{len(found)} comparisons does not keep them."
+        )
     if versus and not any(c.significant and c.diff > 0 for c in versus):
         lines.append(
             "No pretrained arm separates from the random encoder on any task and mode: at this budget these "
@@ -352,7 +363,7 @@ def plot_significance(found: list[Comparison], path: Path) -> None:
         )
     ax.set_yticks(range(len(versus)), [f"{c.a}  {c.task} ({c.mode})" for c in versus], fontsize=8)
     ax.axvline(0, color="black", lw=0.8)
-    ax.set_xlabel("score minus the random encoder's (95% paired bootstrap interval; filled: Holm p < 0.05)")
+    ax.set_xlabel("score minus the random encoder's\n(95% paired bootstrap interval; filled: Holm p < 0.05)")
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
