@@ -169,7 +169,15 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
         if world > 1:
             dist.barrier()
         summary = stage_train(cfg)
-        if rank == 0 and summary["complete"]:
+        # train.max_minutes is a budget the config sets (the demo's cap on a slow or busy machine): what it trained is
+        # exported and shown; a signal or an exit_after_steps preemption leaves only the checkpoint, to resume
+        budget_spent = summary["reason"] == "max_minutes"
+        if rank == 0 and (summary["complete"] or budget_spent):
+            if not summary["complete"]:
+                say(
+                    f"train.max_minutes={cfg.train.max_minutes:g} ended training at step {summary['step']} of "
+                    f"{cfg.train.max_steps}: exporting that checkpoint (the same command again trains on)"
+                )
             out = stage_export(cfg.run_dir)
             if demo:
                 fill_mask_demo(out)

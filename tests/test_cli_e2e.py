@@ -99,6 +99,21 @@ def test_run_interrupt_resume_export(tmp_path, small_corpus):
     assert (out / "model.safetensors").is_file() and "max |logit diff|" in proc.stderr
 
 
+def test_run_exports_what_its_time_budget_trained(tmp_path, small_corpus):
+    """train.max_minutes (the demo's cap on a slow or busy machine) ends `pretrain run` with an export and the
+    fill-mask demo of the steps it trained, not with a checkpoint alone."""
+    proc = pretrain(
+        "run",
+        "tiny",
+        *overrides(tmp_path, small_corpus, "train.max_minutes=0.0001", "wandb.mode=disabled"),
+        cwd=tmp_path,
+    )
+    run = tmp_path / "e2e"
+    assert "train.max_minutes=0.0001 ended training at step 1 of 6" in proc.stderr
+    assert (run / "checkpoints" / "latest").read_text().strip() == "step_00000001"
+    assert (run / "hf" / "model.safetensors").is_file() and "fill-mask with transformers" in proc.stdout
+
+
 def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     proc = pretrain("run", "tiny", *overrides(tmp_path, tmp_path / "missing.jsonl"), cwd=tmp_path, check_rc=2)
     assert proc.stderr.strip().startswith("error:") and "missing.jsonl" in proc.stderr
