@@ -12,6 +12,25 @@ import numpy as np
 import pytest
 import torch
 
+
+def run_cli(*args, cwd, rc=0, wait=True, wandb_mode="disabled"):
+    """`python -m pretrain.cli ARGS` in a fresh process, as a user runs it (no rank variables of a launcher around
+    it); asserts the exit status `rc` (None: any). wait=False returns the running Popen."""
+    import subprocess
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": wandb_mode, "PYTHONPATH": str(ROOT)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "pretrain.cli", *map(str, args)]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if rc is not None:
+        tails = f"stdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-4000:]}"
+        assert proc.returncode == rc, f"rc={proc.returncode}\n{tails}"
+    return proc
+
+
 # The vocabulary of the tiny random-weight models in the model, export and interop tests.
 TINY_VOCAB = 128
 

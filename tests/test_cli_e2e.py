@@ -1,32 +1,16 @@
 """End to end through the `pretrain` CLI, DeepSpeed on CPU: run, interrupt, resume, export, fill-mask;
 and bad input that fails in one line without losing what was built."""
 
+import functools
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
-
-
-def pretrain(*args, cwd, check_rc=0):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "offline", "PYTHONPATH": str(ROOT)}
-    env.pop("RANK", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pretrain.cli", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if check_rc is not None:
-        assert proc.returncode == check_rc, f"rc={proc.returncode}\nstdout:{proc.stdout}\nstderr:{proc.stderr[-4000:]}"
-    return proc
+pretrain = functools.partial(run_cli, wandb_mode="offline")  # the e2e runs keep their wandb files
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +99,17 @@ def test_run_exports_what_its_time_budget_trained(tmp_path, small_corpus):
 
 
 def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
-    proc = pretrain("run", "tiny", *overrides(tmp_path, tmp_path / "missing.jsonl"), cwd=tmp_path, check_rc=2)
+    proc = pretrain("run", "tiny", *overrides(tmp_path, tmp_path / "missing.jsonl"), cwd=tmp_path, rc=2)
     assert proc.stderr.strip().startswith("error:") and "missing.jsonl" in proc.stderr
     assert "Traceback" not in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
     empty = tmp_path / "empty.jsonl"
     empty.write_text('{"text": "   "}\n\n')
-    proc = pretrain("tokenizer", empty, "--out", tmp_path / "tok", cwd=tmp_path, check_rc=2)
+    proc = pretrain("tokenizer", empty, "--out", tmp_path / "tok", cwd=tmp_path, rc=2)
     assert "empty.jsonl" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "tok").exists()
 
-    proc = pretrain("train", "tiny", "model.hidden_size=wide", cwd=tmp_path, check_rc=2)
+    proc = pretrain("train", "tiny", "model.hidden_size=wide", cwd=tmp_path, rc=2)
     assert "model.hidden_size" in proc.stderr and "'wide'" in proc.stderr and "Traceback" not in proc.stderr
 
     # a tokenizer built, then shards fail on a bad document: the tokenizer stays, no manifest is left
@@ -142,7 +126,7 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
         "--on-bad",
         "error",
         cwd=tmp_path,
-        check_rc=2,
+        rc=2,
     )
     assert "bad.jsonl:" in proc.stderr and "UTF-8" in proc.stderr and "Traceback" not in proc.stderr
     assert (tmp_path / "tok" / "tokenizer.json").is_file()

@@ -7,13 +7,11 @@ report, and is then re-run to check that finished arms are skipped.
 
 import json
 import math
-import os
 import random
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from conftest import run_cli as pretrain
 
 from pretrain.core.errors import UserError
 
@@ -40,24 +38,6 @@ def make_pair_task(directory: Path, n_train: int = 48, n_dev: int = 24, seed: in
             rows.append(f"the {' '.join(a)} .\tthe {' '.join(b)} .\t{i % 2}")
         (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     return directory
-
-
-def pretrain(*args, cwd, check_rc=0):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    env.pop("RANK", None)
-    proc = subprocess.run(
-        [sys.executable, "-m", "pretrain.cli", *map(str, args)],
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    if check_rc is not None:
-        assert proc.returncode == check_rc, (
-            f"rc={proc.returncode}\nstdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-4000:]}"
-        )
-    return proc
 
 
 def ablation_args(tmp: Path, corpus: Path, task: Path, *extra) -> list[str]:
@@ -164,7 +144,7 @@ def test_eval_on_a_run_gives_accuracy_and_perplexity(ablation):
     assert exported["masked_tokens"] == result["masked_tokens"]
     assert exported["loss"] == pytest.approx(result["loss"], rel=1e-3)
     # longer than the model's positions: named, not an IndexError
-    proc = pretrain("eval", run, "--shards", result["shards"], "--max-seq-len", 4096, cwd=ROOT, check_rc=2)
+    proc = pretrain("eval", run, "--shards", result["shards"], "--max-seq-len", 4096, cwd=ROOT, rc=2)
     assert "--max-seq-len 4096 is longer than" in proc.stderr and "(128 positions)" in proc.stderr
 
 

@@ -5,33 +5,16 @@ per run directory, a torn metrics line blocks nothing, a full disk says so."""
 import json
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from conftest import requires_fp16
+from conftest import run_cli as pretrain
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
 pytestmark = pytest.mark.slow
-
-
-def _env():
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
-
-
-def pretrain(*args, cwd, rc=0, wait=True):
-    cmd = [sys.executable, "-m", "pretrain.cli", *map(str, args)]
-    if not wait:
-        return subprocess.Popen(cmd, cwd=cwd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    proc = subprocess.run(cmd, cwd=cwd, env=_env(), capture_output=True, text=True, timeout=600)
-    if rc is not None:
-        assert proc.returncode == rc, f"rc={proc.returncode}\n{proc.stderr[-4000:]}"
-    return proc
 
 
 def snapshot(path: Path) -> dict[str, bytes]:
