@@ -513,3 +513,30 @@ def _iter_dataset_dir(
 def describe_inputs(paths: Iterable[str]) -> str:
     """The inputs as a user typed them, for error messages."""
     return ", ".join(os.fspath(p) for p in paths) or "(no inputs)"
+
+
+_SKIP_REASONS = {  # the reasons `iter_documents` counts, as in "skipped 3 documents: 2 with invalid JSON, 1 empty"
+    "invalid_utf8": "with invalid UTF-8",
+    "invalid_json": "with invalid JSON",
+    "missing_field": "without text in field '{field}'",
+    "too_long": "over max_document_bytes",
+    "empty": "empty",
+    "no_tokens": "with no tokens",
+}
+
+
+def describe_skipped(skipped: collections.Counter, text_field: str = "text") -> str:
+    """What `iter_documents` skipped, most first, for a message: "skipped 5 documents: 3 with invalid JSON, ..."."""
+    counts = sorted(((n, reason) for reason, n in skipped.items() if n), key=lambda nr: (-nr[0], nr[1]))
+    if not counts:
+        return "the inputs hold no documents"
+    total = sum(n for n, _ in counts)
+    parts = [f"{n:,} {_SKIP_REASONS.get(r, r.replace('_', ' ')).format(field=text_field)}" for n, r in counts]
+    hints = []
+    if skipped["missing_field"]:
+        hints.append("is the text under another field? set --text-field / data.text_field")
+    if {r for _, r in counts} - {"empty", "no_tokens"}:
+        hints.append("--on-bad error (data.on_bad_document=error) stops at the first bad one, naming its file and line")
+    return f"skipped {total:,} document{'' if total == 1 else 's'}: {', '.join(parts)}" + (
+        f" ({'; '.join(hints)})" if hints else ""
+    )

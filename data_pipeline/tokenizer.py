@@ -4,23 +4,36 @@ All three kinds use the same BERT special tokens [PAD] [UNK] [CLS] [SEP] [MASK] 
 byte-level BPE, instead of RoBERTa's <s>...): the objectives and the model only ever see ids, and one set
 of names keeps configs, the trainer and exported checkpoints uniform across kinds.
 
+Sentence pairs are encoded as BERT does, [CLS] A [SEP] B [SEP] with token types 0..0 1..1 (the post-processor's pair
+template), which is what `objectives.sentence_head.assemble_pair` builds for NSP and SOP. Whether a tokenizer
+returns those types is a setting of the export (`copy_tokenizer_files`), not of the trained tokenizer: it depends on
+the HF architecture, and the trained files stay byte-identical (the run fingerprint hashes tokenizer.json).
+
 `transformers` is imported lazily: shard workers import this module and only need `tokenizer_hash`.
 """
 
 from __future__ import annotations
 
+import collections
 import itertools
 import json
 import os
 import shutil
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from data_pipeline.readers import DEFAULT_MAX_DOCUMENT_BYTES, describe_inputs, iter_documents, iter_documents_sample
-from pretrain.core.errors import DataError
+from data_pipeline.mixing import iter_documents_weighted
+from data_pipeline.readers import (
+    DEFAULT_MAX_DOCUMENT_BYTES,
+    describe_inputs,
+    describe_skipped,
+    iter_documents,
+    iter_documents_sample,
+)
+from pretrain.core.errors import DataError, UserError
 from pretrain.core.files import sha256_file
 from pretrain.core.outputs import check_not_input, claim_output, mark_output
 
@@ -161,6 +174,23 @@ def _canonical(tok, kind: str):
     return Tokenizer.from_str(json.dumps(spec))
 
 
+def _output_dir(out: Path, paths: list[str]) -> Path:
+    """The directory to (re)place, once `out` is known to hold no input, to be ours to replace (`claim_output`), and
+    not to hold the current directory: `out` itself, or the directory a symlink `out` points to (the link is kept)."""
+    check_not_input(out, {f"the corpus file {p}": p for p in paths})
+    claim_output(out, "tokenizer", "--out")
+    real = Path(os.path.realpath(out))
+    cwd = Path.cwd().resolve()
+    if real == cwd or real in cwd.parents:
+        # Swapping in the new directory renames this one away: the shell would be left in a deleted directory.
+        where = "is" if real == cwd else "holds"
+        raise UserError(
+            f"--out {out} {where} the current directory, which a new tokenizer replaces as a whole: name a "
+            f"directory for it, e.g. --out {out / 'tokenizer'}"
+        )
+    return real
+
+
 def train_tokenizer(
     paths: list[str],
     out_dir: str | os.PathLike,
@@ -174,33 +204,44 @@ def train_tokenizer(
     show_progress: bool = True,
     on_bad: str = "skip",
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    sources: list[tuple[list, float]] | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a tokenizer on the corpus, streamed, into `out_dir`. The same corpus and settings give byte-identical
     files.
+
+    `sources`: the corpus as weighted sources, (inputs, weight) each, `paths` being all their inputs; with
+    sample_docs > 0 each source gives its weight's share of the documents (`mixing.iter_documents_weighted`).
 
     sample_docs > 0 trains on about that many documents spread over all inputs (the first
     ceil(sample_docs / inputs) of each): a vocabulary converges long before a large corpus ends, and only
     the sampled part of each file is read. Memory is the trainer's word counts, not the corpus.
 
     `out_dir` must be absent, empty or a tokenizer directory of ours (`pretrain.core.outputs.claim_output`), and hold no
-    input. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and renamed into place.
+    input, nor the current directory. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and
+    renamed into place. A symlink `out_dir` is written through: its target is replaced, the link kept.
     """
     from tokenizers import processors
     from transformers import PreTrainedTokenizerFast
 
-    out = Path(out_dir)
-    check_not_input(out, {f"the corpus file {p}": p for p in paths})
-    claim_output(out, "tokenizer", "--out")
+    out = _output_dir(Path(out_dir), paths)
     tok, trainer_cls, options = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
 
-    def documents():
-        return iter_documents_sample(paths, sample_docs, **read) if sample_docs > 0 else iter_documents(paths, **read)
+    def documents(skipped=None):
+        if sample_docs > 0 and sources:
+            groups, weights = [g for g, _ in sources], [w for _, w in sources]
+            return iter_documents_weighted(groups, weights, sample_docs, skipped=skipped, **read)
+        if sample_docs > 0:
+            return iter_documents_sample(paths, sample_docs, skipped=skipped, **read)
+        return iter_documents(paths, skipped=skipped, **read)
 
-    docs = documents()
+    skipped: collections.Counter = collections.Counter()
+    docs = documents(skipped)
     first = next(docs, None)
-    if first is None:
-        raise DataError(f"empty corpus: no usable documents in {describe_inputs(paths)}")
+    if first is None:  # every input was read through: the counts say why nothing was left
+        raise DataError(
+            f"empty corpus: no usable documents in {describe_inputs(paths)}: {describe_skipped(skipped, text_field)}"
+        )
     specials = list(SPECIALS)
     if kind == "wordpiece":
         specials += _continuation_alphabet(kind, lowercase, strip_accents, _training_text(documents()))
@@ -260,14 +301,44 @@ TOKENIZER_FILES = (
 )
 
 
-def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """The tokenizer's own files, unchanged, into `dest` (checkpoints and exports carry the tokenizer): not our
-    output marker, nor the weights of a checkpoint directory that doubles as the tokenizer directory."""
+# HF architectures whose models add segment (token type) embeddings, and whose tokenizers return token_type_ids for
+# a pair as BertTokenizer does (transformers 5's AlbertTokenizer stopped, huggingface/transformers#48128; 4.x did).
+# RoBERTa's and ModernBERT's tokenizers return none: RoBERTa was pretrained without segments, ModernBERT has no types.
+TOKEN_TYPE_ARCHS = ("bert", "albert", "electra")
+MODEL_INPUTS = ["input_ids", "token_type_ids", "attention_mask"]
+
+
+def takes_token_types(model_type: str | None, type_vocab_size: int = 2) -> bool:
+    """Whether a tokenizer for this HF architecture should return token_type_ids: an architecture with segment
+    embeddings and room for type 1 (with one type, B's ones would index past the table). None: unknown, as BERT."""
+    return (model_type is None or model_type in TOKEN_TYPE_ARCHS) and type_vocab_size > 1
+
+
+def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike, hf_config: Any = None) -> None:
+    """The tokenizer's own files into `dest` (exports carry the tokenizer): not our output marker, nor the weights of
+    a checkpoint directory that doubles as the tokenizer directory. Unchanged but for `model_input_names` in
+    tokenizer_config.json, which decides whether transformers returns token_type_ids (`takes_token_types` of
+    `hf_config`, the export's transformers config: its model_type and type_vocab_size; None: as BERT)."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
         if (Path(tokenizer_dir) / name).is_file():
             shutil.copy2(Path(tokenizer_dir) / name, dest / name)
+    model_type = getattr(hf_config, "model_type", None) if hf_config is not None else None
+    type_vocab_size = getattr(hf_config, "type_vocab_size", 2) if hf_config is not None else 2
+    set_model_inputs(dest, takes_token_types(model_type, type_vocab_size))
+
+
+def set_model_inputs(directory: str | os.PathLike, token_types: bool) -> None:
+    """Record in `directory`'s tokenizer_config.json whether the tokenizer returns token_type_ids. Its class's default
+    would decide otherwise: transformers 5's generic TokenizersBackend (what ours load as) returns none, so a pair
+    reached a BERT as one segment, B typed 0 like A."""
+    path = Path(directory) / "tokenizer_config.json"
+    config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    config["model_input_names"] = [n for n in MODEL_INPUTS if token_types or n != "token_type_ids"]
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerFast:

@@ -31,6 +31,53 @@ def run_cli(*args, cwd, rc=0, wait=True, wandb_mode="disabled"):
     return proc
 
 
+# ----------------------------------------------------------------------------------------------
+# Tiny runs through the CLI, as a user makes them
+
+CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"  # the embedded corpus
+
+
+def small_corpus(directory: Path, lines: slice = slice(0, 20), name: str = "speeches.jsonl") -> Path:
+    """A corpus file of a few documents of the embedded corpus (20 by default): enough for the tiny preset."""
+    path = Path(directory) / name
+    path.write_text("\n".join(CORPUS.read_text().splitlines()[lines]) + "\n")
+    return path
+
+
+def run_args(out, corpus, *extra) -> list[str]:
+    """A `tiny` run of 3 steps with 1 layer named r in `out` on `corpus` (a checkpoint at step 3, a metrics line per
+    step); `extra` overrides come last and win (e.g. "name=other")."""
+    return [
+        "tiny",
+        f"output_dir={out}",
+        "name=r",
+        f"data.corpus=[{corpus}]",
+        "data.vocab_size=512",
+        "data.num_workers=0",
+        "model.num_layers=1",
+        "train.max_steps=3",
+        "train.save_every=3",
+        "train.log_every=1",
+        "train.warmup_steps=1",
+        *extra,
+    ]
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under `path` with its bytes (what 'left untouched' means; the lock records its last holder)."""
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
+
+
+def one_line_error(proc, *needles):
+    """The command failed with one `error:` line (no traceback) holding every needle."""
+    err = proc.stderr.strip()
+    assert err.splitlines()[-1].startswith("error:") and "Traceback" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in err, (needle, err[-3000:])
+
+
 # The vocabulary of the tiny random-weight models in the model, export and interop tests.
 TINY_VOCAB = 128
 

@@ -109,13 +109,13 @@ def test_hf_to_ours_to_hf_round_trip(model, export_dir):
         assert torch.equal(fresh.state_dict()[name], tensor), name
 
 
-def test_export_over_existing_dir_is_clean(model, tokens, tokenizer_dir, tmp_path):
+def test_export_over_existing_dir_replaces_only_its_files(model, tokens, tokenizer_dir, tmp_path):
     out = tmp_path / "hf"
     export_pretrained(model, tokens, tokenizer_dir, out, {})
     (out / "stale.txt").write_text("from an older export")
     (tmp_path / ".tmp-hf").mkdir()  # as if an earlier export had crashed half-way
     result = export_pretrained(model, tokens, tokenizer_dir, out, CARD)
-    assert result == out and not (out / "stale.txt").exists()
+    assert result == out and (out / "stale.txt").read_text() == "from an older export"  # kept: not the export's
     assert "789" in (out / "README.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no .tmp- or .old- leftovers
     assert {"config.json", "model.safetensors", "README.md", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}

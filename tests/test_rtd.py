@@ -286,7 +286,7 @@ def test_stage_export_dispatches_on_rtd(tokens, tokenizer_dir, tmp_path, monkeyp
     monkeypatch.setattr(
         stages,
         "load_checkpoint_model",
-        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}),
+        lambda path, ema=True: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}),
     )
     demo_dir = stages.stage_export(tmp_path / "electra")
     assert demo_dir == cfg.hf_dir / "generator"

@@ -9,26 +9,12 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import requires_fp16
+from conftest import one_line_error, requires_fp16, run_args, snapshot
 from conftest import run_cli as pretrain
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
 pytestmark = pytest.mark.slow
-
-
-def snapshot(path: Path) -> dict[str, bytes]:
-    """Every file under `path` with its bytes (what 'left untouched' means; the lock records its last holder)."""
-    return {
-        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file() and p.name != ".lock"
-    }
-
-
-def one_line_error(proc, *needles):
-    err = proc.stderr.strip()
-    assert err.splitlines()[-1].startswith("error:") and "Traceback" not in err, err[-3000:]
-    for needle in needles:
-        assert needle in err, (needle, err[-3000:])
 
 
 @pytest.fixture(scope="module")
@@ -37,23 +23,6 @@ def corpus(tmp_path_factory):
     (d / "speeches.jsonl").write_text("\n".join(CORPUS.read_text().splitlines()[:20]) + "\n")
     (d / "notes.txt").write_text("the user's own notes\n")
     return d / "speeches.jsonl"
-
-
-def run_args(tmp, corpus, *extra):
-    return [
-        "tiny",
-        f"output_dir={tmp}",
-        "name=r",
-        f"data.corpus=[{corpus}]",
-        "data.vocab_size=512",
-        "data.num_workers=0",
-        "model.num_layers=1",
-        "train.max_steps=3",
-        "train.save_every=3",
-        "train.log_every=1",
-        "train.warmup_steps=1",
-        *extra,
-    ]
 
 
 @pytest.fixture(scope="module")

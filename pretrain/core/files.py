@@ -17,17 +17,28 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 20) -> str:
     return h.hexdigest()
 
 
+def _replace_from_tmp(path: Path, tmp: Path, write) -> None:
+    """`write(file)` into `tmp`, then rename it over `path`; a failed write (a full disk) leaves no `tmp` behind."""
+    try:
+        with open(tmp, "w") as f:
+            write(f)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
 def write_atomic(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(text)
-    os.replace(tmp, path)
+    path = Path(path)
+    _replace_from_tmp(path, path.with_name(f".{path.name}.tmp-{os.getpid()}"), lambda f: f.write(text))
 
 
 def write_json_atomic(path: Path, obj: dict, sync: bool = True) -> None:
-    tmp = path.with_name(f"{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
+    def write(f) -> None:
         json.dump(obj, f, indent=1)
         if sync:
             f.flush()
             os.fsync(f.fileno())
-    os.replace(tmp, path)
+
+    path = Path(path)
+    _replace_from_tmp(path, path.with_name(f"{path.name}.tmp-{os.getpid()}"), write)

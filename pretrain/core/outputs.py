@@ -18,6 +18,7 @@ import json
 import os
 import re
 import socket
+import sys
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -26,7 +27,7 @@ from pretrain.core.errors import UserError
 
 MARKER = ".bert-pretrain.json"
 LOCK = ".lock"
-KINDS = ("run", "tokenizer", "shards", "export", "ablation")
+KINDS = ("run", "tokenizer", "shards", "export", "ablation", "compare", "sentence-transformers")
 
 _TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -110,6 +111,9 @@ _SIGNATURES: dict[str, tuple[Callable[[str], bool], Callable[[Path], bool]]] = {
                 "eval",
                 "inspect",
                 "state.json",
+                "provenance.json",
+                "tensorboard",
+                "sentence-transformers",
                 LOCK,
             }
         ),
@@ -134,6 +138,9 @@ _SIGNATURES: dict[str, tuple[Callable[[str], bool], Callable[[Path], bool]]] = {
         ),
         _ablation_signature,
     ),
+    # Newer than the marker: a directory of these kinds without it is never ours
+    "compare": (lambda n: False, lambda path: False),
+    "sentence-transformers": (lambda n: False, lambda path: False),
 }
 
 
@@ -249,3 +256,67 @@ def exclusive(directory: Path, doing: str, hint: str = "") -> Iterator[None]:
     finally:
         del _held[directory]
         f.close()  # releases the flock (the kernel does the same if we die)
+
+
+# ----------------------------------------------------------------------------------------------
+# Readers and the one process that deletes, or one writer that may wait: an flock on the directory itself (its own
+# descriptor, so no file is added and a read-only directory can still be locked by a reader)
+
+
+def _open_dir(directory: Path) -> int | None:
+    try:
+        return os.open(directory, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:  # absent (nothing to protect yet) or unreadable: no lock
+        return None
+
+
+@contextlib.contextmanager
+def _dir_flock(directory: Path, operation: int, on_wait: Callable[[], None] | None = None) -> Iterator[bool]:
+    """Hold `operation` (LOCK_SH / LOCK_EX) on the directory for the body, waiting for it unless `on_wait` is None;
+    yields False when it did not wait and the lock is taken. A file system without flock (or an absent directory)
+    is not locked: True, as before the lock existed."""
+    fd = _open_dir(Path(directory))
+    held = True
+    if fd is not None:
+        try:
+            fcntl.flock(fd, operation | fcntl.LOCK_NB)
+        except BlockingIOError:
+            held = on_wait is not None
+            if held:
+                on_wait()
+                fcntl.flock(fd, operation)
+        except OSError:
+            pass
+    try:
+        yield held
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the flock (the kernel does the same if we die)
+
+
+@contextlib.contextmanager
+def shared(directory: Path) -> Iterator[None]:
+    """Hold a shared flock on `directory` for the body: a process that deletes in it (`exclusive_if_free`) leaves
+    it alone meanwhile. Readers never exclude one another; they wait only while a deletion is under way (brief)."""
+    with _dir_flock(directory, fcntl.LOCK_SH, on_wait=lambda: None):
+        yield
+
+
+@contextlib.contextmanager
+def exclusive_if_free(directory: Path) -> Iterator[bool]:
+    """Try, without waiting, to hold `directory` exclusively: yields True when held (no reader holds `shared`), False
+    when a reader does, so the caller can put off what would disturb it. Never blocks."""
+    with _dir_flock(directory, fcntl.LOCK_EX) as held:
+        yield held
+
+
+@contextlib.contextmanager
+def exclusive_waiting(directory: Path, doing: str) -> Iterator[None]:
+    """Hold `directory` exclusively for the body, waiting (and saying so) while another process holds it: for
+    short writes that should queue, not fail (two exports into one directory)."""
+
+    def say() -> None:
+        print(f"another process is {doing} in {directory}: waiting for it to finish", file=sys.stderr, flush=True)
+
+    with _dir_flock(directory, fcntl.LOCK_EX, on_wait=say):
+        yield

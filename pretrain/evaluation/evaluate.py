@@ -9,6 +9,7 @@ masked-LM pseudo-perplexity, not a left-to-right one.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import inspect
 import json
@@ -119,15 +120,19 @@ def evaluate_mlm(
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
     from objectives.mlm import MaskedLM, MLMOptions
+    from pretrain.train.checkpoint import reading_checkpoints
 
     torch.manual_seed(seed)
-    logits_fn, tokenizer_dir, description, limit = load_target(target)
-    if limit is not None and max_seq_len > limit:
-        raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
-    cache_root = Path(target) if not _is_hf_dir(Path(target)) else Path(target).parent
-    shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
-    tokens = special_tokens(load_tokenizer(tokenizer_dir))
-    shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
+    hf_dir = _is_hf_dir(Path(target))
+    # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
+    with contextlib.nullcontext() if hf_dir else reading_checkpoints(target):
+        logits_fn, tokenizer_dir, description, limit = load_target(target)
+        if limit is not None and max_seq_len > limit:
+            raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
+        cache_root = Path(target) if not hf_dir else Path(target).parent
+        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
+        tokens = special_tokens(load_tokenizer(tokenizer_dir))
+        shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
     samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep)
     n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
     if n == 0:

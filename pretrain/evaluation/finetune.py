@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
 from pretrain.core.errors import UserError
 
 csv.field_size_limit(1 << 24)
@@ -231,9 +232,26 @@ def _autocast():
     )
 
 
-def _encode(tokenizer, split, max_seq_len: int) -> dict[str, torch.Tensor]:
+def _token_types(config) -> bool | None:
+    """Whether to ask the tokenizer for token_type_ids: yes for a model with segment embeddings, which would otherwise
+    read a pair's B as type 0 (exports from before tokenizer_config.json said so, and transformers 5's ALBERT
+    tokenizer, return none); no where the model has one type. Other models: the tokenizer's own choice."""
+    if config.model_type not in TOKEN_TYPE_ARCHS:
+        return None
+    return takes_token_types(config.model_type, getattr(config, "type_vocab_size", 2))
+
+
+def _encode(tokenizer, split, max_seq_len: int, config) -> dict[str, torch.Tensor]:
     first, second, _ = split
-    return tokenizer(first, second, truncation=True, max_length=max_seq_len, padding=True, return_tensors="pt")
+    return tokenizer(
+        first,
+        second,
+        truncation=True,
+        max_length=max_seq_len,
+        padding=True,
+        return_tensors="pt",
+        return_token_type_ids=_token_types(config),
+    )
 
 
 def _batches(n: int, batch_size: int, generator: torch.Generator | None = None):
@@ -267,7 +285,7 @@ def encoder_features(
     encoder.eval().to(device())
     out = []
     for split_name, split in (("train", task.train), ("dev", task.dev)):
-        enc = _encode(tokenizer, split, max_seq_len)
+        enc = _encode(tokenizer, split, max_seq_len, cls_model.config)
         feats = []
         for idx in tqdm(
             list(_batches(len(split[0]), batch_size)),
@@ -349,7 +367,7 @@ def train_full(
     gen = torch.Generator().manual_seed(seed)
     tokenizer, model = load_model(model_dir, task.num_labels, task.kind, random_init)
     model.to(device())
-    train_enc, dev_enc = _encode(tokenizer, task.train, max_seq_len), _encode(tokenizer, task.dev, max_seq_len)
+    train_enc, dev_enc = (_encode(tokenizer, split, max_seq_len, model.config) for split in (task.train, task.dev))
     y = torch.tensor(task.train[2])
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
     total = max(1, epochs * math.ceil(len(y) / batch_size))

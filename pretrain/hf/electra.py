@@ -16,6 +16,7 @@ The encoder's names are BERT's with `bert.` read as `electra.`: one table per mo
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -140,9 +141,11 @@ def export_electra(
     out_dir: str | Path,
     card: dict,
     inputs: dict[str, Path] | None = None,
+    check: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Write out_dir (discriminator) and out_dir/generator, each config + safetensors + tokenizer + README,
-    swapped into place at once; returns out_dir."""
+    written in full (and checked by `check`, e.g. `lambda d: verify_electra_export(model, d)`) before they
+    replace the previous export's files (`write_hf_dir`); returns out_dir."""
     tokenizer_dir, out_dir = check_tokenizer_dir(tokenizer_dir), Path(out_dir)
     gen_cfg = rtd_head(model).generator.config
     disc_state, gen_state = to_hf_electra_state_dicts(model)
@@ -171,6 +174,7 @@ def export_electra(
         ],
         tokenizer_dir,
         inputs,
+        check,
     )
 
 

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import copy
 import datetime
+import errno
 import json
+import os
 import shutil
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,10 +32,10 @@ import yaml
 from safetensors.torch import save_file
 from torch import nn
 
-from data_pipeline.tokenizer import copy_tokenizer_files
+from data_pipeline.tokenizer import TOKENIZER_FILES, copy_tokenizer_files
 from pretrain.core.config import ModelConfig
 from pretrain.core.errors import UserError
-from pretrain.core.outputs import check_not_input, claim_output, mark_output, marked_kind
+from pretrain.core.outputs import MARKER, check_not_input, claim_output, exclusive_waiting, mark_output, marked_kind
 from pretrain.core.tokens import SpecialTokens
 from pretrain.hf import interop as hf
 
@@ -159,9 +162,15 @@ def model_card(
     return "\n".join(lines)
 
 
+# What an export writes into its directory; on a re-export these are replaced (or removed when the new export has no
+# such entry, e.g. generator/ after an ELECTRA export) and every other entry, the user's, is left alone.
+EXPORT_ENTRIES = frozenset({*TOKENIZER_FILES, "config.json", "model.safetensors", "README.md", "generator", MARKER})
+TMP = ".tmp-export"  # inside the export directory: the same file system, and no need to write to its parent
+
+
 def _remove_leftover(path: Path) -> None:
-    """A temporary directory a crashed export left beside the output: removed only if it carries our marker (or is
-    empty: a crash before the marker was written)."""
+    """A temporary directory a crashed export left: removed only if it carries our marker (or is empty: a crash
+    before the marker was written)."""
     if path.exists():
         if marked_kind(path) != "export" and any(path.iterdir()):
             raise UserError(
@@ -171,15 +180,48 @@ def _remove_leftover(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _replace_dir(tmp: Path, out_dir: Path) -> None:
-    """Swap a finished `tmp` into place: at every instant out_dir is either the old or the new export."""
-    old = out_dir.parent / (".old-" + out_dir.name)
-    _remove_leftover(old)
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    if old.exists():
-        shutil.rmtree(old)
+def _install(new: Path, dest: Path) -> None:
+    """Move each entry the export wrote from `new` into `dest`, file by file (each os.replace atomic), and take
+    away the entries an earlier export wrote that this one does not; whatever else `dest` holds stays."""
+    dest.mkdir(exist_ok=True)
+    written = sorted(new.iterdir())
+    for entry in written:
+        if entry.name == MARKER:
+            continue  # `dest` is marked already; the temporary directory keeps its own until it goes
+        target = dest / entry.name
+        if entry.is_dir():
+            if target.is_symlink() or (target.exists() and not target.is_dir()):
+                target.unlink()
+            _install(entry, target)
+        else:
+            if target.is_dir() and not target.is_symlink():
+                shutil.rmtree(target)
+            os.replace(entry, target)
+    for stale in EXPORT_ENTRIES - {MARKER} - {p.name for p in written}:
+        _remove_ours(dest / stale)
+
+
+def _remove_ours(path: Path) -> None:
+    """Remove an entry an earlier export wrote, keeping what the user put inside it (then the folder stays)."""
+    if path.is_dir() and not path.is_symlink():
+        for inner in EXPORT_ENTRIES & {p.name for p in path.iterdir()}:
+            _remove_ours(path / inner)
+        if not any(path.iterdir()):
+            path.rmdir()
+    elif path.is_file() or path.is_symlink():
+        path.unlink()
+
+
+def _remove_old_leftovers(out_dir: Path) -> None:
+    """What an earlier version, which swapped whole directories, left beside out_dir when it crashed: only
+    directories of ours (marked, or empty), never a link (that version renamed a symlinked --out to .old-NAME)."""
+    for name in (".tmp-" + out_dir.name, ".old-" + out_dir.name):
+        path = out_dir.parent / name
+        try:
+            if path.is_dir() and not path.is_symlink() and (marked_kind(path) == "export" or not any(path.iterdir())):
+                shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # tidying only: the export itself is done
+            pass
 
 
 def write_hf_dir(
@@ -187,29 +229,50 @@ def write_hf_dir(
     parts: list[tuple[str, Any, dict[str, torch.Tensor], str]],
     tokenizer_dir: Path,
     inputs: dict[str, Path] | None = None,
+    check: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Write each part (subdirectory, HF config, HF state dict, README text) with the tokenizer files into a
-    temporary directory, then swap it into place: at every instant out_dir is the old or the new export.
+    temporary directory, run `check` on it (the parity check: it raises if the export does not reproduce the
+    model), and only then move the new files into out_dir, over the previous export's; files the export does not
+    write (the user's notes, a fine-tuned model in a subfolder) are kept. A failure before that move, the check's
+    included, leaves out_dir as it was. Returns out_dir, symlinks resolved (a link is written through, and kept).
 
     out_dir must be absent, empty or an export of ours (`outputs.claim_output`), and neither one of `inputs`
     (description -> path; the tokenizer directory always counts) nor a directory holding one."""
-    out_dir = Path(out_dir)
-    check_not_input(out_dir, {**(inputs or {}), "the tokenizer directory": tokenizer_dir})
-    claim_output(out_dir, "export", "--out")
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / (".tmp-" + out_dir.name)
-    _remove_leftover(tmp)  # left by an export that crashed
-    mark_output(tmp, "export")
+    given = Path(out_dir)
+    check_not_input(given, {**(inputs or {}), "the tokenizer directory": tokenizer_dir})
+    claim_output(given, "export", "--out")
+    out_dir = given.resolve()  # `.`, `..` and symlinks: the directory the user means, written in place
+    created = not out_dir.exists()
     try:
-        for sub, config, state, readme in parts:
-            where = tmp / sub
-            copy_tokenizer_files(tokenizer_dir, where)
-            config.save_pretrained(where)  # writes config.json
-            save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # "pt": what HF's loader expects
-            (where / "README.md").write_text(readme)
-        _replace_dir(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        with exclusive_waiting(out_dir, "exporting"):
+            mark_output(out_dir, "export")
+            tmp = out_dir / TMP
+            _remove_leftover(tmp)  # left by an export that crashed
+            mark_output(tmp, "export")
+            try:
+                for sub, config, state, readme in parts:
+                    where = tmp / sub
+                    copy_tokenizer_files(tokenizer_dir, where, config)  # pairs typed as this architecture's
+                    config.save_pretrained(where)  # writes config.json
+                    save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
+                    (where / "README.md").write_text(readme)
+                if check is not None:
+                    check(tmp)
+                _install(tmp, out_dir)
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            _remove_old_leftovers(out_dir)
+    except BaseException as err:
+        if created and out_dir.is_dir() and not [p for p in out_dir.iterdir() if p.name != MARKER]:
+            shutil.rmtree(out_dir, ignore_errors=True)  # nothing exported: leave no trace of the attempt
+        if isinstance(err, ExportError):
+            raise ExportError(f"{err}; nothing was written to {given}, which is as it was") from None
+        if isinstance(err, OSError) and err.errno != errno.ENOSPC:  # a full disk has its own message in the CLI
+            raise UserError(
+                f"cannot export to --out {given}: {err.strerror or err} ({err.filename or out_dir})"
+            ) from None
         raise
     return out_dir
 
@@ -229,10 +292,12 @@ def export_pretrained(
     card: dict,
     arch: str | None = None,
     inputs: dict[str, Path] | None = None,
+    check: Callable[[Path], Any] | None = None,
 ) -> Path:
     """Write a `from_pretrained`-loadable directory (config, safetensors, tokenizer, README) of the HF class
     `select_architecture` picks for this model (`arch` forces bert / roberta / albert / modernbert); returns
-    it. ELECTRA (rtd) runs: `pretrain.hf.electra.export_electra`."""
+    it. `check` runs on the finished export before it replaces anything (`write_hf_dir`), e.g.
+    `lambda d: verify_export(model, d)`. ELECTRA (rtd) runs: `pretrain.hf.electra.export_electra`."""
     tokenizer_dir, out_dir = check_tokenizer_dir(tokenizer_dir), Path(out_dir)
     target = hf.select_architecture(model, arch)
     if target.arch == "electra":
@@ -245,7 +310,7 @@ def export_pretrained(
     num_params = sum(t.numel() for t in state.values())  # tied decoder not in `state`: counted once
     card = {**card, "notes": list(card.get("notes") or []) + list(target.notes)}
     readme = model_card(model.config, num_params, card, target.hf_class, target.arch)
-    return write_hf_dir(out_dir, [("", config, state, readme)], tokenizer_dir, inputs)
+    return write_hf_dir(out_dir, [("", config, state, readme)], tokenizer_dir, inputs, check)
 
 
 # ----------------------------------------------------------------------------------------------

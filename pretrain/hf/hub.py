@@ -27,8 +27,11 @@ def check_hub_token(repo_id: str) -> str:
 
 
 def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> str:
-    """Upload an export directory to the model repo `repo_id` (created if missing); returns its URL."""
+    """Upload an export directory to the model repo `repo_id` (created if missing); returns its URL. Only the files
+    the export wrote go up: what the user keeps beside them in the directory (notes, a fine-tuned model) stays."""
     import huggingface_hub
+
+    from pretrain.hf.export import EXPORT_ENTRIES
 
     token = token or check_hub_token(repo_id)
     api = huggingface_hub.HfApi(token=token)
@@ -37,6 +40,7 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
         repo_id=repo_id,
         folder_path=str(folder),
         repo_type="model",
+        allow_patterns=[p for name in sorted(EXPORT_ENTRIES - {MARKER}) for p in (name, f"{name}/*")],
         ignore_patterns=[f"**/{MARKER}", MARKER],
         commit_message=f"Upload {Path(folder).name} exported by pretrain",
     )

@@ -96,17 +96,43 @@ def verify_integrity(path: Path) -> None:
             raise UserError(f"checkpoint file {file} is corrupt (sha256 mismatch)")
 
 
-def latest_checkpoint(root: Path) -> Path | None:
-    """The checkpoint directory the `latest` pointer names, or None when there is none yet. If the user moved that
-    checkpoint away (as a damaged checkpoint's message suggests), the newest complete one before it."""
-    pointer = Path(root) / LATEST
-    if not pointer.is_file():
+def _complete(path: Path) -> bool:
+    """Written to the end: its integrity record is the last file a checkpoint gets."""
+    return (path / INTEGRITY).is_file() and (path / "trainer_state.json").is_file()
+
+
+def _read_pointer(pointer: Path) -> str | None:
+    """The tag `latest` names, or None when it is absent, empty, unreadable or not a checkpoint tag."""
+    try:
+        tag = pointer.read_text().strip()
+    except (OSError, UnicodeDecodeError):
         return None
-    tag = pointer.read_text().strip()
-    path = Path(root) / tag
+    return tag if _TAG.match(tag) else None
+
+
+def latest_checkpoint(root: Path) -> Path | None:
+    """The checkpoint directory the `latest` pointer names, or None when the run has none yet. If the user moved that
+    checkpoint away (as a damaged checkpoint's message suggests), the newest complete one before it.
+
+    Checkpoints without a readable `latest` are never taken for a fresh start (that would cut metrics.jsonl back and
+    rotate the checkpoints away): a UserError names the newest complete one and the command that resumes from it."""
+    root = Path(root)
+    pointer = root / LATEST
+    tag = _read_pointer(pointer)
+    if tag is None:
+        complete = [c for c in all_checkpoints(root) if _complete(c)]
+        if not complete:
+            return None  # a fresh run (or one killed while writing its first checkpoint: nothing to keep)
+        state = "missing" if not pointer.exists() else "empty or unreadable"
+        raise UserError(
+            f"{pointer} is {state}, but {root} holds {len(complete)} complete checkpoint(s), the newest "
+            f"{complete[-1].name}. Nothing was changed. To resume from it: echo {complete[-1].name} > {pointer} "
+            "and run the same command again; to start over, use another run name (name=...)"
+        )
+    path = root / tag
     if (path / "trainer_state.json").is_file():
         return path
-    earlier = [c for c in all_checkpoints(root) if c.name < tag and (c / INTEGRITY).is_file()]
+    earlier = [c for c in all_checkpoints(root) if c.name < tag and _complete(c)]
     if not path.exists() and earlier:
         print(
             f"{path} is gone: continuing from {earlier[-1].name}, the newest complete checkpoint before it",
@@ -168,9 +194,18 @@ def _disk_full(err: BaseException, root: Path, previous: Path | None) -> str | N
     )
 
 
-def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer_dir: Path, keep: int) -> Path:
+def save_checkpoint(
+    engine,
+    root: Path,
+    state: dict,
+    config_text: str,
+    tokenizer_dir: Path,
+    keep: int,
+    extra: dict[str, dict[str, torch.Tensor]] | None = None,
+) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory. A rank that fails to write (a full disk)
-    fails every rank, and the half-written directory goes: `latest` still names the previous checkpoint."""
+    fails every rank, and the half-written directory goes: `latest` still names the previous checkpoint. `extra`:
+    more files of tensors (name -> state) that rank 0 writes, such as the weight EMA (the same on every rank)."""
     from pretrain.train.distributed import any_rank
 
     root = Path(root)
@@ -194,6 +229,8 @@ def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer
                 from data_pipeline.tokenizer import copy_tokenizer_files
 
                 copy_tokenizer_files(tokenizer_dir, path / "tokenizer")
+            for name, tensors in (extra or {}).items():
+                torch.save(tensors, path / name)
             write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
     except (OSError, RuntimeError) as err:
         failure = err
@@ -210,10 +247,76 @@ def save_checkpoint(engine, root: Path, state: dict, config_text: str, tokenizer
     if rank == 0:
         write_integrity(path)
         write_atomic(root / LATEST, tag)
-        for old in all_checkpoints(root)[:-keep] if keep > 0 else []:
-            shutil.rmtree(old, ignore_errors=True)
+        rotate(root, keep)
     _barrier()
     return path
+
+
+def rotate(root: Path, keep: int) -> None:
+    """Delete all but the newest `keep` checkpoints, unless a reader (`pretrain export`, `eval`) holds `root`
+    (`reading_checkpoints`): then leave them for the next save, which deletes every one past `keep`. Never waits,
+    so an export cannot stall or break training."""
+    from pretrain.core.outputs import exclusive_if_free
+
+    old = all_checkpoints(root)[:-keep] if keep > 0 else []
+    if not old:
+        return
+    with exclusive_if_free(root) as free:
+        if free:
+            for path in old:
+                shutil.rmtree(path, ignore_errors=True)
+
+
+def checkpoints_root(run_or_checkpoint: str | Path) -> Path:
+    """The directory whose checkpoints `resolve_checkpoint(run_or_checkpoint)` chooses among, where `rotate`
+    deletes: <run>/checkpoints for a run, the parent of a checkpoint directory, else the path itself."""
+    path = Path(run_or_checkpoint)
+    if (path / "trainer_state.json").is_file():
+        return path.parent
+    return path / "checkpoints" if (path / "checkpoints").is_dir() else path
+
+
+def run_of(source: str | Path) -> Path | None:
+    """The run directory `source` belongs to as the user has it now (copied or moved since, not where its config
+    says it was trained): a run directory itself, its checkpoints/ directory, or a checkpoint directory in it;
+    None for a checkpoint directory outside any run."""
+    from pretrain.core.outputs import marked_kind
+
+    source = Path(source).resolve()
+    if (source / "trainer_state.json").is_file():  # <run>/checkpoints/step_X, or a checkpoint on its own
+        run = source.parent.parent if source.parent.name == "checkpoints" else None
+    elif source.name == "checkpoints" and not (source / "checkpoints").is_dir():
+        run = source.parent
+    else:
+        return source  # a run directory (or nothing loadable: loading it says what is wrong)
+    if run is None or not (marked_kind(run) == "run" or (run / "config.yaml").is_file()):
+        return None
+    return run
+
+
+@contextmanager
+def reading_checkpoints(run_or_checkpoint: str | Path):
+    """Hold the checkpoints of a run (or a checkpoint's siblings) shared for the body: a trainer saving into it
+    meanwhile keeps them instead of rotating them away under the reader. Resolve the checkpoint inside, not
+    before: `latest` may move on until the lock is held."""
+    from pretrain.core.outputs import shared
+
+    with shared(checkpoints_root(run_or_checkpoint)):
+        yield
+
+
+def load_ema(path: Path) -> dict[str, torch.Tensor] | None:
+    """The weight EMA a checkpoint holds (`pretrain.train.ema`), or None; loaded as tensors only."""
+    from pretrain.train.ema import EMA_FILE
+
+    file = Path(path) / EMA_FILE
+    if not file.is_file():
+        return None
+    with weights_only_loads(path):
+        saved = torch.load(file, map_location="cpu")
+    if not isinstance(saved, dict) or not all(isinstance(v, torch.Tensor) for v in saved.values()):
+        raise UserError(f"{file} does not hold the EMA weights this tool writes")
+    return saved
 
 
 def needs_universal(path: Path, world_size: int) -> bool:
@@ -282,7 +385,10 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> dict:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
     rng_file = path / f"rng_rank{rank}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
-        rng = torch.load(rng_file, weights_only=True)
+        with weights_only_loads(path):
+            rng = torch.load(rng_file)
+        if not isinstance(rng, dict) or not isinstance(rng.get("torch"), torch.Tensor):
+            raise UserError(f"{rng_file} is not a random-number state written by this tool")
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
@@ -356,12 +462,33 @@ def load_module_state(path: Path) -> dict[str, torch.Tensor]:
     except UserError as err:
         raise damaged(path, err, "use the intact one") from None
     with weights_only_loads(path):
-        if any(path.glob("*optim_states.pt")):
+        if zero_partitioned(path):
             from deepspeed.utils.zero_to_fp32 import get_fp32_state_dict_from_zero_checkpoint
 
-            with redirect_stdout(io.StringIO()):
-                state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+            try:
+                with redirect_stdout(io.StringIO()):
+                    state = get_fp32_state_dict_from_zero_checkpoint(str(path.parent), tag=path.name)
+            except (FileNotFoundError, ValueError) as err:  # DeepSpeed's words for shards missing or mismatched
+                raise UserError(f"checkpoint {path}: cannot merge its ZeRO optimizer shards: {err}") from None
         else:
-            model_states = torch.load(path / "mp_rank_00_model_states.pt", map_location="cpu")
+            module_file = path / "mp_rank_00_model_states.pt"
+            if not module_file.is_file():
+                raise UserError(f"checkpoint {path} has no {module_file.name}: not a DeepSpeed checkpoint of this tool")
+            model_states = torch.load(module_file, map_location="cpu")
             state = _zero0_masters(model_states) or model_states["module"]
     return {k: v.float() for k, v in state.items() if v is not None}
+
+
+_ZERO_SHARD = re.compile(r"^((bf16|fp16)_)?zero_pp_rank_\d+_mp_rank_\d+_optim_states\.pt$")
+
+
+def zero_partitioned(path: Path) -> bool:
+    """Whether the checkpoint's weights live in DeepSpeed's ZeRO optimizer shards (`zero_pp_rank_R_mp_rank_M_
+    optim_states.pt`, which zero_to_fp32 merges). Only the files its integrity manifest lists count, the ones the
+    trainer wrote: anything copied in later (a stray `*optim_states.pt`) is not part of the checkpoint."""
+    manifest = Path(path) / INTEGRITY
+    try:
+        names = list(json.loads(manifest.read_text()))
+    except (OSError, ValueError):  # verify_integrity has already refused a checkpoint without one
+        names = [p.name for p in Path(path).iterdir()]
+    return any(_ZERO_SHARD.match(name) for name in names)

@@ -28,6 +28,13 @@ MODEL_EXECUTION = (
 )
 FIXED_TRAIN = ("seed", "optimizer", "zero_stage", "loss_normalization")
 FIXED_DATA = ("max_seq_len", "packing")
+# What the run's own tokenizer was trained with: it is never retrained on resume, so a change would be recorded in
+# config.yaml and the model card while the old tokenizer goes on being used. Compared only where both sides record
+# them: checkpoints before these keys existed, and runs given a ready tokenizer (data.tokenizer, whose hash is
+# compared), have none.
+TOKENIZER_SETTINGS = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents", "min_frequency")
+DATA_KEY = "data (content of the shards)"
+_RECORDED_LATER = {f"data.{k}" for k in TOKENIZER_SETTINGS}
 
 
 def _flat(prefix: str, value: Any) -> dict[str, Any]:
@@ -52,10 +59,11 @@ def fingerprint(
     t = cfg.train
     record: dict[str, Any] = {
         "tokenizer (sha256 of tokenizer.json)": tokenizer_sha256,
-        "data (content of the shards)": data_sha256,
+        DATA_KEY: data_sha256,
         **{f"model.{k}": v for k, v in to_dict(model).items() if k not in MODEL_EXECUTION},
         **_flat("objectives", to_dict(cfg.objectives)),
         **{f"data.{k}": getattr(cfg.data, k) for k in FIXED_DATA},
+        **({} if cfg.data.tokenizer else {f"data.{k}": getattr(cfg.data, k) for k in TOKENIZER_SETTINGS}),
         "train.global_batch (micro_batch_size x grad_accum_steps x ranks)": t.micro_batch_size
         * t.grad_accum_steps
         * world_size,
@@ -65,20 +73,35 @@ def fingerprint(
     return record
 
 
+def _field_defaults() -> dict[str, Any]:
+    """'model.x' -> the default of ModelConfig's field x: the value a setting added later had, implicitly, in every
+    checkpoint written before it existed (new options default to the old behaviour)."""
+    import dataclasses
+
+    return {
+        f"model.{f.name}": f.default
+        for f in dataclasses.fields(ModelConfig)
+        if f.default is not dataclasses.MISSING and f.name not in MODEL_EXECUTION
+    }
+
+
 def differences(saved: dict[str, Any], current: dict[str, Any]) -> list[tuple[str, Any, Any]]:
     """(key, in the checkpoint, now) for each fixed setting that differs. A value the checkpoint did not record
-    (None: an older checkpoint) is not compared."""
+    (None: an older checkpoint) is not compared, nor a model option added since that is at its default."""
     missing = object()
+    defaults = _field_defaults()
     diffs = []
     for key in sorted(set(saved) | set(current)):
         old, new = saved.get(key, missing), current.get(key, missing)
-        if old is None or new is None or old == new:
+        if old is None or new is None or old == new or (key in _RECORDED_LATER and missing in (old, new)):
+            continue
+        if old is missing and key in defaults and new == defaults[key]:
             continue
         diffs.append((key, "absent" if old is missing else old, "absent" if new is missing else new))
     return diffs
 
 
-def _allowed(key: str, allow: list[str]) -> bool:
+def change_allowed(key: str, allow: list[str]) -> bool:
     name = key.split(" ", 1)[0]  # "tokenizer (sha256 ...)" -> "tokenizer"
     return any(name == a or name.startswith(a + ".") for a in allow)
 
@@ -90,7 +113,7 @@ def _show(value: Any) -> str:
 
 def check_resume(saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint) -> None:
     """Refuse (UserError) to resume `checkpoint` when a fixed setting differs and `allow` does not list it."""
-    diffs = [d for d in differences(saved, current) if not _allowed(d[0], allow)]
+    diffs = [d for d in differences(saved, current) if not change_allowed(d[0], allow)]
     if not diffs:
         return
     lines = "; ".join(f"{key}: {_show(old)} in the checkpoint, {_show(new)} now" for key, old, new in diffs)

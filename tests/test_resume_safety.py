@@ -1,0 +1,146 @@
+"""A resume does what it says, through the CLI as a user meets it: changed learning-rate and optimizer settings are
+applied (and saved), a lost `latest` never restarts a run, a changed corpus or tokenizer setting is refused before
+anything derived is rebuilt, and bad files on resume are messages, not tracebacks."""
+
+import argparse
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+from conftest import one_line_error, run_args, small_corpus, snapshot
+from conftest import run_cli as pretrain
+
+ROOT = Path(__file__).resolve().parent.parent
+CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return small_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory, corpus):
+    """A finished tiny run with checkpoints at steps 2 and 3, for each test to copy."""
+    tmp = tmp_path_factory.mktemp("runs")
+    pretrain("run", *run_args(tmp, corpus, "train.save_every=1"), "--no-demo", cwd=tmp)
+    return tmp / "r"
+
+
+@pytest.fixture
+def run(finished, tmp_path):
+    """A copy of the finished run (its config names output_dir=<tmp> name=r): resumed as tmp_path/r."""
+    shutil.copytree(finished, tmp_path / "r")
+    return tmp_path / "r"
+
+
+def optimizer_groups(checkpoint: Path) -> list[dict]:
+    states = torch.load(checkpoint / "mp_rank_00_model_states.pt", map_location="cpu", weights_only=False)
+    return states["optimizer"]["param_groups"]
+
+
+def test_changed_lr_and_optimizer_settings_are_applied_and_saved(run, corpus):
+    tmp = run.parent
+    before = optimizer_groups(run / "checkpoints" / "step_00000003")
+    assert [tuple(g["betas"]) for g in before] == [(0.9, 0.98)] * 2 and before[0]["eps"] == 1e-6  # the control
+    changes = ["train.max_steps=5", "train.lr=0.01", "train.adam_beta2=0.95", "train.adam_eps=1e-8"]
+    proc = pretrain(
+        "train", *run_args(tmp, corpus, *changes, "train.weight_decay=0.05", "train.warmup_steps=1"), cwd=tmp
+    )
+    assert "applied on resume" in proc.stderr and "train.lr: 0.001 -> 0.01" in proc.stderr, proc.stderr[-2000:]
+    records = {r["step"]: r for r in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    # linear decay from the new peak: lr(step) = 0.01 * (5 - s) / (5 - 1) after step s-1's scheduler step
+    assert records[4]["lr"] == pytest.approx(0.01 * (5 - 4) / 4, rel=1e-6)
+    assert records[5]["lr"] == pytest.approx(0.0, abs=1e-12)
+    groups = optimizer_groups(run / "checkpoints" / "step_00000005")
+    assert [tuple(g["betas"]) for g in groups] == [(0.9, 0.95)] * 2
+    assert [g["eps"] for g in groups] == [1e-8] * 2
+    assert [g["weight_decay"] for g in groups] == [0.05, 0.0]  # biases and LayerNorm weights never decay
+    assert [g["initial_lr"] for g in groups] == [0.01] * 2
+
+
+def test_a_lost_latest_pointer_keeps_every_checkpoint(run, corpus):
+    tmp = run.parent
+    pointer = run / "checkpoints" / "latest"
+    for broken in (None, "", "\x00garbage"):
+        if broken is None:
+            pointer.unlink()
+        else:
+            pointer.write_text(broken)
+        before = snapshot(run)
+        for command in ("train", "run"):
+            proc = pretrain(command, *run_args(tmp, corpus, "train.max_steps=5"), cwd=tmp, rc=2)
+            one_line_error(proc, "complete checkpoint(s)", "step_00000003", f"echo step_00000003 > {pointer}")
+            assert snapshot(run) == before  # nothing rotated, trimmed or rewritten
+        proc = pretrain("export", run, "--out", tmp / "hf", cwd=tmp, rc=2)
+        one_line_error(proc, "step_00000003")
+    # the command the message gives resumes where the run was
+    pointer.write_text("step_00000003\n")
+    proc = pretrain("train", *run_args(tmp, corpus, "train.max_steps=4"), cwd=tmp)
+    assert "resumed from" in proc.stderr and "step 3" in proc.stderr
+    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
+
+
+def test_a_changed_corpus_leaves_the_shards_as_they_were(run, corpus, tmp_path):
+    tmp = run.parent
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text("\n".join(CORPUS.read_text().splitlines()[20:40]) + "\n")
+    before = snapshot(run)
+    proc = pretrain("run", *run_args(tmp, changed, "train.max_steps=5"), "--no-demo", cwd=tmp, rc=2)
+    one_line_error(proc, "no longer gives the data this run trained on", "train.allow_changes=[data]")
+    assert snapshot(run) == before  # the shards included, byte for byte
+
+    # the same text in a file with a new time (a copy, a touch): rebuilt beside, found equal, resumed
+    same = tmp_path / "same.jsonl"
+    same.write_bytes(corpus.read_bytes())
+    proc = pretrain("run", *run_args(tmp, same, "train.max_steps=4"), "--no-demo", cwd=tmp)
+    assert "building it beside" in proc.stderr and "resumed from" in proc.stderr, proc.stderr[-2000:]
+    assert {p: b for p, b in snapshot(run).items() if p.startswith("shards/shard_")} == {
+        p: b for p, b in before.items() if p.startswith("shards/shard_")
+    }
+
+
+def test_changed_tokenizer_settings_are_refused(run, corpus):
+    tmp = run.parent
+    before = snapshot(run)
+    for change, shown in (("data.vocab_size=1024", "data.vocab_size: 512"), ("data.tokenizer_type=bpe", "wordpiece")):
+        proc = pretrain("train", *run_args(tmp, corpus, change), cwd=tmp, rc=2)
+        one_line_error(proc, "cannot resume", shown)
+        assert snapshot(run) == before
+
+
+def test_bad_files_on_resume_are_messages(run, corpus):
+    tmp = run.parent
+    proc = pretrain("train", *run_args(tmp, corpus, "train.lr=nan"), cwd=tmp, rc=2)
+    one_line_error(proc, "train.lr", "not a finite number")
+
+    # the run directory's copy of the config is ours and rewritten (the checkpoint's says what changed)
+    (run / "config.yaml").write_bytes(b"\xff\xfe: [unclosed")
+    proc = pretrain("train", *run_args(tmp, corpus, "train.max_steps=4"), cwd=tmp)
+    assert (
+        "resumed from" in proc.stderr and yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"] == 4
+    )
+
+    # a foreign pickle in a checkpoint's rng file (its integrity record rewritten to match): refused by name
+    from pretrain.train.checkpoint import latest_checkpoint, write_integrity
+
+    latest = latest_checkpoint(run / "checkpoints")
+    torch.save({"torch": argparse.Namespace(evil=True)}, latest / "rng_rank0.pt")
+    write_integrity(latest)
+    proc = pretrain("train", *run_args(tmp, corpus, "train.max_steps=6"), cwd=tmp, rc=2)
+    one_line_error(proc, str(latest), "we do not load")
+
+
+def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path):
+    from pretrain.core.files import write_atomic, write_json_atomic
+
+    # each write fails after its temporary file was opened, as a full disk fails it
+    with pytest.raises(TypeError):
+        write_atomic(tmp_path / "config.yaml", 123)
+    with pytest.raises(TypeError):
+        write_json_atomic(tmp_path / "state.json", {"a": object()})
+    assert list(tmp_path.iterdir()) == []

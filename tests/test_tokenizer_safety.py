@@ -1,0 +1,286 @@
+"""Exported tokenizers type sentence pairs as pretraining did; `pretrain tokenizer` writes through a symlinked --out and
+refuses `--out .`; a config that is not UTF-8 and a corpus with no usable document are one-line errors saying why."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import transformers
+
+from data_pipeline.tokenizer import copy_tokenizer_files, load_tokenizer, special_tokens, train_tokenizer
+from objectives import build_objectives
+from objectives.sentence_head import assemble_pair
+from pretrain.cli import main
+from pretrain.core.config import ModelConfig
+from pretrain.hf.export import ExportError, export_pretrained
+from pretrain.hf.interop import hf_config, lm_head_name, select_architecture
+from pretrain.hf.tokenizer_check import check_pair_encoding
+from pretrain.model.pretraining import PretrainingModel
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+ROOT = Path(__file__).resolve().parent.parent
+CARD = {"objectives": ["mlm"], "corpus": "tiny", "tokens_seen": 10, "steps": 1, "final_loss": 1.0, "run_name": "t"}
+MODERNBERT = dict(norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False)
+A, B = "the people of the union", "freedom and liberty of the states"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The first documents of the bundled corpus: enough text for every tokenizer kind to learn merges."""
+    path = tmp_path_factory.mktemp("corpus") / "speeches.jsonl"
+    lines = (ROOT / "data" / "us-speeches.public-domain.jsonl").read_text().splitlines()[:6]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def tokenizers(corpus, tmp_path_factory) -> dict[str, Path]:
+    out = tmp_path_factory.mktemp("tokenizers")
+    for kind in ("wordpiece", "bpe", "unigram"):
+        train_tokenizer([str(corpus)], out / kind, kind=kind, vocab_size=512, show_progress=False)
+    return {kind: out / kind for kind in ("wordpiece", "bpe", "unigram")}
+
+
+def tiny_model(tokens, objectives, **options) -> PretrainingModel:
+    cfg = ModelConfig(
+        vocab_size=tokens.vocab_size,
+        hidden_size=32,
+        num_layers=2,
+        num_heads=4,
+        intermediate_size=48,
+        max_position_embeddings=64,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        **options,
+    )
+    torch.manual_seed(0)
+    model = PretrainingModel(cfg, build_objectives(objectives, tokens))
+    gen = torch.Generator().manual_seed(0)
+    with torch.no_grad():  # random everywhere: the type embeddings' rows must differ for the check to mean anything
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.5)
+    return model.eval()
+
+
+def export(tokenizer_dir: Path, out: Path, objectives=None, arch=None, **options) -> tuple[PretrainingModel, Path]:
+    tokens = special_tokens(load_tokenizer(tokenizer_dir))
+    model = tiny_model(tokens, objectives or {"mlm": {}, "nsp": {}}, **options)
+    return model, export_pretrained(model, tokens, tokenizer_dir, out, CARD, arch=arch)
+
+
+def pipeline_pair(tokenizer, a: str, b: str) -> dict[str, list[int]]:
+    """[CLS] A [SEP] B [SEP] with its types, as an NSP/SOP sample builds it from the two segments' ids."""
+    ids = [np.array(tokenizer(t, add_special_tokens=False)["input_ids"]) for t in (a, b)]
+    words = [np.ones(len(i), bool) for i in ids]
+    tokens = special_tokens(tokenizer)
+    sample = assemble_pair(*ids, *words, tokens, len(ids[0]) + len(ids[1]) + 3, np.random.default_rng(0))
+    return {k: sample[k].tolist() for k in ("input_ids", "token_type_ids")}
+
+
+# ----------------------------------------------------------------------------------------------
+# Sentence pairs in an export
+
+
+def test_wordpiece_export_types_pairs_as_bert_tokenizer_fast(tokenizers, tmp_path):
+    source = tokenizers["wordpiece"]
+    before = hashlib.sha256((source / "tokenizer.json").read_bytes()).hexdigest()
+    _, out = export(source, tmp_path / "hf")
+    # BERT's own tokenizer on the same vocabulary (transformers 5 takes `vocab`; a `vocab_file=` is silently ignored)
+    bert = transformers.BertTokenizerFast(vocab=load_tokenizer(source).get_vocab())
+    ours = transformers.AutoTokenizer.from_pretrained(str(out))
+    for a, b in (("a b", "c d"), (A, B), ("Liberty, Union!", "Of the PEOPLE.")):
+        got, want = ours(a, b), bert(a, b)
+        assert set(got) == {"input_ids", "token_type_ids", "attention_mask"}
+        assert {k: got[k] for k in want} == dict(want), (a, b)
+        assert {k: got[k] for k in ("input_ids", "token_type_ids")} == pipeline_pair(ours, a, b)
+    batch = ours([A, "a"], [B, "b c"], padding=True, return_tensors="pt")  # padded rows keep their types
+    assert torch.equal(
+        batch["token_type_ids"], bert([A, "a"], [B, "b c"], padding=True, return_tensors="pt")["token_type_ids"]
+    )
+    check_pair_encoding(out)
+    # the run's own tokenizer (and so its fingerprint) is untouched; the export carries the same tokenizer.json
+    assert hashlib.sha256((source / "tokenizer.json").read_bytes()).hexdigest() == before
+    assert (out / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    assert "model_input_names" not in json.loads((source / "tokenizer_config.json").read_text())
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_bpe_and_unigram_exports_type_pairs(tokenizers, kind, tmp_path):
+    _, out = export(tokenizers[kind], tmp_path / "hf")
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    got = tok(A, B)
+    want = pipeline_pair(tok, A, B)
+    assert got["input_ids"] == want["input_ids"] and got["token_type_ids"] == want["token_type_ids"]
+    assert 0 < sum(got["token_type_ids"]) < len(got["token_type_ids"])  # both segments present
+    check_pair_encoding(out)
+
+
+def test_pair_logits_through_the_tokenizer_match_ours(tokenizers, tmp_path):
+    model, out = export(tokenizers["wordpiece"], tmp_path / "hf")
+    hf = transformers.BertForPreTraining.from_pretrained(str(out), dtype=torch.float32).eval()
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    enc = tok([A, "a b"], [B, "c d"], padding=True, return_tensors="pt")
+    rows = [pipeline_pair(tok, A, B), pipeline_pair(tok, "a b", "c d")]
+    width = enc["input_ids"].shape[1]
+    ids = torch.tensor([r["input_ids"] + [0] * (width - len(r["input_ids"])) for r in rows])
+    types = torch.tensor([r["token_type_ids"] + [0] * (width - len(r["token_type_ids"])) for r in rows])
+    assert torch.equal(enc["input_ids"], ids) and torch.equal(enc["token_type_ids"], types)
+    with torch.no_grad():
+        hidden = model.encoder(ids, types, enc["attention_mask"])
+        nsp, mlm = model.heads["nsp"](hidden), model.get_submodule(lm_head_name(model))(hidden)
+        got = hf(**enc)
+        untyped = hf(input_ids=enc["input_ids"], attention_mask=enc["attention_mask"])
+    real = enc["attention_mask"].bool()
+    assert (got.seq_relationship_logits - nsp).abs().max() <= 1e-4
+    assert (got.prediction_logits[real] - mlm[real]).abs().max() <= 1e-4
+    assert (untyped.seq_relationship_logits - nsp).abs().max() > 1e-2  # what the missing types cost
+
+
+def test_each_architecture_gets_the_types_its_tokenizer_would(tokenizers, tmp_path):
+    """bert / albert / electra: types, as BertTokenizer (and ALBERT's before transformers 5); roberta / modernbert, or
+    a single type: none. The export's config decides (`copy_tokenizer_files(..., hf_config)`)."""
+    source = tokenizers["wordpiece"]
+    tokens = special_tokens(load_tokenizer(source))
+    cases = {  # name: (objectives, model options, --arch, token types expected)
+        "bert": ({"mlm": {}, "nsp": {}}, {}, None, True),
+        "albert": ({"mlm": {}, "sop": {}}, {"embedding_size": 16, "share_layers": True}, None, True),
+        "roberta": ({"mlm": {}}, {}, "roberta", False),
+        "modernbert": ({"mlm": {}}, MODERNBERT, None, False),
+        "bert-one-type": ({"mlm": {}}, {"type_vocab_size": 1}, None, False),
+    }
+    for name, (objectives, options, arch, typed) in cases.items():
+        model = tiny_model(tokens, objectives, **options)
+        config = hf_config(model, select_architecture(model, arch), tokens)
+        where = tmp_path / name
+        copy_tokenizer_files(source, where, config)  # what the export writes, in its order
+        config.save_pretrained(where)
+        enc = transformers.AutoTokenizer.from_pretrained(str(where))(A, B)
+        assert ("token_type_ids" in enc) == typed, name
+        check_pair_encoding(where)
+    from pretrain.hf.electra import export_electra
+
+    out = export_electra(tiny_model(tokens, {"rtd": {}}), tokens, source, tmp_path / "electra", CARD)
+    for sub in ("", "generator"):
+        enc = transformers.AutoTokenizer.from_pretrained(str(out / sub))(A, B)
+        assert enc["token_type_ids"] == pipeline_pair(load_tokenizer(source), A, B)["token_type_ids"], sub
+    check_pair_encoding(out)
+
+
+def test_check_pair_encoding_catches_an_export_without_types(tokenizers, tmp_path):
+    _, out = export(tokenizers["wordpiece"], tmp_path / "hf")
+    config_path = out / "tokenizer_config.json"
+    config = json.loads(config_path.read_text())
+    config.pop("model_input_names")  # an export written before the fix
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ExportError, match="token_type_ids None"):
+        check_pair_encoding(out)
+    config["model_input_names"] = ["input_ids", "token_type_ids", "attention_mask"]
+    config_path.write_text(json.dumps(config))
+    spec = json.loads((out / "tokenizer.json").read_text())
+    spec["post_processor"]["pair"][-2]["Sequence"]["type_id"] = 0  # B typed 0
+    (out / "tokenizer.json").write_text(json.dumps(spec))
+    with pytest.raises(ExportError, match="token_type_ids"):
+        check_pair_encoding(out)
+
+
+def test_finetune_passes_token_types_for_a_pair_task(tokenizers, tmp_path, monkeypatch):
+    """`pretrain finetune` on a sentence1/sentence2 task gives the model B's types, also from an export written
+    before exports said so (no model_input_names)."""
+    from pretrain.evaluation import finetune as ft
+
+    _, out = export(tokenizers["wordpiece"], tmp_path / "hf")
+    config_path = out / "tokenizer_config.json"
+    config_path.write_text(
+        json.dumps({k: v for k, v in json.loads(config_path.read_text()).items() if k != "model_input_names"})
+    )
+    task = tmp_path / "rte"
+    task.mkdir()
+    rows = [(A, B, 0), ("a b", "c d", 1), ("the union", "of states", 0), ("liberty", "the people", 1)]
+    for split in ("train.tsv", "dev.tsv"):
+        (task / split).write_text("sentence1\tsentence2\tlabel\n" + "".join(f"{a}\t{b}\t{y}\n" for a, b, y in rows))
+    seen = []
+    encode = ft._encode
+    monkeypatch.setattr(ft, "_encode", lambda *args: seen.append(encode(*args)) or seen[-1])
+    for mode in ("probe", "full"):
+        assert ft.finetune(out, task, seeds=[0], mode=mode, epochs=1)["pair"]
+    assert len(seen) == 4  # train and dev, each mode
+    for enc in seen:
+        expected = [pipeline_pair(load_tokenizer(out), a, b)["token_type_ids"] for a, b, _ in rows]
+        got = [t[m.bool()].tolist() for t, m in zip(enc["token_type_ids"], enc["attention_mask"])]
+        assert got == expected
+
+
+# ----------------------------------------------------------------------------------------------
+# pretrain tokenizer --out
+
+
+def test_tokenizer_out_symlink_is_written_through(corpus, tmp_path, capsys):
+    target, link = tmp_path / "real", tmp_path / "link"
+    link.symlink_to(target, target_is_directory=True)  # dangling at first: the target is created
+    for _ in range(2):  # new, then replacing its own earlier tokenizer
+        assert main(["tokenizer", str(corpus), "--out", str(link), "--vocab-size", "300"]) == 0
+        assert link.is_symlink() and (target / "tokenizer.json").is_file()
+    assert str(target) in capsys.readouterr().out
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no .tmp / .old left beside it
+
+
+def test_tokenizer_out_dot_is_a_clear_error(corpus, tmp_path, monkeypatch, capsys):
+    here = tmp_path / "empty"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    assert main(["tokenizer", str(corpus), "--out", "."]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --out . is the current directory") and "--out tokenizer" in err
+    assert (
+        err.count("\n") == 1 and list(here.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["empty"]
+    )
+
+
+def test_corpus_with_only_bad_documents_says_why(tmp_path, capsys):
+    jsonl, txt = tmp_path / "bad.jsonl", tmp_path / "bad.txt"
+    jsonl.write_bytes(b'{"text": "caf\xe9"}\n{"text": \n{"body": "x"}\n{"body": "y"}\n{"text": "  "}\n')
+    txt.write_bytes(b"one \xff line\n\nand \xfe another\n")
+    for extra in ([], ["--sample-docs", "10"]):
+        out = tmp_path / "tok"
+        assert main(["tokenizer", str(jsonl), str(txt), "--out", str(out), *extra]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "Traceback" not in err
+        assert f"empty corpus: no usable documents in {jsonl}, {txt}" in err
+        for part in (
+            "skipped 7 documents: 3 with invalid UTF-8, 2 without text in field 'text', 1 empty, 1 with invalid JSON",
+            "--text-field",
+            "--on-bad error",
+        ):
+            assert part in err, (part, err)
+        assert not out.exists()
+
+
+# ----------------------------------------------------------------------------------------------
+# Config files that are not UTF-8
+
+
+@pytest.mark.parametrize("command", ["config", "train"])
+def test_config_not_utf8_names_file_and_place(command, tmp_path, capsys):
+    bad = tmp_path / "bad.yaml"
+    data = b"model:\n  hidden_size: 64\nname: caf\xe9\n"  # Latin-1, as an old editor saves it
+    bad.write_bytes(data)
+    assert main([command, str(bad)]) == 2
+    err = capsys.readouterr().err
+    offset = data.index(b"\xe9")
+    assert err == f"error: {bad}:3:10: not UTF-8 text (byte 0xe9 at offset {offset}); save the file as UTF-8\n"
+    child = tmp_path / "child.yaml"  # inherited: the message names the base file
+    child.write_text("base: bad.yaml\n")
+    assert main([command, str(child)]) == 2
+    assert f"error: {bad}:3:10: not UTF-8" in capsys.readouterr().err
+
+
+def test_config_with_bom_still_reads(tmp_path, capsys):
+    good = tmp_path / "bom.yaml"
+    good.write_bytes(b"\xef\xbb\xbfname: bom\n")
+    assert main(["config", str(good)]) == 0
+    assert "name: bom" in capsys.readouterr().out
