@@ -15,6 +15,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import SampleBuilder
 from pretrain.core.batch import Batch
 from pretrain.core.tokens import IGNORE_INDEX
@@ -38,40 +39,59 @@ _ORDER_STREAM = 0  # distinct SeedSequence streams: sample order vs. per-sample 
 _SAMPLE_STREAM = 1
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int) -> np.ndarray:
-    """A permutation of range(num_samples), a pure function of (seed, epoch)."""
-    return np.random.default_rng([seed, _ORDER_STREAM, epoch]).permutation(num_samples)
+def _source_key(source: int | None) -> list[int]:
+    return [] if source is None else [source]  # one corpus keeps the streams it always had
 
 
-def sample_rng(seed: int, epoch: int, index: int) -> np.random.Generator:
-    """The rng that corrupts sample `index` when it is seen in `epoch`: new masks every epoch."""
-    return np.random.default_rng([seed, _SAMPLE_STREAM, epoch, index])
+def epoch_order(num_samples: int, seed: int, epoch: int, source: int | None = None) -> np.ndarray:
+    """A permutation of range(num_samples), a pure function of (seed, epoch) and, in a mixture, the source."""
+    return np.random.default_rng([seed, _ORDER_STREAM, epoch, *_source_key(source)]).permutation(num_samples)
+
+
+def sample_rng(seed: int, epoch: int, index: int, source: int | None = None) -> np.random.Generator:
+    """The rng that corrupts sample `index` (of `source` in a mixture) when it is seen in `epoch`: new masks every
+    epoch."""
+    return np.random.default_rng([seed, _SAMPLE_STREAM, epoch, index, *_source_key(source)])
 
 
 class PretrainDataset(torch.utils.data.Dataset):
-    """Maps a stream position to a prepared sample (the builder's sample, then each objective's prepare)."""
+    """Maps a stream position to a prepared sample (the builder's sample, then each objective's prepare). A
+    `MixedSamples` builder picks the source of each position (`data_pipeline.mixing`); each source then has epochs
+    and orders of its own."""
 
     def __init__(self, builder: SampleBuilder, objectives: list[Transform], seed: int):
         self.builder = builder
         self.objectives = objectives
         self.seed = seed
-        self._orders: dict[int, np.ndarray] = {}  # epoch -> permutation, cached per worker
+        self._orders: dict = {}  # epoch (mixture: (source, epoch)) -> permutation, cached per worker
 
     def __len__(self) -> int:
         return len(self.builder)
 
     def locate(self, position: int) -> tuple[int, int]:
-        """Stream position -> (epoch, sample index)."""
+        """Stream position -> (epoch, sample index); in a mixture, of the position's source (see `place`)."""
+        return self.place(position)[1:]
+
+    def place(self, position: int) -> tuple[int | None, int, int]:
+        """Stream position -> (source, epoch, sample index); source None for one corpus."""
+        if isinstance(self.builder, MixedSamples):
+            source, epoch, offset = self.builder.draw(position)
+            if (source, epoch) not in self._orders:  # keep one epoch per source
+                self._orders = {k: v for k, v in self._orders.items() if k[0] != source}
+                n = self.builder.lengths[source]
+                self._orders[(source, epoch)] = epoch_order(n, self.seed, epoch, source)
+            return source, epoch, int(self._orders[(source, epoch)][offset])
         epoch, offset = divmod(position, len(self.builder))
         if epoch not in self._orders:
             self._orders = {epoch: epoch_order(len(self.builder), self.seed, epoch)}
-        return epoch, int(self._orders[epoch][offset])
+        return None, epoch, int(self._orders[epoch][offset])
 
     def __getitem__(self, position: int) -> dict[str, np.ndarray]:
-        epoch, index = self.locate(position)
-        rng = sample_rng(self.seed, epoch, index)
+        source, epoch, index = self.place(position)
+        rng = sample_rng(self.seed, epoch, index, source)
+        builder = self.builder if source is None else self.builder.builders[source]
         # builders whose samples are themselves random (segment pairs) draw from the same per-sample rng
-        sample = self.builder.sample(index, rng)
+        sample = builder.sample(index, rng)
         for objective in self.objectives:
             sample = objective.prepare(sample, rng)
         return sample

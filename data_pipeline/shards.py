@@ -300,6 +300,37 @@ def _chunks(docs, size: int) -> Iterator[tuple[int, list[str]]]:
         yield index, texts
 
 
+def _settings(text_field: str, docs_per_shard: int, on_bad: str, max_document_bytes: int) -> dict:
+    """The build settings a cache key covers, besides the inputs and the tokenizer."""
+    return {
+        "format_version": FORMAT_VERSION,
+        "splitter_version": SPLITTER_VERSION,
+        "text_field": text_field,
+        "docs_per_shard": max(1, docs_per_shard),
+        "on_bad": on_bad,
+        "max_document_bytes": max_document_bytes,
+    }
+
+
+def shards_current(
+    paths: list[str],
+    tokenizer_dir: str | os.PathLike,
+    out_dir: str | os.PathLike,
+    *,
+    text_field: str = "text",
+    docs_per_shard: int = 2000,
+    on_bad: str = "skip",
+    max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+) -> bool:
+    """Whether `build_shards` with these arguments would return the finished build in `out_dir` as it is (a cache
+    hit, by the manifest's key alone: the files are verified when read) rather than build it again."""
+    manifest = _read_json(Path(out_dir) / MANIFEST)
+    if manifest is None:
+        return False
+    settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes)
+    return manifest.get("cache_key") == build_key(paths, tokenizer_hash(tokenizer_dir), settings)[0]
+
+
 def build_shards(
     paths: list[str],
     tokenizer_dir: str | os.PathLike,
@@ -322,14 +353,7 @@ def build_shards(
     tok_file = Path(tokenizer_dir) / "tokenizer.json"
     tok_hash = tokenizer_hash(tokenizer_dir)
     docs_per_shard = max(1, docs_per_shard)
-    settings = {
-        "format_version": FORMAT_VERSION,
-        "splitter_version": SPLITTER_VERSION,
-        "text_field": text_field,
-        "docs_per_shard": docs_per_shard,
-        "on_bad": on_bad,
-        "max_document_bytes": max_document_bytes,
-    }
+    settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes)
     key, fingerprint = build_key(paths, tok_hash, settings)
     check_not_input(
         out, {"the tokenizer directory": tokenizer_dir, **{f"the corpus file {p}": p for p in expand_inputs(paths)}}
@@ -465,6 +489,73 @@ def _run(chunks, num_workers: int, init_args: tuple) -> Iterator[dict]:
 # ---------------------------------------------------------------------------------------------- reading
 
 
+# ---------------------------------------------------------------------------------------------- mixtures
+
+MIXTURE_KEY = "sources"
+
+
+def shards_hash(shards: list[dict]) -> str:
+    """sha256 over the shard records' file checksums, in order (`ShardSet.content_hash` of one corpus)."""
+    digest = hashlib.sha256()
+    for shard in shards:
+        for name in sorted(shard["sha256"]):
+            digest.update(f"{name}:{shard['sha256'][name]}\n".encode())
+    return digest.hexdigest()
+
+
+def mixture_hash(sources: list[tuple[str, float, str]]) -> str:
+    """sha256 of a mixture: (name, weight, content hash) of each source, in order. The weights are in it because
+    they decide which samples a run trains on: a resume with others is refused like one on other data."""
+    digest = hashlib.sha256(b"mixture\n")
+    for name, weight, content in sources:
+        digest.update(f"{name}:{float(weight)!r}:{content}\n".encode())
+    return digest.hexdigest()
+
+
+def write_mixture(out_dir: str | os.PathLike, sources: list[tuple[str, float, dict]]) -> dict:
+    """The manifest of a mixture in `out_dir`, whose sources' shards were built in `out_dir/<name>`
+    (`build_shards`): each source's shards are listed as `<name>/shard_XXXXX`, so `ShardSet(out_dir)` reads the
+    mixture as one set (checked, counted and hashed as a whole) and `ShardSet.sources()` gives each. Written only
+    when it changes; files a one-corpus build left in `out_dir` itself are removed."""
+    out = Path(out_dir)
+    manifests = [m for _, _, m in sources]
+    if len({m["tokenizer_hash"] for m in manifests}) != 1:
+        raise DataError(f"the sources in {out} were built with different tokenizers; rebuild the shards")
+    skipped: collections.Counter = collections.Counter()
+    for m in manifests:
+        skipped.update(m["counts"].get("skipped", {}))
+    keys = ("documents", "sentences", "tokens", "input_documents")
+    manifest = {
+        "format_version": FORMAT_VERSION,
+        MIXTURE_KEY: [
+            {"name": name, "weight": float(weight), "content_hash": shards_hash(m["shards"]), "counts": m["counts"]}
+            for name, weight, m in sources
+        ],
+        "tokenizer_hash": manifests[0]["tokenizer_hash"],
+        "vocab_size": manifests[0]["vocab_size"],
+        "dtype": manifests[0]["dtype"],
+        "text_field": manifests[0]["text_field"],
+        "inputs": [p for m in manifests for p in m["inputs"]],
+        "input_bytes": [b for m in manifests for b in m["input_bytes"]],
+        "counts": {
+            **{k: sum(m["counts"].get(k, 0) for m in manifests) for k in keys},
+            "skipped": dict(sorted(skipped.items())),
+        },
+        "shards": [{**shard, "name": f"{name}/{shard['name']}"} for name, _, m in sources for shard in m["shards"]],
+    }
+    claim_output(out, "shards", "the shard directory")
+    mark_output(out, "shards")
+    with exclusive(out, "writing the mixture's manifest", ", or use another data.shards directory"):
+        old = _read_json(out / MANIFEST) or {}
+        if {k: v for k, v in old.items() if k != "created"} == manifest:
+            return old
+        if MIXTURE_KEY not in old:
+            _clear(out)  # a one-corpus build here before: its shard files are not the mixture's
+        manifest["created"] = time.time()
+        write_json_atomic(out / MANIFEST, manifest)
+    return manifest
+
+
 class ShardSet:
     """A verified shard directory, memory-mapped, addressed by global document and token index.
 
@@ -556,12 +647,36 @@ class ShardSet:
 
     def content_hash(self) -> str:
         """sha256 of what the shards hold (each file's checksum, in order): equal for equal tokens and boundaries,
-        wherever and whenever they were built. A run records it to refuse resuming on other data."""
-        digest = hashlib.sha256()
+        wherever and whenever they were built. A run records it to refuse resuming on other data. For a mixture,
+        of every source's name, weight and content (`mixture_hash`)."""
+        if not self.is_mixture:
+            return shards_hash(self.manifest["shards"])
+        return mixture_hash([(s["name"], s["weight"], h) for s, h in zip(self.manifest["sources"], self._hashes())])
+
+    @property
+    def is_mixture(self) -> bool:
+        """Whether this directory holds weighted sources (`write_mixture`), one shard directory per source."""
+        return MIXTURE_KEY in self.manifest
+
+    def _hashes(self) -> list[str]:
+        """Each source's content hash, from the shard records of this manifest (what was verified)."""
+        groups: dict[str, list[dict]] = {s["name"]: [] for s in self.manifest["sources"]}
         for shard in self.manifest["shards"]:
-            for name in sorted(shard["sha256"]):
-                digest.update(f"{name}:{shard['sha256'][name]}\n".encode())
-        return digest.hexdigest()
+            source, _, name = shard["name"].partition("/")
+            groups[source].append({**shard, "name": name})
+        return [shards_hash(groups[s["name"]]) for s in self.manifest["sources"]]
+
+    def sources(self) -> list[tuple[str, float, ShardSet]]:
+        """(name, weight, shard set) of each source of a mixture, in order; their files were checked by this set."""
+        if not self.is_mixture:
+            raise ValueError(f"{self.dir} holds one corpus, not a mixture of sources")
+        out = []
+        for s, expected in zip(self.manifest["sources"], self._hashes()):
+            part = ShardSet(self.dir / s["name"], verify=False, expected_tokenizer_hash=self.manifest["tokenizer_hash"])
+            if part.content_hash() != expected:
+                raise DataError(f"{part.dir} changed since {self.dir / MANIFEST} was written; rebuild the shards")
+            out.append((s["name"], float(s["weight"]), part))
+        return out
 
     def doc_offsets(self) -> np.ndarray:
         """[D+1] int64 global token offsets of the documents (read-only view)."""

@@ -45,9 +45,10 @@ def cmd_tokenizer(args) -> int:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
 
+    out = Path(args.out)
     tok = train_tokenizer(
         expand_inputs(args.corpus),
-        Path(args.out),
+        out,
         kind=args.type,
         vocab_size=args.vocab_size,
         lowercase=not args.cased,
@@ -58,7 +59,8 @@ def cmd_tokenizer(args) -> int:
         on_bad=args.on_bad,
         max_document_bytes=args.max_document_bytes,
     )
-    print(f"tokenizer ({args.type}, {len(tok)} tokens) saved to {args.out}")
+    where = f"{out} (-> {os.path.realpath(out)})" if out.is_symlink() else str(out)  # a link is written through
+    print(f"tokenizer ({args.type}, {len(tok)} tokens) saved to {where}")
     return 0
 
 
@@ -114,6 +116,18 @@ def cmd_train(args) -> int:
     return stage_train(_load(args))["exit_code"]
 
 
+def cmd_decay(args) -> int:
+    from pretrain.pipeline import say, stage_export, stage_train
+    from pretrain.train.branch import branch_for_decay
+
+    cfg, summary = branch_for_decay(Path(args.source), args.steps, args.name, args.overrides)
+    say(f"decay: {summary}")
+    result = stage_train(cfg)
+    if result["complete"]:
+        stage_export(cfg.run_dir, cfg.hf_dir)
+    return result["exit_code"]
+
+
 def cmd_run(args) -> int:
     from pretrain.pipeline import run_all
 
@@ -121,17 +135,50 @@ def cmd_run(args) -> int:
 
 
 def cmd_export(args) -> int:
+    from pretrain.hf.export import ExportError
     from pretrain.pipeline import fill_mask_demo, stage_export
 
-    out = stage_export(
-        Path(args.run_or_checkpoint),
-        Path(args.out) if args.out else None,
-        verify=not args.no_verify,
-        arch=args.arch,
-        push_to_hub=args.push_to_hub,
-    )
+    try:
+        out = stage_export(
+            Path(args.run_or_checkpoint),
+            Path(args.out) if args.out else None,
+            verify=not args.no_verify,
+            arch=args.arch,
+            push_to_hub=args.push_to_hub,
+            raw_weights=args.raw_weights,
+        )
+    except ExportError as err:  # the parity check failed: a bug to report, but said in one line like the rest
+        raise UserError(f"{err} (the export does not reproduce the model: please report this)") from None
+    if args.format == "sentence-transformers":
+        _sentence_transformers(out, args)
     if args.demo:
         fill_mask_demo(out)
+    return 0
+
+
+def _sentence_transformers(hf_out: Path, args) -> None:
+    """`--format sentence-transformers`: the HF export (for ELECTRA its discriminator) laid out for
+    SentenceTransformer, truncating at the run's sequence length: in --st-out, else beside the export (a run's hf/
+    gets the run's sentence-transformers/)."""
+    from pretrain.core.config import load_yaml
+    from pretrain.hf.sentence_transformers import export_sentence_transformers
+    from pretrain.pipeline import say
+    from pretrain.train.checkpoint import resolve_checkpoint
+
+    encoder_dir = hf_out.parent if hf_out.name == "generator" else hf_out
+    trained = load_yaml(resolve_checkpoint(Path(args.run_or_checkpoint)) / "config.yaml")
+    max_len = (trained.get("data") or {}).get("max_seq_len")
+    name = "sentence-transformers" if encoder_dir.name == "hf" else f"{encoder_dir.name}-sentence-transformers"
+    out = Path(args.st_out) if args.st_out else encoder_dir.parent / name
+    export_sentence_transformers(encoder_dir, out, args.pooling, args.normalize, max_len)
+    say(f"export: {out} (sentence-transformers, {args.pooling} pooling{', normalized' if args.normalize else ''})")
+
+
+def cmd_average(args) -> int:
+    from pretrain.pipeline import say, stage_average
+
+    out = stage_average([Path(c) for c in args.checkpoints], Path(args.out), args.arch, not args.no_verify)
+    say(f"average: {len(args.checkpoints)} checkpoints exported to {out}")
     return 0
 
 
@@ -216,6 +263,15 @@ def cmd_ablate(args) -> int:
         return 0
     command = " ".join(shlex.quote(a) for a in ["pretrain", "ablate", args.config, *args.overrides])
     run_ablation(ablation, command)
+    return 0
+
+
+def cmd_compare(args) -> int:
+    from pretrain.evaluation.compare import FILES, compare_runs
+
+    out, table = compare_runs([Path(r) for r in args.runs], Path(args.out))
+    print(table)
+    print(f"\nwritten to {out}: {', '.join(FILES)}")
     return 0
 
 
@@ -309,8 +365,18 @@ def _data_inspect_args(p):
 
 def _export_args(p):
     p.add_argument("run_or_checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
-    p.add_argument("--out", help="output directory (default: <run_dir>/hf)")
-    p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
+    p.add_argument(
+        "--out",
+        help="output directory (default: hf/ in the run directory given, or the one holding the checkpoint "
+        "given; needed for a checkpoint outside a run). A symlink is written through. Re-exporting replaces only "
+        "the files an export writes: anything else you keep there stays",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the parity check with transformers (by default it runs on the new export before it replaces "
+        "the previous one)",
+    )
     p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
     p.add_argument(
         "--arch",
@@ -325,6 +391,29 @@ def _export_args(p):
         help="upload the export to this Hub model repo (created if missing); needs HF_TOKEN or a stored "
         "`hf auth login` token, checked before anything is exported",
     )
+    p.add_argument(
+        "--raw-weights",
+        action="store_true",
+        help="a run that kept a weight EMA (train.ema_decay) exports the EMA; this exports the training weights",
+    )
+    p.add_argument(
+        "--format",
+        choices=["transformers", "sentence-transformers"],
+        default="transformers",
+        help="sentence-transformers: also write the encoder with a pooling layer for SentenceTransformer(dir)",
+    )
+    p.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="sentence-transformers pooling")
+    p.add_argument("--normalize", action="store_true", help="sentence-transformers: unit-length embeddings")
+    p.add_argument(
+        "--st-out", help="sentence-transformers directory (default: <export>-sentence-transformers beside the export)"
+    )
+
+
+def _average_args(p):
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories (or run directories: their latest)")
+    p.add_argument("--out", required=True, help="output directory of the averaged export")
+    p.add_argument("--arch", choices=["bert", "roberta", "albert", "modernbert", "electra"], help="as for export")
+    p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
 
 
 def _eval_args(p):
@@ -368,6 +457,13 @@ def _finetune_args(p):
     p.add_argument("--json", help="also write the result to this JSON file")
 
 
+def _decay_args(p):
+    p.add_argument("source", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    p.add_argument("--steps", type=int, required=True, help="length of the decay, in optimizer steps")
+    p.add_argument("--name", help="the new run's name (default: <source name>-decay<step>), beside the source run")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.decay_shape=1-sqrt")
+
+
 def _ablate_args(p):
     p.add_argument("config", help="ablation config file (or a preset name in configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the ablation config")
@@ -375,6 +471,15 @@ def _ablate_args(p):
         "--print-commands",
         action="store_true",
         help="write each arm's config and print launch commands for a cluster instead of running",
+    )
+
+
+def _compare_args(p):
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more run directories, e.g. runs/mlm runs/electra")
+    p.add_argument(
+        "--out",
+        default="compare",
+        help="output directory: new, empty, or an earlier comparison (default: compare/ in the current directory)",
     )
 
 
@@ -416,6 +521,26 @@ COMMANDS = (
         True,
     ),
     Command(
+        "decay",
+        cmd_decay,
+        "decay a checkpoint into a finished model, in a new run directory",
+        _decay_args,
+        """\
+        Warmup-stable-decay: start a new run beside the source from one of its checkpoints (the same data order and
+        optimizer state; the source is left as it was) and train it for --steps steps while the learning rate decays
+        from train.lr (train.decay_shape, to train.min_lr_ratio), then export it. Running the same command again
+        resumes the decay run.""",
+    ),
+    Command(
+        "average",
+        cmd_average,
+        "export the uniform average of several checkpoints",
+        _average_args,
+        """\
+        Average the fp32 weights of checkpoints of one model (the last few of a run, say) and export the result like
+        a run, with its parity check; checkpoints of different shapes are refused, naming the first difference.""",
+    ),
+    Command(
         "tokenizer",
         cmd_tokenizer,
         "train a tokenizer on a corpus",
@@ -449,8 +574,9 @@ COMMANDS = (
         "export a checkpoint to a HuggingFace save_pretrained directory",
         _export_args,
         """\
-        Write config.json, model.safetensors, tokenizer files and a model card, then load the result with
-        transformers and check its logits against ours.""",
+        Write config.json, model.safetensors, tokenizer files and a model card, load the result with transformers
+        and check its logits against ours; only then does it replace the previous export's files. Safe while the
+        run trains: the checkpoint being read is not rotated away.""",
     ),
     Command(
         "eval",
@@ -484,6 +610,18 @@ COMMANDS = (
         downstream, compare every arm with a random encoder and with each other, and write
         <output_dir>/report.md with plots. Re-running skips finished arms and resumes an interrupted one from its
         checkpoint. Overrides address the ablation file: budget.amount=1e6 run.train.lr=1e-3.""",
+    ),
+    Command(
+        "compare",
+        cmd_compare,
+        "plot and tabulate the metrics of two or more runs side by side",
+        _compare_args,
+        """\
+        Plot every loss and metric the runs logged, one panel per key, against tokens seen (vs_tokens.png) and
+        wall time (vs_time.png); each run is a line in the panels of the keys it logged, so runs with different
+        objectives keep each loss apart. compare.md (and compare.json) give each run's final values, median
+        tokens/s, TFLOP/s and MFU, tokens and steps. Wall time is rebuilt from each log line's tokens and tokens/s
+        where the records carry no time.""",
     ),
     Command("config", cmd_config, "print the resolved config", _config_args, lists_config_keys=True),
     Command("presets", cmd_presets, "list the presets in configs/"),

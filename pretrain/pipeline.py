@@ -6,6 +6,7 @@ import sys
 from pathlib import Path
 
 from pretrain.core.config import RunConfig, to_dict
+from pretrain.train.checkpoint import latest_checkpoint
 from pretrain.train.setup import load_checkpoint_model
 
 
@@ -14,6 +15,7 @@ def say(message: str) -> None:
 
 
 def stage_tokenizer(cfg: RunConfig) -> Path:
+    from data_pipeline.mixing import source_inputs
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
 
@@ -22,8 +24,10 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         say(f"tokenizer: {out} exists, skipped")
         return out
     d = cfg.data
-    files = expand_inputs(d.corpus)
-    say(f"tokenizer: training {d.tokenizer_type} (vocab {d.vocab_size}) on {', '.join(d.corpus)}")
+    sources = source_inputs(d.sources) if d.sources else None  # one tokenizer, each source its weight's share
+    files = sorted({f for _, fs, _ in sources for f in fs}) if sources else expand_inputs(d.corpus)
+    named = ", ".join(f"{n} (weight {w:g})" for n, _, w in sources) if sources else ", ".join(d.corpus)
+    say(f"tokenizer: training {d.tokenizer_type} (vocab {d.vocab_size}) on {named}")
     train_tokenizer(
         files,
         out,
@@ -35,30 +39,150 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         text_field=d.text_field,
         sample_docs=d.tokenizer_sample_docs,
         max_document_bytes=d.max_document_bytes,
+        sources=[(fs, w) for _, fs, w in sources] if sources else None,
     )
     return out
 
 
-def stage_shards(cfg: RunConfig) -> dict:
+def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
+    """Tokenize the corpus into cfg.shards_dir (a cache hit when nothing changed). `resuming`: the checkpoint the run
+    goes on from; shards that would be rebuilt are then built beside the old ones and replace them only when they
+    hold the data the checkpoint trained on (or `train.allow_changes` names data): a changed corpus is refused with
+    the run's shards as they were."""
     from data_pipeline.readers import expand_inputs
-    from data_pipeline.shards import build_shards
+    from data_pipeline.shards import build_shards, shards_current
 
+    if cfg.data.sources:  # weighted sources: one shard directory each, below cfg.shards_dir
+        return _stage_source_shards(cfg, resuming)
     d = cfg.data
-    manifest = build_shards(
-        expand_inputs(d.corpus),
-        cfg.tokenizer_dir,
-        cfg.shards_dir,
+    paths = expand_inputs(d.corpus)
+    settings = dict(
         text_field=d.text_field,
-        num_workers=d.num_workers,
         docs_per_shard=d.docs_per_shard,
         on_bad=d.on_bad_document,
         max_document_bytes=d.max_document_bytes,
     )
+    if (
+        resuming is not None
+        and (cfg.shards_dir / "manifest.json").is_file()
+        and not shards_current(paths, cfg.tokenizer_dir, cfg.shards_dir, **settings)
+    ):
+        manifest = _rebuild_for_resume(cfg, paths, settings, resuming)
+    else:
+        manifest = build_shards(paths, cfg.tokenizer_dir, cfg.shards_dir, num_workers=d.num_workers, **settings)
     c = manifest["counts"]
     skipped = ", ".join(f"{n} {why}" for why, n in c.get("skipped", {}).items() if n) or "none"
     say(
         f"shards: {c['documents']} documents, {c['sentences']} sentences, {c['tokens']} tokens in "
         f"{len(manifest['shards'])} shard(s) at {cfg.shards_dir} (skipped: {skipped})"
+    )
+    return manifest
+
+
+def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint: Path) -> dict:
+    """The shards of a resumed run, built again (their inputs' sizes or times changed) in a directory beside them,
+    compared with the data the checkpoint recorded, and swapped in only if it is the same data or the user allows
+    the change; otherwise removed, with a UserError, leaving the run's shards untouched."""
+    import shutil
+
+    from data_pipeline.shards import ShardSet, build_shards
+    from pretrain.core.errors import UserError
+    from pretrain.train.fingerprint import DATA_KEY, change_allowed
+    from pretrain.train.trainer import saved_fingerprint
+
+    out = cfg.shards_dir
+    tmp = out.parent / f".{out.name}.rebuild"
+    shutil.rmtree(tmp, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
+    say(f"shards: the corpus changed on disk since {checkpoint.name}; building it beside {out} to compare")
+    try:
+        manifest = build_shards(paths, cfg.tokenizer_dir, tmp, num_workers=cfg.data.num_workers, **settings)
+        now, then = ShardSet(tmp, verify=False).content_hash(), saved_fingerprint(checkpoint).get(DATA_KEY)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if then is not None and now != then and not change_allowed(DATA_KEY, cfg.train.allow_changes):
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(
+            f"cannot resume {checkpoint}: the corpus ({', '.join(cfg.data.corpus)}) no longer gives the data this "
+            f"run trained on (shard content {now[:12]}... now, {then[:12]}... in the checkpoint). The run directory "
+            "and its shards were left as they were. Use the corpus the run started with, or another run name; to "
+            "continue on purpose anyway, add train.allow_changes=[data]"
+        )
+    old = out.parent / f".{out.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    out.rename(old)
+    tmp.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
+    return manifest
+
+
+def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
+    """`stage_shards` for data.sources: each source tokenized into <shards_dir>/<name>, a cache of its own (a source
+    whose inputs did not change is a hit), then the mixture's manifest (`shards.write_mixture`). Resuming, a source
+    whose inputs changed on disk is built beside its shards and swapped in only if the mixture still holds the data
+    the checkpoint trained on (or `train.allow_changes` names data), as `_rebuild_for_resume` does for one corpus."""
+    import shutil
+
+    from data_pipeline.mixing import source_inputs
+    from data_pipeline.shards import build_shards, mixture_hash, shards_current, shards_hash, write_mixture
+    from pretrain.core.errors import UserError
+    from pretrain.core.outputs import claim_output, mark_output
+    from pretrain.train.fingerprint import DATA_KEY, change_allowed
+    from pretrain.train.trainer import saved_fingerprint
+
+    d, out = cfg.data, cfg.shards_dir
+    sources = source_inputs(d.sources)  # a pattern matching nothing fails here, naming its source
+    settings = dict(
+        text_field=d.text_field,
+        docs_per_shard=d.docs_per_shard,
+        on_bad=d.on_bad_document,
+        max_document_bytes=d.max_document_bytes,
+    )
+    claim_output(out, "shards", "the shard directory")  # the sources' directories go inside: ours before they do
+    mark_output(out, "shards")
+    built: dict[str, dict] = {}
+    rebuilt: dict[str, Path] = {}  # source -> where it was built beside the run's shards
+    try:
+        for name, files, _ in sources:
+            where = out / name
+            if (
+                resuming is not None
+                and (where / "manifest.json").is_file()
+                and not shards_current(files, cfg.tokenizer_dir, where, **settings)
+            ):
+                where = rebuilt[name] = out / f".{name}.rebuild"
+                shutil.rmtree(where, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
+                say(f"shards: source {name} changed on disk since {resuming.name}; building it beside to compare")
+            built[name] = build_shards(files, cfg.tokenizer_dir, where, num_workers=d.num_workers, **settings)
+        if rebuilt:
+            now = mixture_hash([(n, w, shards_hash(built[n]["shards"])) for n, _, w in sources])
+            then = saved_fingerprint(resuming).get(DATA_KEY)
+            if then is not None and now != then and not change_allowed(DATA_KEY, cfg.train.allow_changes):
+                raise UserError(
+                    f"cannot resume {resuming}: data.sources (changed on disk: {', '.join(rebuilt)}) no longer give "
+                    f"the data this run trained on (shard content {now[:12]}... now, {then[:12]}... in the "
+                    "checkpoint). The run directory and its shards were left as they were. Use the corpus the run "
+                    "started with, or another run name; to continue on purpose anyway, add train.allow_changes=[data]"
+                )
+    except BaseException:
+        for tmp in rebuilt.values():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    for name, tmp in rebuilt.items():
+        old = out / f".{name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        (out / name).rename(old)
+        tmp.rename(out / name)
+        shutil.rmtree(old, ignore_errors=True)
+    manifest = write_mixture(out, [(n, w, built[n]) for n, _, w in sources])
+    for (name, _, weight), part in zip(sources, manifest["sources"]):
+        c = part["counts"]
+        say(f"shards: source {name} (weight {weight:g}): {c['documents']} documents, {c['tokens']} tokens")
+    c = manifest["counts"]
+    skipped = ", ".join(f"{n} {why}" for why, n in c.get("skipped", {}).items() if n) or "none"
+    say(
+        f"shards: {len(sources)} sources, {c['documents']} documents, {c['tokens']} tokens in "
+        f"{len(manifest['shards'])} shard(s) at {out} (skipped: {skipped})"
     )
     return manifest
 
@@ -80,63 +204,126 @@ def stage_export(
     verify: bool = True,
     arch: str | None = None,
     push_to_hub: str | None = None,
+    raw_weights: bool = False,
 ) -> Path:
-    """Export the checkpoint to `out` (default <run>/hf) as the HF architecture its options match (`arch`
-    forces one: bert, roberta, albert, modernbert, electra; see `pretrain.hf.interop.select_architecture`); optionally
-    upload it to the Hub repo `push_to_hub`. Returns the directory a fill-mask demo should load: `out`, or
+    """Export the checkpoint to `out` (default <run>/hf, for the run `checkpoint.run_of` finds, however it was
+    renamed or copied since training; a checkpoint outside a run needs `out`) as the HF architecture its options
+    match (`arch` forces one: bert, roberta, albert, modernbert, electra; see
+    `pretrain.hf.interop.select_architecture`); optionally upload it to the Hub repo `push_to_hub`. The parity
+    check (`verify`) runs on the new export before it replaces the previous one. The checkpoint is read under
+    `reading_checkpoints`, so a trainer saving into the run meanwhile does not rotate it away. A run that kept a
+    weight EMA exports it, unless `raw_weights`. Returns the directory a fill-mask demo should load: `out`, or
     `out`/generator for an ELECTRA (rtd) run, whose `out` holds the discriminator."""
-    from pretrain.hf.electra import GENERATOR_DIR, export_electra, verify_electra_export
-    from pretrain.hf.export import export_pretrained, verify_export
+    from pretrain.core.errors import UserError
     from pretrain.hf.hub import check_hub_token
     from pretrain.hf.hub import push_to_hub as upload
-    from pretrain.hf.interop import select_architecture
+    from pretrain.train.checkpoint import reading_checkpoints, run_of
     from pretrain.train.metrics import read_metrics
 
     token = check_hub_token(push_to_hub) if push_to_hub else None  # no token: fail before doing anything
     source = Path(run_or_checkpoint)
-    cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(source)
-    target = select_architecture(model, arch)  # a UserError for options with no HF equivalent
-    out = Path(out) if out else cfg.hf_dir
+    run = run_of(source)
+    if out is None and run is None:
+        raise UserError(
+            f"{source} is a checkpoint outside a run directory (no <run>/checkpoints around it): "
+            "give --out DIR for the export"
+        )
+    out = Path(out) if out else run / "hf"
     inputs = {"the run directory being exported": source, "its checkpoints": source / "checkpoints"}
     if not (source / "checkpoints").is_dir():
         inputs = {"the checkpoint being exported": source}
-    history = [r for r in read_metrics(cfg.run_dir) if r["step"] <= state["step"]]
-    card = {
-        "run_name": cfg.name,
+    with reading_checkpoints(source):  # until the tokenizer files are copied out of the checkpoint too
+        cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(source, ema=not raw_weights)
+        history = [r for r in read_metrics(run) if r["step"] <= state["step"]] if run else []
+        card = export_card(cfg, model, state, run.name if run else cfg.name, history)
+        out, demo = export_model(model, tokens, tokenizer_dir, out, card, arch, verify, inputs)
+    if push_to_hub:
+        say(f"export: uploaded to {upload(out, push_to_hub, token)}")
+    return demo
+
+
+def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dict], notes: list[str] = ()) -> dict:
+    """What the model card says of a checkpoint: run, objectives, data, tokens, steps, final loss, config; which
+    weights (the EMA's, an average) in its notes."""
+    sources = cfg.data.source_list()
+    corpus = ", ".join(f for src in sources for f in src.corpus)
+    if len(sources) > 1:
+        corpus = "; ".join(f"{src.name} (weight {src.weight:g}): {', '.join(src.corpus)}" for src in sources)
+    return {
+        "run_name": name,
         "objectives": to_dict(cfg.objectives),
-        "corpus": ", ".join(cfg.data.corpus),
+        "corpus": corpus,
         "tokens_seen": state.get("tokens_seen"),
         "steps": state["step"],
         "final_loss": history[-1]["loss"] if history else None,
         "config": {"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)},
         "init_from": cfg.model.init_from or None,
+        "notes": [*notes, *([f"the weights are {state['weights']}"] if state.get("weights") else [])],
     }
+
+
+def export_model(model, tokens, tokenizer_dir: Path, out: Path, card: dict, arch, verify: bool, inputs: dict):
+    """Export `model` as the HF architecture its options match into `out`, checked (`verify`) against ours on a
+    probe batch and through the exported tokenizer's own call on a sentence pair before it replaces anything;
+    returns (out, the directory a fill-mask demo loads)."""
+    from pretrain.hf.electra import GENERATOR_DIR, export_electra, verify_electra_export
+    from pretrain.hf.export import export_pretrained, verify_export
+    from pretrain.hf.interop import select_architecture
+    from pretrain.hf.tokenizer_check import check_pair_encoding
+
+    target = select_architecture(model, arch)  # a UserError for options with no HF equivalent
     for note in target.notes:
         say(f"export: {note}")
+    found: dict[str, float] = {}  # the parity check's max differences, filled in by `check`
+
+    def check(directory: Path) -> None:
+        if target.arch == "electra":
+            found.update(verify_electra_export(model, directory))
+        else:
+            found.update(logits=verify_export(model, directory))
+        check_pair_encoding(directory)
+
     if target.arch == "electra":
-        export_electra(model, tokens, tokenizer_dir, out, card, inputs)
-        demo = out / GENERATOR_DIR
-        if verify:
-            diffs = verify_electra_export(model, out)
-            say(
-                f"export: {out} (ElectraForPreTraining) and {demo} (ElectraForMaskedLM); "
-                f"transformers loads both; max |logit diff| vs ours {max(diffs.values()):.2e}"
-            )
-        else:
-            say(f"export: {out} and {demo}")
+        out = export_electra(model, tokens, tokenizer_dir, out, card, inputs, check=check if verify else None)
+        demo, what = (
+            out / GENERATOR_DIR,
+            f"{out} (ElectraForPreTraining) and {out / GENERATOR_DIR} (ElectraForMaskedLM)",
+        )
     else:
-        export_pretrained(model, tokens, tokenizer_dir, out, card, arch=target.arch, inputs=inputs)
-        demo = out
-        if verify:
-            diff = verify_export(model, out)
-            say(
-                f"export: {out} ({target.hf_class}; transformers loads it; max |logit diff| vs ours {diff:.2e}, "
-                "hidden states included)"
-            )
-        else:
-            say(f"export: {out} ({target.hf_class})")
-    if push_to_hub:
-        say(f"export: uploaded to {upload(out, push_to_hub, token)}")
+        out = export_pretrained(
+            model, tokens, tokenizer_dir, out, card, target.arch, inputs, check=check if verify else None
+        )
+        demo, what = out, f"{out} ({target.hf_class})"
+    checked = (
+        f"; transformers loads it, max |logit diff| vs ours {max(found.values()):.2e} (hidden states included), "
+        "and its tokenizer types sentence pairs as ours"
+    )
+    say(f"export: {what}" + (checked if verify else ""))
+    return out, demo
+
+
+def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, verify: bool = True) -> Path:
+    """The uniform average of several checkpoints of one model (every weight the mean of theirs, computed in fp64),
+    exported like a run into `out`, its card naming the checkpoints. Checkpoints of different shapes are refused
+    before anything is written."""
+    from pretrain.train.checkpoint import load_module_state, reading_checkpoints, resolve_checkpoint
+    from pretrain.train.ema import average_states
+
+    paths = [resolve_checkpoint(Path(c)) for c in checkpoints]
+    states = ((str(p), load_module_state(p)) for p in paths)
+    averaged = average_states(states)
+    first = paths[0]
+    with reading_checkpoints(first):
+        cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(first, ema=False)
+        model.load_state_dict(averaged)
+        names = ", ".join(
+            p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else str(p) for p in paths
+        )
+        card = export_card(
+            cfg, model, state, f"average of {len(paths)} checkpoints", [], [f"the weights are the mean of {names}"]
+        )
+        inputs = {f"the checkpoint {p}": p for p in paths}
+        out, demo = export_model(model, tokens, tokenizer_dir, Path(out), card, arch, verify, inputs)
     return demo
 
 
@@ -156,18 +343,23 @@ def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:
 
 def run_all(cfg: RunConfig, demo: bool = True) -> dict:
     """tokenizer -> shards -> train -> export -> fill-mask demo, skipping stages whose output exists."""
-    import torch.distributed as dist
-
-    from pretrain.train.distributed import init_distributed
+    from pretrain.core.errors import UserError
+    from pretrain.train.distributed import any_rank, init_distributed
     from pretrain.train.trainer import own_run_dir
 
     rank, world = init_distributed()
     with own_run_dir(cfg.run_dir, rank == 0, "running"):
+        error = None
         if rank == 0:
-            stage_tokenizer(cfg)
-            stage_shards(cfg)
-        if world > 1:
-            dist.barrier()
+            try:
+                # a resumed run's derived data is checked against its checkpoint before anything is rebuilt
+                resuming = latest_checkpoint(cfg.run_dir / "checkpoints")
+                stage_tokenizer(cfg)
+                stage_shards(cfg, resuming)
+            except UserError as err:
+                error = err
+        if any_rank(error is not None):  # every rank stops with rank 0 (also the barrier before training)
+            raise error or UserError("rank 0 could not prepare the tokenizer and shards (its message says why)")
         summary = stage_train(cfg)
         # train.max_minutes is a budget the config sets (the demo's cap on a slow or busy machine): what it trained is
         # exported and shown; a signal or an exit_after_steps preemption leaves only the checkpoint, to resume
@@ -178,7 +370,7 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
                     f"train.max_minutes={cfg.train.max_minutes:g} ended training at step {summary['step']} of "
                     f"{cfg.train.max_steps}: exporting that checkpoint (the same command again trains on)"
                 )
-            out = stage_export(cfg.run_dir)
+            out = stage_export(cfg.run_dir, cfg.hf_dir)  # this config's export_dir, else <run_dir>/hf
             if demo:
                 fill_mask_demo(out)
                 say(plateau_note(cfg))

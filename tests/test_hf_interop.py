@@ -384,8 +384,10 @@ def test_import_errors_are_clear(tmp_path):
         sep_token_id=3,
         global_attn_every_n_layers=3,
     )
+    # a layout "every n-th layer global" cannot express: a sliding first layer
+    config.layer_types = ["sliding_attention", "full_attention", "sliding_attention"]
     _hf_checkpoint(src, transformers.ModernBertForMaskedLM(config))
-    with pytest.raises(UserError, match="sliding-window"):
+    with pytest.raises(UserError, match="layer_types"):
         _import(tmp_path, src, {"mlm": {}})
 
 

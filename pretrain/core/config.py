@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import os
+import re
 import types
 import typing
 from dataclasses import dataclass, field
@@ -18,6 +20,7 @@ from typing import Any
 import yaml
 
 from pretrain.core.errors import ConfigError
+from pretrain.core.files import write_atomic
 
 
 def doc(default: Any = dataclasses.MISSING, text: str = "", *, factory: Any = dataclasses.MISSING) -> Any:
@@ -29,6 +32,19 @@ def doc(default: Any = dataclasses.MISSING, text: str = "", *, factory: Any = da
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "presets"
 """The presets: package data (pyproject.toml), so an installed package has them; `configs/` links here."""
+
+
+@dataclass(frozen=True)
+class SourceConfig:
+    """One corpus of a weighted mixture (`data.sources`)."""
+
+    name: str = doc("", "Short identifier (letters, digits, _ and -); its shards are <shards>/<name>.")
+    corpus: list[str] = doc(factory=list, text="Files, directories or globs of this source, as data.corpus.")
+    weight: float = doc(1.0, "Share of the training samples drawn from it, relative to the other sources' weights.")
+
+
+SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
+"""A source's name is a directory name under the shards: no path separators, dots or spaces."""
 
 
 @dataclass(frozen=True)
@@ -72,6 +88,15 @@ class DataConfig:
         "Token-level samples: full_sentences (packed across documents, RoBERTa) or "
         "doc_bounded (never cross a document).",
     )
+    sources: list[SourceConfig] = doc(
+        factory=list,
+        text="Corpora mixed by weight, [{name, corpus, weight}], instead of data.corpus (one tokenizer over all; "
+        "training samples drawn from each in proportion to its weight, a source repeated when exhausted).",
+    )
+
+    def source_list(self) -> list[SourceConfig]:
+        """The corpora a run reads: data.sources, or data.corpus as one source named "corpus" of weight 1."""
+        return list(self.sources) or [SourceConfig("corpus", list(self.corpus), 1.0)]
 
 
 @dataclass(frozen=True)
@@ -94,7 +119,18 @@ class ModelConfig:
     position_embedding: str = doc(
         "learned", "learned absolute positions (BERT) or rope (rotary, applied to queries and keys)."
     )
-    rope_theta: float = doc(10000.0, "RoPE base.")
+    rope_theta: float = doc(10000.0, "RoPE base (of the global layers, with local_attention).")
+    local_attention: int = doc(
+        0,
+        "Sliding-window attention, as ModernBERT's local_attention: in a local layer a token sees the keys within "
+        "local_attention / 2 positions on each side (an even number; ModernBERT: 128). 0 = every layer global.",
+    )
+    global_every: int = doc(
+        3, "With local_attention: layer i is global when i % global_every == 0, the others local (ModernBERT: 3)."
+    )
+    local_rope_theta: float = doc(
+        10000.0, "RoPE base of the local layers (ModernBERT: 10000, its global layers' rope_theta 160000)."
+    )
     activation: str = doc(
         "gelu", "Feed-forward activation: gelu, or geglu (gated; the input projection is twice as wide)."
     )
@@ -139,7 +175,21 @@ class TrainConfig:
     )
     optimizer: str = doc("adamw", "adamw, or lamb (layer-wise trust ratio, for large batches).")
     lr: float = doc(5e-4, "Peak learning rate.")
-    warmup_steps: int = doc(100, "Linear warmup steps, then linear decay to 0 at max_steps.")
+    warmup_steps: int = doc(100, "Linear warm-up steps, then the lr_schedule.")
+    lr_schedule: str = doc(
+        "linear",
+        "After the warm-up: linear (to 0 at max_steps), cosine (to min_lr_ratio), wsd (warmup-stable-decay: the peak, "
+        "then a decay over the last decay_steps) or inverse_sqrt.",
+    )
+    decay_steps: int = doc(0, "wsd: steps of the final decay; 0 = 10% of max_steps.")
+    decay_shape: str = doc("linear", "wsd: shape of the final decay: linear, cosine or 1-sqrt.")
+    min_lr_ratio: float = doc(0.0, "cosine, wsd: the learning rate they end at, as a fraction of lr.")
+    ema_decay: float = doc(
+        0.0,
+        "Keep an exponential moving average of the weights with this decay (e.g. 0.999), exported instead "
+        "of them; 0 = off.",
+    )
+    ema_on_cpu: bool = doc(False, "Keep the EMA weights in CPU memory (large models) rather than on the device.")
     weight_decay: float = doc(0.01, "AdamW weight decay (not applied to biases and LayerNorm weights).")
     adam_beta1: float = doc(0.9, "AdamW beta1.")
     adam_beta2: float = doc(0.98, "AdamW beta2.")
@@ -176,6 +226,15 @@ class WandbConfig:
 
 
 @dataclass(frozen=True)
+class TensorBoardConfig:
+    enabled: bool = doc(
+        False,
+        "Also write metrics.jsonl's scalars as TensorBoard event files in <run_dir>/tensorboard "
+        "(needs the tensorboard package).",
+    )
+
+
+@dataclass(frozen=True)
 class RunConfig:
     name: str = doc("run", "Run name; the run directory is <output_dir>/<name>.")
     output_dir: str = doc("runs", "Parent directory of run directories.")
@@ -186,6 +245,7 @@ class RunConfig:
     )
     train: TrainConfig = field(default_factory=TrainConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
+    tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     export_dir: str = doc("", "Where `pretrain run` exports the HF model; empty means <run_dir>/hf.")
 
     @property
@@ -259,13 +319,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
             except ValueError:
                 pass
     elif tp is float:
+        number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
-            return float(value)
-        if isinstance(value, str):
+            number = float(value)
+        elif isinstance(value, str):
             try:
-                return float(value)
+                number = float(value)
             except ValueError:
                 pass
+        if number is not None and not math.isfinite(number):  # nan passes every `<` check downstream
+            raise ConfigError(f"{where}: value {value!r} is not a finite number")
+        if number is not None:
+            return number
     elif tp is str:
         if isinstance(value, str):
             return value
@@ -341,13 +406,31 @@ def resolve_preset(name_or_path: str) -> Path:
     )
 
 
+def _read_text(path: Path) -> str:
+    """A config file's text, read as UTF-8 whatever the locale (YAML's own encoding; a UTF-8 BOM is dropped). An
+    unreadable file or a bad byte is a ConfigError naming the file, line and column."""
+    try:
+        raw = path.read_bytes()
+    except OSError as err:
+        raise ConfigError(f"{path}: cannot read the config file ({err.strerror or err})") from None
+    try:
+        return raw.decode("utf-8").removeprefix("\ufeff")  # not utf-8-sig: its error offsets skip the BOM
+    except UnicodeDecodeError as err:
+        line = raw.count(b"\n", 0, err.start) + 1
+        column = err.start - (raw.rfind(b"\n", 0, err.start) + 1) + 1  # in bytes: the bad one has no character
+        raise ConfigError(
+            f"{path}:{line}:{column}: not UTF-8 text (byte 0x{raw[err.start]:02x} at offset {err.start}); "
+            "save the file as UTF-8"
+        ) from None
+
+
 def load_yaml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
     """Read a YAML preset; `base: other.yaml` inherits from another preset (relative to this file)."""
     if path.resolve() in _chain:
         loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
         raise ConfigError(f"{path}: base: presets inherit from each other in a loop ({loop})")
     try:
-        data = yaml.safe_load(path.read_text()) or {}
+        data = yaml.safe_load(_read_text(path)) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
@@ -401,6 +484,8 @@ def _check_values(cfg: RunConfig) -> None:
         "model.activation": (cfg.model.activation, ("gelu", "geglu")),
         "train.nan_policy": (cfg.train.nan_policy, ("skip", "stop")),
         "train.loss_normalization": (cfg.train.loss_normalization, ("step", "micro_batch")),
+        "train.lr_schedule": (cfg.train.lr_schedule, ("linear", "cosine", "wsd", "inverse_sqrt")),
+        "train.decay_shape": (cfg.train.decay_shape, ("linear", "cosine", "1-sqrt")),
     }
     for key, (value, allowed) in choices.items():
         if value not in allowed:
@@ -422,23 +507,115 @@ def _check_values(cfg: RunConfig) -> None:
     for key in ("save_every", "keep_checkpoints"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
+    _check_schedule(cfg.train)
+    _check_sources(cfg.data)
     for key in ("num_layers", "num_heads", "hidden_size", "intermediate_size"):
         if getattr(cfg.model, key) < 1:
             raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg.model, key)}")
+    _check_local_attention(cfg)
+
+
+def _check_local_attention(cfg: RunConfig) -> None:
+    """model.local_attention and its companions. ModernBERT's window: a token sees |query - key| <= window / 2."""
+    m, window = cfg.model, cfg.model.local_attention
+    if window < 0 or window % 2:
+        raise ConfigError(
+            f"model.local_attention: value {window} is not 0 (global attention) or an even number of tokens "
+            "(a token sees local_attention / 2 on each side)"
+        )
+    if m.global_every < 1:
+        raise ConfigError(f"model.global_every: must be >= 1, got {m.global_every}")
+    if m.local_rope_theta <= 0:
+        raise ConfigError(f"model.local_rope_theta: must be > 0, got {m.local_rope_theta}")
+    if not window:
+        return
+    if m.global_every == 1:
+        raise ConfigError(
+            f"model.global_every: value 1 makes every layer global, so model.local_attention={window} would do nothing"
+        )
+    if m.share_layers:
+        raise ConfigError(
+            f"model.local_attention={window} with model.share_layers=true: a shared layer is one module for every "
+            "depth, so it cannot be global at some and local at others"
+        )
+    # An imported checkpoint keeps its window whatever the run's length (its export must say the same window).
+    if not m.init_from and window // 2 >= cfg.data.max_seq_len - 1:
+        raise ConfigError(
+            f"model.local_attention: value {window} lets a token see {window // 2} positions on each side, all of "
+            f"data.max_seq_len={cfg.data.max_seq_len}: the local layers would attend globally (use 0, or a window "
+            f"below {2 * (cfg.data.max_seq_len - 1)})"
+        )
+
+
+def _check_sources(d: DataConfig) -> None:
+    """data.sources: named, non-empty, positive weights; instead of data.corpus, not beside it. The built-in demo
+    corpus (what DataConfig and the default preset set) counts as not given, so presets based on it take sources."""
+    if d.sources and d.corpus and d.corpus != DataConfig().corpus:
+        raise ConfigError(
+            f"data.corpus ({', '.join(d.corpus)}) and data.sources are both given: data.sources replaces data.corpus; "
+            "give one of them (data.corpus=[] where a preset sets it)"
+        )
+    seen: set[str] = set()
+    for i, s in enumerate(d.sources):
+        where = f"data.sources[{i}]"
+        if not SOURCE_NAME.fullmatch(s.name):
+            raise ConfigError(
+                f"{where}.name: {s.name!r} is not a short identifier (letters, digits, _ and -, at most 64, not "
+                "starting with _ or -): it names the source's shard directory"
+            )
+        if s.name in seen:
+            raise ConfigError(f"{where}.name: '{s.name}' names two sources; give each source its own name")
+        seen.add(s.name)
+        if not s.weight > 0:
+            raise ConfigError(f"{where}.weight: source '{s.name}' has weight {s.weight}; weights must be > 0")
+        if not s.corpus:
+            raise ConfigError(f"{where}.corpus: source '{s.name}' names no files (an empty list)")
+
+
+def _check_schedule(t: TrainConfig) -> None:
+    if t.lr < 0 or t.warmup_steps < 0 or t.decay_steps < 0:
+        raise ConfigError(
+            f"train.lr, warmup_steps and decay_steps must be >= 0 (got {t.lr}, {t.warmup_steps}, {t.decay_steps})"
+        )
+    if not 0.0 <= t.min_lr_ratio <= 1.0:
+        raise ConfigError(f"train.min_lr_ratio: must be within [0, 1], got {t.min_lr_ratio}")
+    if not 0.0 <= t.ema_decay < 1.0:
+        raise ConfigError(f"train.ema_decay: must be within (0, 1), or 0 for no EMA; got {t.ema_decay}")
+    if t.ema_decay and t.zero_stage == 3:
+        raise ConfigError("train.ema_decay: not with train.zero_stage=3 (its weights are partitioned over ranks)")
+    if t.lr_schedule == "wsd" and t.decay_steps > t.max_steps - t.warmup_steps:
+        raise ConfigError(
+            f"train.decay_steps ({t.decay_steps}) is longer than the steps after the warm-up "
+            f"(max_steps {t.max_steps} - warmup_steps {t.warmup_steps})"
+        )
 
 
 def read_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
     """A preset or file with dotted overrides, typed and checked (not yet resolved: see `build_config`)."""
     data = load_yaml(resolve_preset(name_or_path)) if name_or_path else {}
-    return build_config(apply_overrides(data, overrides or []))
+    cfg = build_config(apply_overrides(data, overrides or []))
+    # Here, not in build_config: a checkpoint's config is built too, and exporting it must not need the package
+    if cfg.tensorboard.enabled:
+        require_tensorboard()
+    return cfg
+
+
+def require_tensorboard() -> None:
+    """tensorboard.enabled needs the tensorboard package (torch.utils.tensorboard writes through it): checked when the
+    config is read, before a stage writes anything, and again by the metrics logger before training."""
+    try:
+        import tensorboard  # noqa: F401
+    except ImportError:
+        raise ConfigError(
+            "tensorboard.enabled=true needs the 'tensorboard' package, which is not installed: "
+            "pip install tensorboard (or set tensorboard.enabled=false)"
+        ) from None
 
 
 def save_config(cfg: RunConfig, path: os.PathLike) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
-    os.replace(tmp, path)
+    write_atomic(path, yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
 
 def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:

@@ -3,7 +3,8 @@
 Reports the shard counts (documents, sentences, tokens, skips by reason), a histogram of document lengths
 in tokens (PNG), the packing efficiency of every sample builder (fraction of a max_seq_len window that
 holds real tokens rather than padding), and a few samples decoded after the run's own objectives prepared
-them, showing exactly which tokens each objective masks or replaces.
+them, showing exactly which tokens each objective masks or replaces. For weighted sources (`data.sources`): the tokens
+of each, and how many of its epochs a run of train.max_steps sees.
 """
 
 from __future__ import annotations
@@ -110,6 +111,7 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
     from objectives import build_objectives, sample_builder_for
+    from pretrain.train.setup import build_sample_source
 
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     tokens = special_tokens(tokenizer)
@@ -134,15 +136,23 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
         builders[kind] = builder
         efficiency[kind] = {"samples": len(builder), "efficiency": packing_efficiency(builder, L)}
 
-    builder = builders.get(run_kind) or build_samples(run_kind, shards, L, tokens, seed)
+    if shards.is_mixture:  # each source's own builder, drawn from by weight, as the run does
+        builder = build_sample_source(cfg, shards, tokens, objectives)
+    else:
+        builder = builders.get(run_kind) or build_samples(run_kind, shards, L, tokens, seed)
     dataset = PretrainDataset(builder, objectives, seed)
     samples = []
     for position in range(min(num_samples, len(dataset))):
-        epoch, index = dataset.locate(position)
-        rng = sample_rng(seed, epoch, index)  # the builder draws first from the same rng, as the dataset does
-        original = builder.sample(index, rng)
+        source, epoch, index = dataset.place(position)
+        rng = sample_rng(seed, epoch, index, source)  # the builder draws first from the same rng, as the dataset does
+        original = (builder if source is None else builder.builders[source]).sample(index, rng)
         samples.append(
-            {"position": position, "index": index, "lines": render_sample(original, dataset[position], tokenizer)}
+            {
+                "position": position,
+                "index": index,
+                "source": None if source is None else builder.names[source],
+                "lines": render_sample(original, dataset[position], tokenizer),
+            }
         )
 
     return {
@@ -164,7 +174,33 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
         "run_builder": run_kind,
         "objectives": [o.name for o in objectives],
         "samples": samples,
+        **(source_report(cfg, shards, builder) if shards.is_mixture else {}),
     }
+
+
+def source_report(cfg, shards, mixed) -> dict:
+    """Per source of a mixture: its tokens, and how many epochs of it a run of train.max_steps steps sees (the
+    samples the schedule draws from it in global batch x max_steps, over its samples per epoch), for one rank."""
+    t = cfg.train
+    batch = t.micro_batch_size * t.grad_accum_steps
+    drawn = mixed.draws(batch * t.max_steps)
+    total = sum(mixed.weights)
+    rows = []
+    for i, (name, weight, part) in enumerate(shards.sources()):
+        c = part.manifest["counts"]
+        rows.append(
+            {
+                "name": name,
+                "weight": weight,
+                "share": weight / total,
+                "documents": c["documents"],
+                "tokens": c["tokens"],
+                "samples_per_epoch": mixed.lengths[i],
+                "drawn": int(drawn[i]),
+                "epochs": int(drawn[i]) / mixed.lengths[i],
+            }
+        )
+    return {"sources": rows, "global_batch": batch, "max_steps": t.max_steps}
 
 
 def format_report(r: dict) -> str:
@@ -182,8 +218,22 @@ def format_report(r: dict) -> str:
     for kind, e in r["packing"].items():
         mark = "*" if kind == r["run_builder"] else " "
         out.append(f"  {mark} {kind:<11} {e['samples']:>10,} samples   {e['efficiency']:.1%}")
+    if r.get("sources"):
+        drawn = r["global_batch"] * r["max_steps"]
+        out.append(
+            f"sources    epochs at max_steps: {r['global_batch']} (global batch, 1 rank) x {r['max_steps']} steps = "
+            f"{drawn:,} samples, each source's share of them over its samples per epoch"
+        )
+        head = ("source", "weight", "share", "documents", "tokens", "samples/epoch", "drawn", "epochs")
+        out.append("  {:<16} {:>8} {:>7} {:>10} {:>12} {:>14} {:>10} {:>8}".format(*head))
+        for s in r["sources"]:
+            out.append(
+                f"  {s['name']:<16} {s['weight']:>8g} {s['share']:>7.1%} {s['documents']:>10,} {s['tokens']:>12,} "
+                f"{s['samples_per_epoch']:>14,} {s['drawn']:>10,} {s['epochs']:>8.2f}"
+            )
     out.append(f"samples    objectives {', '.join(r['objectives'])}, builder {r['run_builder']}; {LEGEND}")
     for s in r["samples"]:
-        out.append(f"  position {s['position']} (sample {s['index']}): {s['lines'][0]}")
+        source = f"source {s['source']}, " if s.get("source") else ""
+        out.append(f"  position {s['position']} ({source}sample {s['index']}): {s['lines'][0]}")
         out += s["lines"][1:]
     return "\n".join(out)

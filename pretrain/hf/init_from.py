@@ -116,24 +116,21 @@ def model_config_from_hf(hf_cfg: Any, base: ModelConfig, where: str = "model.ini
             arch["embedding_size"] = hf_cfg.embedding_size
     elif t == "modernbert":
         _check_act(hf_cfg.hidden_activation, where)
-        if any(lt != "full_attention" for lt in hf_cfg.layer_types):
-            raise UserError(
-                f"{where}: this ModernBERT has sliding-window (local) attention layers "
-                f"({hf_cfg.layer_types.count('sliding_attention')} of {len(hf_cfg.layer_types)}); our "
-                "encoder attends globally in every layer with one RoPE theta. Only checkpoints with "
-                "global attention everywhere (global_attn_every_n_layers=1) can be imported"
-            )
         biases = {k: getattr(hf_cfg, k) for k in ("norm_bias", "attention_bias", "mlp_bias")}
         if any(biases.values()):
             raise UserError(f"{where}: ModernBERT with {biases}: only bias-free layers are supported (use_bias=false)")
-        rope = hf_cfg.rope_parameters["full_attention"]
-        if rope.get("rope_type", "default") != "default":
-            raise UserError(f"{where}: rope_type {rope['rope_type']!r}; only plain RoPE is supported")
+        thetas = {}
+        for kind in ("full_attention", "sliding_attention"):
+            rope = (hf_cfg.rope_parameters or {}).get(kind) or {}
+            if kind in hf_cfg.layer_types and rope.get("rope_type", "default") != "default":
+                raise UserError(f"{where}: {kind} rope_type {rope['rope_type']!r}; only plain RoPE is supported")
+            thetas[kind] = rope.get("rope_theta")
         # type_vocab_size 1: ModernBERT has no token types; our one row stays zero (see _modernbert_types_from)
         arch.update(
+            _modernbert_windows(hf_cfg, where),
             max_position_embeddings=hf_cfg.max_position_embeddings,
             layer_norm_eps=hf_cfg.norm_eps,
-            rope_theta=float(rope["rope_theta"]),
+            rope_theta=float(thetas["full_attention"]),
             **MODERNBERT_OPTIONS,
             embedding_size=0,
             share_layers=False,
@@ -153,6 +150,31 @@ def model_config_from_hf(hf_cfg: Any, base: ModelConfig, where: str = "model.ini
             ", ".join(f"{k} {a!r} -> {b!r}" for k, (a, b) in changed.items()),
         )
     return replace(base, **arch)
+
+
+def _modernbert_windows(hf_cfg: Any, where: str) -> dict[str, Any]:
+    """model.local_attention / global_every / local_rope_theta of a ModernBERT config's layer_types: ours has global
+    attention at every global_every-th layer from the first (the layouts ModernBERT's global_attn_every_n_layers
+    makes), local elsewhere."""
+    types = list(hf_cfg.layer_types)
+    theta = ((hf_cfg.rope_parameters or {}).get("sliding_attention") or {}).get("rope_theta")
+    out: dict[str, Any] = {} if theta is None else {"local_rope_theta": float(theta)}
+    if all(t == "full_attention" for t in types):
+        return {**out, "local_attention": 0}
+    full = [i for i, t in enumerate(types) if t == "full_attention"]
+    every = full[1] if len(full) > 1 else len(types)
+    if types != ["full_attention" if i % every == 0 else "sliding_attention" for i in range(len(types))]:
+        raise UserError(
+            f"{where}: layer_types {types}: our encoder has global attention in every n-th layer from the first "
+            "(model.global_every) and sliding-window attention in the others; this layout is not one of those"
+        )
+    half = hf_cfg.local_attention // 2  # transformers' sliding_window: what a token sees on each side
+    if half < 1:
+        raise UserError(
+            f"{where}: local_attention {hf_cfg.local_attention}: a window that sees no other token has no "
+            "model.local_attention equivalent (0 means global)"
+        )
+    return {**out, "local_attention": 2 * half, "global_every": every}  # an odd window is the even one below it
 
 
 def _normalise(sd: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:

@@ -11,13 +11,14 @@ A table is a list of `Link(ours, hf, offset)`:
 
 Export dispatch (`select_architecture`), from the model options and the run's heads:
 - rtd objective                       -> electra (ElectraForPreTraining + generator/ElectraForMaskedLM);
-- pre-LN + RoPE + GeGLU + no biases   -> modernbert (ModernBertForMaskedLM, global attention in every layer);
+- pre-LN + RoPE + GeGLU + no biases   -> modernbert (ModernBertForMaskedLM; with model.local_attention its
+                                         sliding-window layers, layer_types and both RoPE thetas);
 - factorized embeddings or shared layers (or --arch albert)
                                       -> albert (AlbertForPreTraining with an sop head, else AlbertForMaskedLM);
 - --arch roberta                      -> roberta (RobertaForMaskedLM);
 - otherwise                           -> bert (BertForPreTraining with an nsp head, else BertForMaskedLM).
-Any other mix of options (pre-LN with learned positions, RoPE with post-LN, ...) has no HF class that
-computes the same function: `UserError` naming the option and the architectures that exist.
+Any other mix of options (pre-LN with learned positions, RoPE with post-LN, local attention outside ModernBERT, ...)
+has no HF class that computes the same function: `UserError` naming the option and the architectures that exist.
 
 Import (`model.init_from`) lives in `pretrain.hf.init_from`, uploads in `pretrain.hf.hub`.
 """
@@ -33,6 +34,7 @@ from torch import nn
 
 from pretrain.core.config import ModelConfig
 from pretrain.core.errors import UserError
+from pretrain.model.encoder import layer_windows
 
 log = logging.getLogger(__name__)
 
@@ -118,6 +120,7 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
         if requested not in (None, "electra"):
             raise UserError(f"--arch {requested}: an rtd (ELECTRA) run exports as electra only")
         _require(opts, BERT_OPTIONS, "electra")
+        _require_global(cfg, "electra")
         if getattr(cfg, "share_layers", False):  # factorized embeddings are ELECTRA's own (embeddings_project)
             raise UserError("ELECTRA export has no shared layers on the discriminator (model.share_layers=true)")
         return Target("electra", "ElectraForPreTraining", ("the generator is in generator/ (ElectraForMaskedLM)",))
@@ -159,6 +162,7 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
         raise UserError("--arch electra needs an rtd run (ElectraForPreTraining is a replaced-token detector)")
     if arch == "modernbert":
         _require(opts, MODERNBERT_OPTIONS, "modernbert")
+    _require_global(cfg, arch)
     sentence = {"bert": "nsp", "albert": "sop"}.get(arch)
     if sentence in heads:
         cls = {"bert": "BertForPreTraining", "albert": "AlbertForPreTraining"}[arch]
@@ -169,6 +173,15 @@ def select_architecture(model: nn.Module, requested: str | None = None) -> Targe
     if arch == "albert" and cls == "AlbertForMaskedLM":
         notes.append("no sop head in this run: exported as AlbertForMaskedLM, not AlbertForPreTraining")
     return Target(arch, cls, tuple(notes))
+
+
+def _require_global(cfg: ModelConfig, arch: str) -> None:
+    window = getattr(cfg, "local_attention", 0)
+    if window:
+        raise UserError(
+            f"model.local_attention={window} (sliding-window layers) has no {arch} equivalent in HuggingFace "
+            f"transformers; only modernbert has local attention. HF architectures that exist: {_WHAT_EXISTS}"
+        )
 
 
 def _require(opts: dict, wanted: dict, arch: str) -> None:
@@ -651,7 +664,11 @@ def hf_config(model: nn.Module, target: Target, tokens) -> Any:
         )
     if target.arch == "modernbert":
         head = lm_head_name(model)
-        theta = float(cfg.rope_theta)
+        windows = layer_windows(cfg)
+        # transformers reads layer_types (a token of a sliding layer sees local_attention // 2 on each side, as
+        # ours); global_attn_every_n_layers is what readers before layer_types took (and 5.x keeps it).
+        # All global: the window is made to cover every position too, for readers that still consult it.
+        window = getattr(cfg, "local_attention", 0)
         return transformers.ModernBertConfig(
             **{**common, "tie_word_embeddings": modernbert_tied(model)},
             hidden_activation="gelu",
@@ -666,13 +683,12 @@ def hf_config(model: nn.Module, target: Target, tokens) -> Any:
             attention_dropout=cfg.attention_dropout,
             embedding_dropout=cfg.hidden_dropout,
             mlp_dropout=cfg.hidden_dropout,
-            # Global attention in every layer (ours has no sliding window); the window is made to cover every
-            # position too, for readers that still consult it.
-            layer_types=["full_attention"] * cfg.num_layers,
-            local_attention=2 * cfg.max_position_embeddings,
+            layer_types=["sliding_attention" if w else "full_attention" for w in windows],
+            local_attention=window or 2 * cfg.max_position_embeddings,
+            global_attn_every_n_layers=cfg.global_every if window else 1,
             rope_parameters={
-                "full_attention": {"rope_type": "default", "rope_theta": theta},
-                "sliding_attention": {"rope_type": "default", "rope_theta": theta},
+                "full_attention": {"rope_type": "default", "rope_theta": float(cfg.rope_theta)},
+                "sliding_attention": {"rope_type": "default", "rope_theta": float(cfg.local_rope_theta)},
             },
             bos_token_id=tokens.cls,
             eos_token_id=tokens.sep,

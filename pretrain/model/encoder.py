@@ -18,6 +18,13 @@ compose freely, because each lives in one place:
 - use_bias=False        every Linear and LayerNorm of the encoder (and the MLM head) without bias.
 - embedding_size=E      Embeddings: word/position/type tables of width E, LN(E), then `embeddings.projection` E -> H.
 - share_layers          BertEncoder: one `shared_layer` (in the state dict once); `layers` is that module N times.
+- local_attention=W     SelfAttention(window=W) in every layer but each global_every-th (`layer_windows`, ModernBERT's
+                        layer_types): a token sees the keys within W/2 positions on each side, and with RoPE its q/k
+                        turn by local_rope_theta. The layers' masks are built once per forward per distinct window
+                        (`LayerInputs`), a boolean band AND the key mask (`padding.window_mask`), so SDPA runs as for
+                        global layers; a window that covers the whole sequence takes the global bias (same bits).
+                        Positions are columns, so documents packed in one row share a band as they share global
+                        attention; global layers run exactly as without the option.
 - unpadded              BertEncoder: real tokens packed to [T, H] for embeddings, projections, FFN and LN;
                         attention re-pads q/k/v only (see `Packed` for why and the measurements).
 - compile               torch.compile of a plain function over the module (state-dict names unchanged).
@@ -33,13 +40,15 @@ positions (`query_positions`).
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain.core.config import ModelConfig
-from pretrain.model.padding import Packed, attention_bias
+from pretrain.model.padding import Banded, Packed, attention_bias, local_mask, masks_nothing, window_mask
 
 
 def _linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
@@ -142,23 +151,38 @@ class Embeddings(nn.Module):
         return self.dropout(self.layer_norm(x))
 
 
+def layer_windows(cfg: ModelConfig) -> list[int]:
+    """Each layer's attention window, 0 = global: with model.local_attention, layer i is global when
+    i % global_every == 0 and local otherwise (ModernBERT's layer_types)."""
+    window = getattr(cfg, "local_attention", 0)
+    return [0 if not window or i % cfg.global_every == 0 else window for i in range(cfg.num_layers)]
+
+
+def _theta(cfg: ModelConfig, window: int) -> float:
+    return cfg.local_rope_theta if window else cfg.rope_theta
+
+
 class SelfAttention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, window: int = 0):
         super().__init__()
         self.num_heads = cfg.num_heads
         self.qkv = _linear(cfg, cfg.hidden_size, 3 * cfg.hidden_size)  # one matmul for q, k, v
         self.out = _linear(cfg, cfg.hidden_size, cfg.hidden_size)
         self.dropout_p = cfg.attention_dropout
-        self.rope_theta = cfg.rope_theta if cfg.position_embedding == "rope" else None
+        # 0: global. Else local: the mask it is given holds the band (BertEncoder picks it by this number).
+        self.window = window
+        self.rope_theta = _theta(cfg, window) if cfg.position_embedding == "rope" else None
 
     def _attend(
-        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | None
+        self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attn_bias: torch.Tensor | Banded | None
     ) -> torch.Tensor:
         # q [B, N, Lq, D], k / v [B, N, L, D] -> [B, Lq, H] (before the output projection)
         B, N, Lq, D = q.shape
-        y = F.scaled_dot_product_attention(
-            q, k, v, attn_mask=attn_bias, dropout_p=self.dropout_p if self.training else 0.0
-        )
+        dropout_p = self.dropout_p if self.training else 0.0
+        if isinstance(attn_bias, Banded):  # a local layer, block by block
+            y = attn_bias.attend(q, k, v, dropout_p)
+        else:
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p)
         return y.transpose(1, 2).reshape(B, Lq, N * D)
 
     def forward(
@@ -172,7 +196,7 @@ class SelfAttention(nn.Module):
         query_rope: tuple | None = None,
         packed: Packed | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias unused: `packed` has its own).
+        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias then over `packed`'s attention grid).
         With a query stream `query` [B, Lq, H], also its attention output [B, Lq, H]: Q from `query` through
         the same q projection, K and V those of `x` (computed once).
         rope: (cos, sin) broadcastable to [*x.shape[:-1], 1, 1, D] (the tokens' positions), default 0..L-1;
@@ -189,7 +213,7 @@ class SelfAttention(nn.Module):
             cos, sin = (t.to(qkv.dtype) for t in rope)  # tables may be fp32 while autocast runs bf16
             qkv = torch.cat((rotate(qkv[..., :2, :, :], cos, sin), qkv[..., 2:, :, :]), dim=-3)
         if packed is not None:
-            qkv, attn_bias = packed.to_attention(qkv), packed.attn_bias  # [T, 3, N, D] -> [B, Lp, 3, N, D]
+            qkv = packed.to_attention(qkv)  # [T, 3, N, D] -> [B, Lp, 3, N, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x [B, N, L, D]
         y = self._attend(q, k, v, attn_bias)  # [B, L, H]
         if packed is not None:
@@ -212,11 +236,11 @@ class EncoderLayer(nn.Module):
     Pre-LN:           x = x + Attn(LN(x)); x = x + FFN(LN(x)).
     FFN: ffn_out(gelu(ffn_in(x))), or with GeGLU ffn_out(gelu(a) * b) where [a, b] = ffn_in(x) [.., 2I]."""
 
-    def __init__(self, cfg: ModelConfig, attn_norm: bool = True):
+    def __init__(self, cfg: ModelConfig, attn_norm: bool = True, window: int = 0):
         super().__init__()
         self.pre_norm = cfg.norm_placement == "pre"
         self.gated = cfg.activation == "geglu"
-        self.attention = SelfAttention(cfg)
+        self.attention = SelfAttention(cfg, window)
         # attn_norm=False only for a pre-LN layer whose input is already LayerNorm-ed (see the module doc).
         self.attn_norm = _norm(cfg, cfg.hidden_size) if attn_norm else nn.Identity()
         self.ffn_in = _linear(cfg, cfg.hidden_size, (2 if self.gated else 1) * cfg.intermediate_size)
@@ -259,10 +283,26 @@ class EncoderLayer(nn.Module):
         return self._residual_ffn(x, a), self._residual_ffn(query, a_query)
 
 
-def _layer_stack(encoder: BertEncoder, x: torch.Tensor, bias, g, g_bias, rope, query_rope, packed):
-    """The layers (+ final norm) over x [B, L, H] or packed [T, H], and the query stream g [B, Lq, H] if any.
-    A plain function of the module, so that torch.compile wraps it without replacing the module."""
+class LayerInputs(NamedTuple):
+    """What the layers of one window (0 = global) attend with in one forward: built once, used by each of them."""
+
+    bias: torch.Tensor | Banded | None
+    """Content stream: additive [B or 1, 1, 1 or L, L] (global), bool [B or 1, 1, L, L] or `Banded` (local); packed:
+    over the attention grid [B, Lp]."""
+    query_bias: torch.Tensor | None
+    """Query stream: [B, 1, Lq, L]."""
+    rope: tuple | None
+    """Packed: (cos, sin) [T, 1, 1, D] at each token's position; None: the layer's own 0..L-1 tables."""
+    query_rope: tuple | None
+    """(cos, sin) [B, Lq, 1, D] at the query stream's positions."""
+
+
+def _layer_stack(encoder: BertEncoder, x: torch.Tensor, g, inputs: dict[int, LayerInputs], packed):
+    """The layers (+ final norm) over x [B, L, H] or packed [T, H], and the query stream g [B, Lq, H] if any; each
+    layer with the inputs of its window. A plain function of the module, so that torch.compile wraps it without
+    replacing the module."""
     for layer in encoder.layers:
+        bias, g_bias, rope, query_rope = inputs[layer.attention.window]
         kwargs = {"rope": rope, "query_rope": query_rope, "packed": packed}
         if encoder.config.activation_checkpointing and torch.is_grad_enabled():
             # Non-reentrant: works with kwargs and with inputs that need no grad; the RNG state is saved and
@@ -299,6 +339,10 @@ class BertEncoder(nn.Module):
         super().__init__()
         self.config = cfg
         self.embeddings = Embeddings(cfg)
+        windows = layer_windows(cfg)
+        self.windows = tuple(sorted(set(windows)))  # the distinct windows: one set of masks each per forward
+        if cfg.share_layers and any(windows):
+            raise ValueError("model.local_attention with share_layers: one shared layer cannot be global and local")
         if cfg.share_layers:
             # ALBERT: one layer applied num_layers times. It is registered once (state dict:
             # encoder.shared_layer.*); `layers` is a plain tuple, not a module container, so it adds no names.
@@ -309,7 +353,8 @@ class BertEncoder(nn.Module):
             # unless a projection (E != H) sits between them.
             skip_first = cfg.norm_placement == "pre" and _embedding_size(cfg) == cfg.hidden_size
             self.layers = nn.ModuleList(
-                EncoderLayer(cfg, attn_norm=not (skip_first and i == 0)) for i in range(cfg.num_layers)
+                EncoderLayer(cfg, attn_norm=not (skip_first and i == 0), window=windows[i])
+                for i in range(cfg.num_layers)
             )
         # Pre-LN leaves the residual stream un-normalised: one LN on the output (ModernBERT's final_norm).
         self.final_norm = _norm(cfg, cfg.hidden_size) if cfg.norm_placement == "pre" else None
@@ -343,24 +388,56 @@ class BertEncoder(nn.Module):
             positions = packed.indices % packed.length  # [T]: the column, as in the padded path
             types = None if token_type_ids is None else packed.gather(token_type_ids)
             x = self.embeddings(packed.gather(input_ids), types, positions)  # [T, H]
-            rope = None
-            if cfg.position_embedding == "rope":
-                cos, sin = rope_tables(packed.length, self._head_dim(), cfg.rope_theta, x.device, x.dtype)
-                rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
-            x, _ = stack(self, x, None, None, None, rope, None, packed)
+            inputs = {}
+            for w in self.windows:
+                rope = None
+                if cfg.position_embedding == "rope":
+                    cos, sin = rope_tables(packed.length, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
+                    rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
+                inputs[w] = LayerInputs(packed.window_mask(w) if w else packed.attn_bias, None, rope, None)
+            x, _ = stack(self, x, None, inputs, packed)
             return packed.repad(x)
 
         x = self.embeddings(input_ids, token_type_ids)
+        L = input_ids.shape[1]
         bias = attention_bias(attention_mask, x.dtype)
         if query_stream is None:
-            return stack(self, x, bias, None, None, None, None, None)[0]
-        g_bias, query_rope = attention_bias(query_mask, x.dtype), None
-        if cfg.position_embedding == "rope":
-            if query_positions is None:
-                raise ValueError("position_embedding=rope: the query stream needs query_positions [B, Lq]")
-            cos, sin = rope_tables(input_ids.shape[1], self._head_dim(), cfg.rope_theta, x.device, x.dtype)
-            query_rope = (cos[query_positions, None], sin[query_positions, None])  # [B, Lq, 1, D]
-        return stack(self, x, bias, query_stream, g_bias, None, query_rope, None)
+            inputs = {}
+            for w in self.windows:
+                if w and not masks_nothing(w, L) and (attention_mask is None or attention_mask.dim() == 2):
+                    local = local_mask(attention_mask, w, L, input_ids.shape[0], x.device)  # by blocks if shorter
+                    inputs[w] = LayerInputs(local, None, None, None)
+                else:
+                    inputs[w] = LayerInputs(self._mask(bias, attention_mask, w, L), None, None, None)
+            return stack(self, x, None, inputs, None)[0]
+        g_bias = attention_bias(query_mask, x.dtype)
+        if query_positions is None and (cfg.position_embedding == "rope" or any(self.windows)):
+            raise ValueError(
+                "position_embedding=rope or local_attention: the query stream needs query_positions [B, Lq]"
+            )
+        inputs = {}
+        for w in self.windows:
+            query_rope = None
+            if cfg.position_embedding == "rope":
+                cos, sin = rope_tables(L, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
+                query_rope = (cos[query_positions, None], sin[query_positions, None])  # [B, Lq, 1, D]
+            query_bias = self._mask(g_bias, query_mask, w, L, query_positions)
+            inputs[w] = LayerInputs(self._mask(bias, attention_mask, w, L), query_bias, None, query_rope)
+        return stack(self, x, query_stream, inputs, None)
+
+    @staticmethod
+    def _mask(
+        bias: torch.Tensor | None,
+        mask: torch.Tensor | None,
+        window: int,
+        length: int,
+        query_positions: torch.Tensor | None = None,
+    ) -> torch.Tensor | None:
+        """The global `bias` of `mask` for a global layer, or for a window that sees every key at this length (the
+        same bits as global attention); else the window's boolean mask [B or 1, 1, Lq, L]."""
+        if not window or masks_nothing(window, length):
+            return bias
+        return window_mask(mask, window, length, query_positions)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

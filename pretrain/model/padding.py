@@ -1,12 +1,13 @@
 """What the encoder does about padding: masks it out of attention (`attention_bias`), or packs the real tokens of a
-padded [B, L] batch into [T] so that nothing is computed on it (`Packed`, ModelConfig.unpadded). Shapes as in
-`pretrain.model.encoder`."""
+padded [B, L] batch into [T] so that nothing is computed on it (`Packed`, ModelConfig.unpadded); and the band of
+sliding-window (local) attention, combined with either (`window_mask`). Shapes as in `pretrain.model.encoder`."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 
 class _TakeRows(torch.autograd.Function):
@@ -37,6 +38,91 @@ def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> t
     return bias[:, None, None, :] if attention_mask.dim() == 2 else bias[:, None]
 
 
+def band(query_pos: torch.Tensor, key_pos: torch.Tensor, window: int) -> torch.Tensor:
+    """ModernBERT's local attention: a query sees the keys at most window // 2 positions away on either side (itself
+    included; transformers' `sliding_window` is that half). query_pos [..., Lq], key_pos [L] -> bool [..., Lq, L]."""
+    return (query_pos[..., :, None] - key_pos).abs() <= window // 2
+
+
+def masks_nothing(window: int, length: int) -> bool:
+    """Whether a window sees every key of a sequence of `length` from every query (then a layer attends globally)."""
+    return window // 2 >= length - 1
+
+
+def window_mask(
+    attention_mask: torch.Tensor | None,
+    window: int,
+    length: int,
+    query_positions: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Boolean SDPA mask (True = may attend, broadcast over heads) of a local layer: the band over `length` key
+    positions, and the key mask [B, L] / per-query mask [B, Lq, L] when there is one. Rows are the positions
+    0..length-1, or `query_positions` [B, Lq] (a query stream). -> [1 or B, 1, Lq, L].
+
+    Boolean, unlike `attention_bias`: a padding query further than the window from every real token has no key at
+    all, and SDPA (torch >= 2.5) gives such a row zeros, as transformers' ModernBERT does, where an additive finfo.min
+    row would average every key (padding, and under a per-query mask the keys it must not see)."""
+    keys = torch.arange(length, device=attention_mask.device if attention_mask is not None else None)
+    allowed = band(keys if query_positions is None else query_positions, keys, window)  # [Lq, L] or [B, Lq, L]
+    if attention_mask is not None:
+        # [B, L] -> [B, 1, L]: every query the same keys; [B, Lq, L] as it is
+        mask = attention_mask.bool()
+        allowed = allowed & (mask[:, None, :] if mask.dim() == 2 else mask)
+    return allowed[None, None] if allowed.dim() == 2 else allowed[:, None]
+
+
+@dataclass
+class Banded:
+    """A local layer's attention computed by blocks: queries in blocks of c = window // 2 positions, each against the
+    3c keys its band can reach (the block before, its own, the one after), so the work is L x 3c instead of L x L.
+    Softmax runs over exactly the keys the dense `window_mask` allows (the rest of the 3c are masked): the same
+    function. Measured in benchmarks/local_attention.py."""
+
+    half: int
+    """c = window // 2: the block length, and what a token sees on each side."""
+    mask: torch.Tensor
+    """[B * nb, 1, c, 3c] bool: block i's query a may see its key b (nb = ceil(L / c) blocks)."""
+
+    @staticmethod
+    def build(key_mask: torch.Tensor | None, window: int, length: int, batch: int, device: torch.device) -> Banded:
+        """From a [B, L] key mask (None: all real)."""
+        c = window // 2
+        nb = -(-length // c)
+        real = torch.ones(batch, length, dtype=torch.bool, device=device) if key_mask is None else key_mask.bool()
+        keys = F.pad(real, (c, nb * c - length + c)).unfold(1, 3 * c, c)  # [B, nb, 3c]: False outside 0..L-1
+        # Query a of block i is at i*c + a, key b of its window at (i-1)*c + b: their distance is b - c - a.
+        near = (torch.arange(3 * c, device=device) - c - torch.arange(c, device=device)[:, None]).abs() <= c
+        return Banded(c, (keys[:, :, None, :] & near).reshape(batch * nb, 1, c, 3 * c))
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float) -> torch.Tensor:
+        """q, k, v [B, N, L, D] -> [B, N, L, D]."""
+        B, N, L, D = q.shape
+        c = self.half
+        nb = self.mask.shape[0] // B
+
+        def blocks(t: torch.Tensor, size: int) -> torch.Tensor:
+            # [B, N, nb, size, D] -> [B * nb, N, size, D]: one SDPA batch entry per (row, block)
+            return t.transpose(1, 2).reshape(B * nb, N, size, D)
+
+        qb = blocks(F.pad(q, (0, 0, 0, nb * c - L)).view(B, N, nb, c, D), c)
+        # keys / values with a block of zeros before and after, as overlapping windows of 3 blocks
+        kb, vb = (
+            blocks(F.pad(t, (0, 0, c, nb * c - L + c)).unfold(2, 3 * c, c).transpose(-1, -2), 3 * c) for t in (k, v)
+        )
+        y = F.scaled_dot_product_attention(qb, kb, vb, attn_mask=self.mask, dropout_p=dropout_p)  # [B * nb, N, c, D]
+        return y.view(B, nb, N, c, D).transpose(1, 2).reshape(B, N, nb * c, D)[:, :, :L]
+
+
+def local_mask(
+    key_mask: torch.Tensor | None, window: int, length: int, batch: int, device: torch.device
+) -> Banded | torch.Tensor:
+    """What a local layer attends with under a [B, L] key mask (or none): by blocks where they save work (3 blocks of
+    window // 2 are fewer keys than the sequence), else the dense boolean `window_mask`."""
+    if 3 * (window // 2) < length:
+        return Banded.build(key_mask, window, length, batch, device)
+    return window_mask(key_mask, window, length)
+
+
 @dataclass
 class Packed:
     """The real tokens of a padded [B, L] batch, packed row-major into [T].
@@ -57,7 +143,9 @@ class Packed:
     length: int
     attn_length: int
     attn_bias: torch.Tensor | None
-    """[B, 1, 1, Lp] additive key mask of the attention grid."""
+    """[B, 1, 1, Lp] additive key mask of the attention grid (what global layers attend with)."""
+    attn_mask: torch.Tensor
+    """[B, Lp] bool, True at real tokens of the attention grid (local layers' masks are built from it)."""
 
     @staticmethod
     def from_mask(attention_mask: torch.Tensor, dtype: torch.dtype, num_tokens: int | None = None) -> Packed:
@@ -72,7 +160,15 @@ class Packed:
             indices = real.flatten().nonzero().squeeze(1)  # [T]
             attn_length = int(real.any(0).nonzero().max()) + 1 if indices.numel() else 1
         attn_indices = indices // L * attn_length + indices % L
-        return Packed(indices, attn_indices, B, L, attn_length, attention_bias(real[:, :attn_length], dtype))
+        grid = real[:, :attn_length]
+        return Packed(indices, attn_indices, B, L, attn_length, attention_bias(grid, dtype), grid)
+
+    def window_mask(self, window: int) -> Banded | torch.Tensor | None:
+        """What a local layer attends with on the attention grid (`local_mask`); the global `attn_bias` where the
+        window covers the whole grid."""
+        if masks_nothing(window, self.attn_length):
+            return self.attn_bias
+        return local_mask(self.attn_mask, window, self.attn_length, self.batch, self.attn_mask.device)
 
     def gather(self, t: torch.Tensor) -> torch.Tensor:
         """[B, L, ...] -> [T, ...] (the real tokens)."""

@@ -128,16 +128,95 @@ def build_optimizer(model: nn.Module, train_cfg, guard: bool = False) -> torch.o
     return optimizer
 
 
-def lr_lambda(warmup_steps: int, max_steps: int):
-    """Linear warmup to the peak, then linear decay to 0 at max_steps."""
+SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")
+DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
-    def f(step: int) -> float:
-        if step < warmup_steps:
-            return (step + 1) / max(1, warmup_steps)
-        return max(0.0, (max_steps - step) / max(1, max_steps - warmup_steps))
 
-    return f
+def decay_steps(train_cfg) -> int:
+    """wsd: the length of the final decay (train.decay_steps, or 10% of max_steps when 0)."""
+    t = train_cfg
+    return t.decay_steps or max(1, round(0.1 * t.max_steps))
+
+
+def _remaining(shape: str, progress: float) -> float:
+    """How much of the way from the peak down to the floor is left at `progress` (0..1) through a decay."""
+    if shape == "cosine":
+        return 0.5 * (1.0 + math.cos(math.pi * progress))
+    if shape == "1-sqrt":  # MiniCPM / "Scaling Laws and Compute-Optimal Training Beyond Fixed Training Durations"
+        return 1.0 - math.sqrt(progress)
+    return 1.0 - progress
+
+
+def lr_factor(step: int, train_cfg) -> float:
+    """The learning rate of optimizer step `step` (0-based) as a fraction of train.lr: linear warm-up over
+    warmup_steps, then
+    - linear: straight down to 0 at max_steps (BERT);
+    - cosine: half a cosine down to min_lr_ratio at max_steps;
+    - wsd: warmup-stable-decay (ModernBERT's trapezoid): the peak until the last decay_steps, then down to
+      min_lr_ratio in decay_shape; a checkpoint of the stable phase can be decayed into a new run (`pretrain decay`);
+    - inverse_sqrt: peak x sqrt(warmup_steps / step) after the warm-up (fairseq's, T5's).
+    A pure function of the step and the config: a resume recomputes it, so a changed schedule applies at once."""
+    t = train_cfg
+    warm, end = t.warmup_steps, t.max_steps
+    if step < warm:
+        return (step + 1) / warm
+    if t.lr_schedule == "inverse_sqrt":
+        return math.sqrt(max(1, warm) / (step + 1))
+    if t.lr_schedule == "linear":
+        return max(0.0, (end - step) / max(1, end - warm))  # as BERT's, and as before the other schedules existed
+    if t.lr_schedule == "wsd":
+        start = end - decay_steps(t)
+        if step < start:
+            return 1.0
+        progress, shape = (step - start) / max(1, end - start), t.decay_shape
+    else:
+        progress, shape = (step - warm) / max(1, end - warm), "cosine"
+    floor = t.min_lr_ratio
+    return floor + (1.0 - floor) * _remaining(shape, min(1.0, progress))
 
 
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
-    return torch.optim.lr_scheduler.LambdaLR(optimizer, lr_lambda(train_cfg.warmup_steps, train_cfg.max_steps))
+    return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train_cfg))
+
+
+def _optimizers(optimizer) -> list:
+    """The optimizer and every one it wraps (DeepSpeed's fp16/bf16/ZeRO wrappers keep ours as `.optimizer`)."""
+    chain = []
+    while optimizer is not None and all(optimizer is not seen for seen in chain):
+        chain.append(optimizer)
+        optimizer = getattr(optimizer, "optimizer", None)
+    return chain
+
+
+def apply_hyperparameters(optimizer, scheduler, train_cfg) -> list[str]:
+    """After a checkpoint was loaded: the config's learning rate, betas, epsilon, weight decay and schedule replace
+    the ones the checkpoint restored (a resume may change them; moments and step counts stay). Returns
+    'key: old -> new' for each value that changed.
+
+    Loading restores every param group's hyper-parameters and the scheduler's `base_lrs` from the checkpoint, so
+    without this a changed `train.lr` was announced and ignored. Each optimizer in the chain (ours and DeepSpeed's
+    wrappers, which may keep their own group dicts) has `param_groups`' two groups in order: decayed, then not."""
+    t = train_cfg
+    base = scheduler.optimizer.param_groups
+    old = {
+        "train.lr": scheduler.base_lrs[0],
+        "train.adam_beta1": base[0]["betas"][0],
+        "train.adam_beta2": base[0]["betas"][1],
+        "train.adam_eps": base[0]["eps"],
+        "train.weight_decay": base[0]["weight_decay"],
+    }
+    scheduler.base_lrs = [t.lr] * len(scheduler.base_lrs)
+    lr = t.lr * scheduler.lr_lambdas[0](scheduler.last_epoch)  # the schedule's value at the restored step
+    scheduler._last_lr = [lr] * len(scheduler.base_lrs)
+    for opt in _optimizers(optimizer):
+        for index, group in enumerate(getattr(opt, "param_groups", None) or []):
+            group.update(betas=(t.adam_beta1, t.adam_beta2), eps=t.adam_eps, lr=lr, initial_lr=t.lr)
+            group["weight_decay"] = t.weight_decay if index == 0 else 0.0
+    new = {
+        "train.lr": t.lr,
+        "train.adam_beta1": t.adam_beta1,
+        "train.adam_beta2": t.adam_beta2,
+        "train.adam_eps": t.adam_eps,
+        "train.weight_decay": t.weight_decay,
+    }
+    return [f"{k}: {old[k]:g} -> {new[k]:g}" for k in new if float(old[k]) != float(new[k])]

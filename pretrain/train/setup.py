@@ -10,12 +10,13 @@ from pathlib import Path
 
 import torch
 
+from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
 from objectives import build_objectives, sample_builder_for, validate_objectives
 from pretrain.core.config import RunConfig, build_config, load_yaml, read_config
-from pretrain.core.errors import ConfigError, UserError
+from pretrain.core.errors import ConfigError, DataError, UserError
 from pretrain.core.tokens import SpecialTokens
 from pretrain.hf.init_from import load_init_from, resolve_init_from
 from pretrain.model.pretraining import PretrainingModel
@@ -26,8 +27,11 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
     """The run's config, finished once and frozen, then passed down as it is: each objective's options typed and
     checked, the mix checked (`objectives.validate_objectives`), and with `model.init_from` the checkpoint's
     architecture and tokenizer (`hf.init_from.resolve_init_from`). `apply_init_from=False` for a config a run
-    saved, which has them already (and whose init_from directory may be gone)."""
+    saved, which has them already (and whose init_from directory may be gone). With data.sources, data.corpus
+    (the built-in demo corpus a preset left there) is emptied: the run reads the sources only."""
     cfg = replace(cfg, objectives=validate_objectives(cfg.objectives))
+    if cfg.data.sources and cfg.data.corpus:
+        cfg = replace(cfg, data=replace(cfg.data, corpus=[]))
     return resolve_init_from(cfg) if apply_init_from else cfg
 
 
@@ -69,21 +73,66 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
+    """The run's samples: of its shards, or for weighted sources (shards holding a mixture) each source's own
+    builder, drawn from by weight (`data_pipeline.mixing.MixedSamples`)."""
     kind = builder_kind(sample_builder_for(objectives), cfg.data.packing)
-    return build_samples(kind, shards, cfg.data.max_seq_len, tokens, cfg.train.seed)
-
-
-def load_checkpoint_model(path: Path):
-    """(config, model, special tokens, tokenizer dir, trainer state) of a checkpoint, fp32 on CPU."""
-    path = ckpt.resolve_checkpoint(path)
-    cfg = config_from_dict(load_yaml(path / "config.yaml"), apply_init_from=False)
-    tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
-    tokens = special_tokens(load_tokenizer(tokenizer_dir))
-    model = build_model(cfg, tokens, load_init_weights=False)  # the checkpoint's weights replace them anyway
-    missing, unexpected = model.load_state_dict(ckpt.load_module_state(path), strict=False)
-    if missing or unexpected:
-        raise UserError(
-            f"checkpoint {path} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+    d, seed = cfg.data, cfg.train.seed
+    if not shards.is_mixture:
+        if d.sources:
+            raise ConfigError(
+                f"data.sources names {len(d.sources)} source(s), but {shards.dir} holds the shards of one corpus: "
+                "build the sources' shards with `pretrain run` (or point data.shards elsewhere)"
+            )
+        return build_samples(kind, shards, d.max_seq_len, tokens, seed)
+    parts = shards.sources()
+    # The shards' manifest records the weights (the run's fingerprint hashes them): the config must agree.
+    wanted = [(s.name, float(s.weight)) for s in d.sources]
+    found = [(name, weight) for name, weight, _ in parts]
+    if wanted and wanted != found:
+        raise ConfigError(
+            f"data.sources ({_weights(wanted)}) differ from the sources {shards.dir} was built for "
+            f"({_weights(found)}): `pretrain run` rebuilds them"
         )
-    state = json.loads((path / "trainer_state.json").read_text())
+    builders = []
+    for name, _, part in parts:
+        builder = build_samples(kind, part, d.max_seq_len, tokens, seed)
+        if not len(builder):
+            raise DataError(
+                f"source '{name}' ({part.dir}, {part.num_tokens} tokens) gives no sample of data.max_seq_len="
+                f"{d.max_seq_len}: give it more text"
+            )
+        builders.append(builder)
+    return MixedSamples(builders, [p[0] for p in parts], [p[1] for p in parts], seed)
+
+
+def _weights(sources: list[tuple[str, float]]) -> str:
+    return ", ".join(f"{name}={weight:g}" for name, weight in sources)
+
+
+def load_checkpoint_model(path: Path, ema: bool = True):
+    """(config, model, special tokens, tokenizer dir, trainer state) of a checkpoint, fp32 on CPU. Read under
+    `reading_checkpoints`, so that a trainer saving into the same run meanwhile does not rotate it away; a caller
+    that goes on reading the returned tokenizer dir (an export copies it) holds that lock itself, around this.
+
+    Where the run kept a weight EMA (train.ema_decay) its weights are the model's, unless `ema=False`; the returned
+    state then says so in `weights`."""
+    with ckpt.reading_checkpoints(path):
+        path = ckpt.resolve_checkpoint(path)
+        cfg = config_from_dict(load_yaml(path / "config.yaml"), apply_init_from=False)
+        tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
+        tokens = special_tokens(load_tokenizer(tokenizer_dir))
+        model = build_model(cfg, tokens, load_init_weights=False)  # the checkpoint's weights replace them anyway
+        missing, unexpected = model.load_state_dict(ckpt.load_module_state(path), strict=False)
+        if missing or unexpected:
+            raise UserError(
+                f"checkpoint {path} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
+            )
+        state = json.loads((path / "trainer_state.json").read_text())
+        averaged = ckpt.load_ema(path) if ema else None
+        if averaged is not None:
+            with torch.no_grad():
+                params = dict(model.named_parameters())
+                for name, value in averaged.items():
+                    params[name].copy_(value)
+            state["weights"] = f"an exponential moving average of the training weights (decay {cfg.train.ema_decay:g})"
     return cfg, model.eval(), tokens, tokenizer_dir, state

@@ -32,13 +32,16 @@ from pretrain.core.config import RunConfig, load_yaml, to_dict
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, exclusive, mark_output
+from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.tokens import SpecialTokens
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.distributed import any_rank, control_group, init_distributed, precision_mode, resolve_precision
+from pretrain.train.ema import EMA_FILE, WeightEMA
 from pretrain.train.engine import Engine, build_engine
 from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
 from pretrain.train.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.train.metrics import MetricsLogger, MetricSums, read_metrics
+from pretrain.train.optim import apply_hyperparameters
 from pretrain.train.setup import build_model, build_sample_source, config_from_dict, model_config_for
 from pretrain.train.stopping import StopFlag, Stopping
 
@@ -63,6 +66,22 @@ def saved_fingerprint(checkpoint: Path) -> dict:
         tokenizer_hash(tokenizer_dir) if tokenizer_dir else None,
         None,
     )
+
+
+def previous_config(checkpoint: Path, run_dir: Path) -> dict:
+    """The resolved config the run last trained with (the checkpoint's config.yaml, else the run directory's), to
+    say what a resume changes; {} with a warning when neither can be read (it is rewritten from this config)."""
+    for path in (checkpoint / "config.yaml", run_dir / "config.yaml"):
+        try:
+            data = yaml.safe_load(path.read_text())
+        except (OSError, UnicodeDecodeError, yaml.YAMLError) as err:
+            reason = str(err).splitlines()[0] if str(err) else type(err).__name__
+            print(f"[pretrain] warning: cannot read {path} ({reason})", file=sys.stderr)
+            continue
+        if isinstance(data, dict):
+            return data
+        print(f"[pretrain] warning: {path} does not hold a config mapping", file=sys.stderr)
+    return {}
 
 
 def _trim_metrics(run_dir: Path, last_step: int) -> None:
@@ -127,6 +146,7 @@ class Trainer:
     """Saved with every checkpoint: step, consumed_samples, tokens_seen, elapsed_s, skipped steps, fingerprint."""
     logger: MetricsLogger
     flops_per_sample: float
+    ema: WeightEMA | None = None  # train.ema_decay: saved with each checkpoint, exported instead of the weights
     metrics: MetricSums = field(default_factory=MetricSums)
     interval: Interval = field(default_factory=Interval)
     unflushed_tokens: int = 0  # this rank's tokens not yet summed over ranks into state["tokens_seen"]
@@ -150,11 +170,13 @@ class Trainer:
         config = to_dict(cfg)
         config_text = yaml.safe_dump(config, sort_keys=False)  # config.yaml, and in every checkpoint
         if is_main:
-            if latest is not None and (run_dir / "config.yaml").is_file():
-                changed = changed_settings(yaml.safe_load((run_dir / "config.yaml").read_text()), config)
+            if latest is not None:
+                changed = changed_settings(previous_config(latest, run_dir), config)
                 if changed:
                     print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
             write_atomic(run_dir / "config.yaml", config_text)
+            # what it takes to reproduce this start: code, versions, command, config, input hashes
+            write_provenance(run_dir / "provenance.json", run_provenance(cfg, full=False))
 
         model = build_model(cfg, tokens)
         samples = build_sample_source(cfg, shards, tokens, model.objectives)
@@ -172,8 +194,11 @@ class Trainer:
             "skipped_steps": 0,
             "skipped_in_a_row": 0,
         }
+        applied = []
         if latest is not None:
             state.update(ckpt.load_checkpoint(engine.ds, latest, universal=universal))
+            applied = apply_hyperparameters(engine.ds.optimizer, engine.ds.lr_scheduler, t)
+        ema = start_ema(t, engine.ds.module, latest)
         state.update(world_size=world, fingerprint=identity)
         if is_main:
             _trim_metrics(run_dir, state["step"])
@@ -183,6 +208,8 @@ class Trainer:
         )
         if latest is not None:
             logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
+        if applied:
+            logger.write(f"applied on resume: {'; '.join(applied)} (lr now {engine.ds.get_lr()[0]:g} at this step)")
         logger.write(
             f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
             f"process(es), {precision}, global batch {cfg.train.micro_batch_size * t.grad_accum_steps * world} "
@@ -190,7 +217,7 @@ class Trainer:
             f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch"
         )
         flops = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
-        return cls(cfg, config_text, rank, world, engine, dataset, state, logger, flops)
+        return cls(cfg, config_text, rank, world, engine, dataset, state, logger, flops, ema)
 
     @property
     def global_batch(self) -> int:
@@ -242,6 +269,8 @@ class Trainer:
             engine.backward(loss)
             engine.step()
             self.metrics.add(metrics)
+        if self.ema is not None:
+            self.ema.update()
         tokens = sum(b.tokens for b in micro_batches)
         self.interval.tokens += tokens
         self.unflushed_tokens += tokens
@@ -305,6 +334,7 @@ class Trainer:
             "grad_norm": _rounded(self.engine.grad_norm()),
             "tokens": self.state["tokens_seen"],
             "tokens_per_s": round(tokens / elapsed, 1),
+            "time": round(self.state["elapsed_s"] + time.time() - self.clock, 3),  # training seconds, over resumes
             **throughput_metrics(
                 self.flops_per_sample,
                 self.interval.steps * self.global_batch / elapsed,
@@ -341,6 +371,7 @@ class Trainer:
             self.config_text,
             self.cfg.tokenizer_dir,
             t.keep_checkpoints,
+            {EMA_FILE: self.ema.state_dict()} if self.ema is not None else None,
         )
 
     @staticmethod
@@ -350,6 +381,21 @@ class Trainer:
         total = torch.tensor([float(value)], dtype=torch.float64)
         dist.all_reduce(total, group=control_group())
         return int(total.item())
+
+
+def start_ema(t, module, checkpoint: Path | None) -> WeightEMA | None:
+    """The run's weight EMA (train.ema_decay), from the checkpoint's when it has one; a run that turns it on at a
+    resume starts it from the resumed weights."""
+    if not t.ema_decay:
+        return None
+    ema = WeightEMA(module, t.ema_decay, "cpu" if t.ema_on_cpu else None)
+    if checkpoint is not None:
+        saved = ckpt.load_ema(checkpoint)
+        if saved is None:
+            print(f"[pretrain] {checkpoint} has no EMA weights: the EMA starts from its weights", file=sys.stderr)
+        else:
+            ema.load_state_dict(saved, str(checkpoint / EMA_FILE))
+    return ema
 
 
 def probe_flops_per_sample(

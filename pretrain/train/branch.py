@@ -1,0 +1,115 @@
+"""A new run that starts from a checkpoint of another and leaves it untouched: `pretrain decay`.
+
+Warmup-stable-decay (`train.lr_schedule=wsd`) holds the peak learning rate, so any checkpoint of the stable phase can
+be decayed into a finished model. The branch is an ordinary run directory whose only checkpoint is a copy of the
+source (hard links where the file system allows: checkpoint files are only ever read and, on rotation, unlinked,
+never written in place), with the source's tokenizer and shards and its metrics up to that step. Training it is then
+a resume with a changed schedule, which the resume applies (`optim.apply_hyperparameters`): the same samples in the
+same order, the same optimizer state, a decay over the given steps. Everything the run fixes is as in the source.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import yaml
+
+from pretrain.core.config import RunConfig, apply_overrides, build_config, load_yaml, to_dict
+from pretrain.core.errors import UserError
+from pretrain.core.files import write_atomic
+from pretrain.core.outputs import claim_output, mark_output, marked_kind
+from pretrain.train import checkpoint as ckpt
+from pretrain.train.metrics import read_metrics
+from pretrain.train.optim import decay_steps, lr_factor
+
+
+def _link_tree(src: Path, dst: Path) -> None:
+    """A copy of `src` at `dst` made of hard links (a copy where links cannot be made: another file system)."""
+
+    def link(a: str, b: str) -> None:
+        try:
+            os.link(a, b)
+        except OSError:
+            shutil.copy2(a, b)
+
+    shutil.copytree(src, dst, copy_function=link)
+
+
+def decay_config(source: Path, steps: int, name: str | None, overrides: list[str]) -> tuple[RunConfig, Path, dict]:
+    """(the branch's config, the source checkpoint, its trainer state): the source's config with a wsd decay over
+    `steps` steps after the checkpoint's step, named `name` (default <source name>-decay<step>) beside the source."""
+    from pretrain.train.setup import resolve_config
+
+    if steps < 1:
+        raise UserError(f"--steps: the decay needs at least one step, got {steps}")
+    checkpoint = ckpt.resolve_checkpoint(source)
+    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    saved = load_yaml(checkpoint / "config.yaml")
+    step = state["step"]
+    source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    data = apply_overrides(saved, overrides)
+    data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
+    data["output_dir"] = str(source_run.parent if source_run else Path(saved.get("output_dir", "runs")))
+    data["train"] = {**data.get("train", {}), "max_steps": step + steps, "lr_schedule": "wsd", "decay_steps": steps}
+    data["export_dir"] = ""  # the branch exports into its own directory, never the source's
+    cfg = resolve_config(build_config(data), apply_init_from=False)
+    return cfg, checkpoint, state
+
+
+def branch_for_decay(source: Path, steps: int, name: str | None = None, overrides: list[str] | None = None):
+    """Make the branch run directory (see the module doc); returns (its config, a line saying what it holds). The
+    directory must be absent or empty: an existing one is refused, never replaced."""
+    cfg, checkpoint, state = decay_config(Path(source), steps, name, overrides or [])
+    source_cfg = build_config(load_yaml(checkpoint / "config.yaml"))
+    run_dir = cfg.run_dir
+    source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
+    if source_run is not None and run_dir.resolve() == source_run.resolve():
+        raise UserError(f"the decay run {run_dir} would be the source run itself: give another --name")
+    if run_dir.exists() and any(run_dir.iterdir()):
+        if marked_kind(run_dir) == "run" and (run_dir / "checkpoints" / ckpt.LATEST).is_file():
+            return cfg, f"{run_dir} exists: resuming it (its checkpoints say whether it is the same decay)"
+        raise UserError(f"{run_dir} already exists and is not a run of ours: give another --name (nothing was changed)")
+    claim_output(run_dir, "run", "the decay run directory")
+    tmp = run_dir.parent / f".{run_dir.name}.branch-tmp"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        mark_output(tmp, "run")
+        _link_tree(checkpoint, tmp / "checkpoints" / checkpoint.name)
+        write_atomic(tmp / "checkpoints" / ckpt.LATEST, checkpoint.name)
+        # the source's tokenizer and shards: where its config put them, resolved against the source run directory
+        for what, given, default in (
+            ("tokenizer", source_cfg.data.tokenizer, "tokenizer"),
+            ("shards", source_cfg.data.shards, "shards"),
+        ):
+            if not given:
+                origin = (source_run / default) if source_run else None
+                if origin is None or not origin.is_dir():
+                    raise UserError(
+                        f"the source's {what} directory ({origin or 'unknown: not inside a run directory'}) is "
+                        "missing: decay from a checkpoint inside its run directory"
+                    )
+                _link_tree(origin, tmp / default)
+        if source_run is not None:
+            history = [r for r in read_metrics(source_run) if r["step"] <= state["step"]]
+            write_atomic(tmp / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
+        write_atomic(tmp / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        run_dir.parent.mkdir(parents=True, exist_ok=True)
+        if run_dir.exists():
+            run_dir.rmdir()  # empty: checked above
+        tmp.rename(run_dir)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    t, source_t = cfg.train, source_cfg.train
+    at = source_t.lr * lr_factor(state["step"] - 1, source_t) if state["step"] else 0.0
+    summary = (
+        f"{run_dir}: step {state['step']} of {checkpoint.parent.parent.name if source_run else checkpoint}, decayed "
+        f"over {t.decay_steps} steps ({t.decay_shape}) from lr {t.lr:g} to {t.lr * t.min_lr_ratio:g}; the source "
+        f"trained its last step at lr {at:g}"
+    )
+    if source_t.lr_schedule != "wsd" or state["step"] > source_t.max_steps - decay_steps(source_t):
+        summary += " (not in a stable phase of a wsd schedule: the decay starts from the peak lr all the same)"
+    return cfg, summary

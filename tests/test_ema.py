@@ -1,0 +1,136 @@
+"""The weight EMA against its closed form, checkpoint averaging against the mean of the weights, and both through the
+CLI: EMA weights saved with checkpoints, restored bitwise on resume, exported instead of the raw weights;
+`pretrain average` exports the mean of two checkpoints and refuses checkpoints of different shapes."""
+
+import json
+import shutil
+
+import pytest
+import torch
+from conftest import run_args, small_corpus
+from conftest import run_cli as pretrain
+from safetensors.torch import load_file
+
+from pretrain.core.errors import UserError
+from pretrain.train.ema import EMA_FILE, WeightEMA, average_states
+
+
+def test_ema_equals_its_closed_form():
+    torch.manual_seed(0)
+    layer = torch.nn.Linear(3, 2)
+    decay = 0.8
+    start = {n: p.detach().clone() for n, p in layer.named_parameters()}
+    ema = WeightEMA(layer, decay)
+    seen = []
+    for _ in range(5):
+        with torch.no_grad():
+            for p in layer.parameters():
+                p.add_(torch.randn_like(p))
+        seen.append({n: p.detach().clone() for n, p in layer.named_parameters()})
+        ema.update()
+    # ema_n = d^n w_0 + sum_k (1 - d) d^(n-k) w_k, k = 1..n
+    n = len(seen)
+    for name, got in ema.state_dict().items():
+        want = decay**n * start[name] + sum((1 - decay) * decay ** (n - k) * seen[k - 1][name] for k in range(1, n + 1))
+        torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
+        assert got.dtype == torch.float32
+
+
+def test_ema_keeps_fp32_of_low_precision_weights():
+    layer = torch.nn.Linear(4, 4).to(torch.bfloat16)
+    ema = WeightEMA(layer, 0.999, device="cpu")
+    assert all(s.dtype == torch.float32 for s in ema.shadow)
+    with torch.no_grad():
+        layer.weight.add_(1.0)
+    ema.update()
+    # a bf16 average could not move by 0.001 from values near 1; the fp32 one does
+    assert not torch.equal(ema.state_dict()["weight"], layer.weight.float() - 1.0)
+
+
+def test_average_is_the_mean_and_refuses_other_shapes():
+    a = {"w": torch.tensor([1.0, 2.0]), "b": torch.tensor([0.0])}
+    b = {"w": torch.tensor([3.0, 6.0]), "b": torch.tensor([1.0])}
+    mean = average_states([("a", a), ("b", b)])
+    assert torch.equal(mean["w"], torch.tensor([2.0, 4.0])) and torch.equal(mean["b"], torch.tensor([0.5]))
+    with pytest.raises(UserError, match="differ in shape at w"):
+        average_states([("a", a), ("c", {"w": torch.zeros(3), "b": torch.zeros(1)})])
+    with pytest.raises(UserError, match="different weights"):
+        average_states([("a", a), ("d", {"w": torch.zeros(2)})])
+
+
+@pytest.mark.slow
+def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
+    corpus = small_corpus(tmp_path)
+    ema = ["train.ema_decay=0.9", "train.save_every=2"]
+    pretrain("run", *run_args(tmp_path, corpus, *ema, "train.max_steps=4"), "--no-demo", cwd=tmp_path)
+    # the same run interrupted after step 2 (its checkpoint), then resumed
+    pretrain(
+        "train",
+        *run_args(
+            tmp_path,
+            corpus,
+            *ema,
+            "train.max_steps=4",
+            "name=cut",
+            "data.tokenizer=" + str(tmp_path / "r" / "tokenizer"),
+            "data.shards=" + str(tmp_path / "r" / "shards"),
+            "train.exit_after_steps=2",
+        ),
+        cwd=tmp_path,
+        rc=None,
+    )
+    pretrain(
+        "train",
+        *run_args(
+            tmp_path,
+            corpus,
+            *ema,
+            "train.max_steps=4",
+            "name=cut",
+            "data.tokenizer=" + str(tmp_path / "r" / "tokenizer"),
+            "data.shards=" + str(tmp_path / "r" / "shards"),
+        ),
+        cwd=tmp_path,
+    )
+    full = torch.load(tmp_path / "r" / "checkpoints" / "step_00000004" / EMA_FILE, weights_only=True)
+    cut = torch.load(tmp_path / "cut" / "checkpoints" / "step_00000004" / EMA_FILE, weights_only=True)
+    assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
+
+    # the export holds the EMA weights, not the raw ones, and says so
+    exported = load_file(tmp_path / "r" / "hf" / "model.safetensors")
+    word = "bert.embeddings.word_embeddings.weight"
+    torch.testing.assert_close(exported[word], full["encoder.embeddings.word_embeddings.weight"], rtol=0, atol=0)
+    assert "exponential moving average" in (tmp_path / "r" / "hf" / "README.md").read_text()
+
+
+@pytest.mark.slow
+def test_average_of_two_checkpoints_through_the_cli(tmp_path):
+    corpus = small_corpus(tmp_path)
+    pretrain("run", *run_args(tmp_path, corpus, "train.max_steps=4", "train.save_every=2"), "--no-demo", cwd=tmp_path)
+    ckpts = tmp_path / "r" / "checkpoints"
+    proc = pretrain(
+        "average", ckpts / "step_00000002", ckpts / "step_00000004", "--out", tmp_path / "avg", cwd=tmp_path
+    )
+    assert "max |logit diff|" in proc.stderr, proc.stderr[-2000:]
+    from pretrain.train.checkpoint import load_module_state
+
+    a, b = load_module_state(ckpts / "step_00000002"), load_module_state(ckpts / "step_00000004")
+    exported = load_file(tmp_path / "avg" / "model.safetensors")
+    word = "bert.embeddings.word_embeddings.weight"
+    ours = "encoder.embeddings.word_embeddings.weight"
+    torch.testing.assert_close(exported[word], (a[ours].double() + b[ours].double()).div(2).float(), rtol=0, atol=0)
+    card = (tmp_path / "avg" / "README.md").read_text()
+    assert "step_00000002" in card and "step_00000004" in card
+
+    # a checkpoint of another shape is refused by name, and nothing is written
+    pretrain(
+        "run",
+        *run_args(tmp_path, corpus, "name=wide", "model.hidden_size=64", "model.num_heads=2"),
+        "--no-demo",
+        cwd=tmp_path,
+    )
+    other = tmp_path / "wide" / "checkpoints" / "step_00000003"
+    proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
+    assert "differ in shape" in proc.stderr and not (tmp_path / "avg2").exists()
+    shutil.rmtree(tmp_path / "wide")
+    assert json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())["step"] == 4

@@ -1,0 +1,92 @@
+"""Learning-rate schedules (linear, cosine, warmup-stable-decay, inverse-sqrt) against their closed forms, their
+config checks, and `pretrain decay`: a stable-phase checkpoint decayed in a new run directory equals a run that
+decayed there uninterrupted, and leaves its source untouched."""
+
+import json
+import math
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from conftest import run_args, small_corpus, snapshot
+from conftest import run_cli as pretrain
+
+from pretrain.core.config import TrainConfig, read_config
+from pretrain.core.errors import ConfigError
+from pretrain.train.optim import lr_factor
+
+
+def factors(schedule: str, **kw) -> list[float]:
+    t = replace(TrainConfig(), lr_schedule=schedule, max_steps=10, warmup_steps=2, **kw)
+    return [lr_factor(step, t) for step in range(10)]
+
+
+def test_schedules_follow_their_closed_forms():
+    warm = [0.5, 1.0]
+    assert factors("linear") == pytest.approx(warm + [(10 - s) / 8 for s in range(2, 10)])
+    cos = [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 8)) for s in range(2, 10)]
+    assert factors("cosine", min_lr_ratio=0.1) == pytest.approx(warm + cos)
+    # wsd: the peak until the last 4 steps, then down to the floor in the chosen shape
+    assert factors("wsd", decay_steps=4) == pytest.approx(warm + [1, 1, 1, 1] + [1 - p / 4 for p in range(4)])
+    assert factors("wsd", decay_steps=4, decay_shape="1-sqrt", min_lr_ratio=0.2) == pytest.approx(
+        warm + [1, 1, 1, 1] + [0.2 + 0.8 * (1 - math.sqrt(p / 4)) for p in range(4)]
+    )
+    # by default the last 10% of the steps decay; like linear, the floor is reached at max_steps, after the last step
+    t = replace(TrainConfig(), lr_schedule="wsd", max_steps=100, warmup_steps=0)
+    assert [lr_factor(s, t) for s in (89, 90, 95, 100)] == pytest.approx([1.0, 1.0, 0.5, 0.0])
+    assert factors("inverse_sqrt") == pytest.approx(warm + [math.sqrt(2 / (s + 1)) for s in range(2, 10)])
+
+
+@pytest.mark.parametrize(
+    "override, needle",
+    [
+        ("train.lr_schedule=cosin", "did you mean 'cosine'"),
+        ("train.decay_shape=sqrt", "train.decay_shape"),
+        ("train.min_lr_ratio=1.5", "train.min_lr_ratio"),
+        ("train.decay_steps=2000", "train.decay_steps (2000)"),
+        ("train.lr=inf", "not a finite number"),
+    ],
+)
+def test_bad_schedule_settings_are_refused_by_name(override, needle):
+    with pytest.raises(ConfigError, match=re_escape(needle)):
+        read_config("tiny", ["train.lr_schedule=wsd", "train.max_steps=1000", override])
+
+
+def re_escape(text: str) -> str:
+    import re
+
+    return re.escape(text)
+
+
+def metric_lines(run: Path) -> list[dict]:
+    timing = {"tokens_per_s", "tflops", "mfu", "samples_per_s", "time"}
+    return [
+        {k: v for k, v in json.loads(line).items() if k not in timing}
+        for line in (run / "metrics.jsonl").read_text().splitlines()
+    ]
+
+
+@pytest.mark.slow
+def test_decay_from_a_stable_checkpoint_equals_an_uninterrupted_decay(tmp_path):
+    corpus = small_corpus(tmp_path)
+    wsd = ["train.lr_schedule=wsd", "train.decay_steps=2", "train.save_every=4", "train.lr=2e-3"]
+    # the source: 8 steps, stable until its last 2; the reference: 6 steps, decaying over steps 5-6
+    pretrain("run", *run_args(tmp_path, corpus, *wsd, "train.max_steps=8"), "--no-demo", cwd=tmp_path)
+    pretrain("run", *run_args(tmp_path, corpus, *wsd, "train.max_steps=6", "name=ref"), "--no-demo", cwd=tmp_path)
+    source = tmp_path / "r"
+    before = snapshot(source)
+
+    proc = pretrain("decay", source / "checkpoints" / "step_00000004", "--steps", "2", cwd=tmp_path)
+    assert "decay:" in proc.stderr and "export:" in proc.stderr, proc.stderr[-3000:]
+    branch = tmp_path / "r-decay4"
+    assert snapshot(source) == before  # the source run is left as it was
+    assert metric_lines(branch) == metric_lines(tmp_path / "ref")  # steps 1-4 copied, 5-6 trained: equal
+    assert [r["lr"] for r in metric_lines(branch)][3:] == pytest.approx([2e-3, 1e-3, 0.0])
+    assert (branch / "hf" / "model.safetensors").is_file()
+
+    # the same command again resumes the finished branch (nothing to train); another name that exists is refused
+    pretrain("decay", source / "checkpoints" / "step_00000004", "--steps", "2", cwd=tmp_path)
+    (tmp_path / "mine").mkdir()
+    (tmp_path / "mine" / "notes.txt").write_text("mine")
+    proc = pretrain("decay", source, "--steps", "2", "--name", "mine", cwd=tmp_path, rc=2)
+    assert "not a run of ours" in proc.stderr and (tmp_path / "mine" / "notes.txt").read_text() == "mine"
