@@ -1,5 +1,5 @@
-"""Where training metrics go: metrics.jsonl (one object per logged step), wandb (offline by default), a
-progress bar. Only rank 0 writes; the others get a logger that does nothing."""
+"""Where training metrics go: metrics.jsonl (one object per logged step), wandb (offline by default), TensorBoard
+event files (`tensorboard.enabled`), a progress bar. Only rank 0 writes; the others get a logger that does nothing."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from pretrain.core.config import require_tensorboard
 from pretrain.core.measures import Mean
 
 
@@ -71,8 +72,15 @@ class MetricsLogger:
         self.path = Path(run_dir) / "metrics.jsonl"
         self.bar = None
         self.wandb = None
+        self.tensorboard = None
+        # `config` is the run's resolved config as a dict: the switch is read there, like everything else of the run
+        wants_tensorboard = bool((config.get("tensorboard") or {}).get("enabled"))
+        if wants_tensorboard:
+            require_tensorboard()  # on every rank, so that all fail together, and before anything is written
         if not enabled:
             return
+        if wants_tensorboard:
+            self.tensorboard = _init_tensorboard(Path(run_dir), start_step)
         self.bar = tqdm(
             total=total_steps,
             initial=start_step,
@@ -99,6 +107,11 @@ class MetricsLogger:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
+        if self.tensorboard is not None:
+            for key, value in record.items():
+                if key != "step" and isinstance(value, (int, float)) and not isinstance(value, bool):
+                    self.tensorboard.add_scalar(key, value, global_step=record["step"])
+            self.tensorboard.flush()  # each log line is on disk as soon as metrics.jsonl's is
 
     def write(self, message: str) -> None:
         if self.enabled:
@@ -109,6 +122,9 @@ class MetricsLogger:
             self.bar.close()
         if self.wandb is not None:
             self.wandb.finish()
+        if self.tensorboard is not None:
+            self.tensorboard.close()
+            self.tensorboard = None
 
 
 def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
@@ -122,6 +138,15 @@ def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
     return wandb.init(
         project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir), mode=mode, config=config
     )
+
+
+def _init_tensorboard(run_dir: Path, start_step: int):
+    """A writer of event files in <run_dir>/tensorboard, one new file per invocation. purge_step tells TensorBoard's
+    readers to drop what earlier invocations logged after the step this one starts from (a crash after the last
+    checkpoint), as the trainer trims metrics.jsonl: those steps are trained and logged again."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    return SummaryWriter(log_dir=str(run_dir / "tensorboard"), purge_step=start_step + 1)
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
