@@ -89,14 +89,31 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
         assert len(ds["dev_predictions"]) == 2 and len(ds["dev_predictions"][0]) == len(ds["dev_labels"]) == 24
         assert (out / "arms" / name / "hf" / "config.json").is_file()
         assert (out / "configs" / f"{name}.yaml").is_file()
-    # every arm against none, and the pretrained arms against each other, with Holm-adjusted p-values
-    pairs = {(c["a"], c["b"]) for c in results["comparisons"]}
-    assert ("mlm", "none") in pairs and all(c["p_holm"] >= c["p"] for c in results["comparisons"])
+    # every arm against none (primary: the only mode), the pretrained arms against each other (secondary), each
+    # family Holm-adjusted on its own, with replicates enough for it
+    comparisons = results["comparisons"]
+    pairs = {(c["a"], c["b"]): c["family"] for c in comparisons}
+    assert pairs[("mlm", "none")] == "primary" and all(c["p_holm"] >= c["p"] for c in comparisons)
+    assert all(f == ("primary" if b == "none" else "secondary") for (_, b), f in pairs.items())
+    assert results["main_mode"] == "probe" and all(f["floor"] < 0.05 for f in results["families"].values())
+    kinds = {n["kind"]: n for n in results["notes"]}
+    assert kinds["few_seeds"]["seeds"] == 1  # the notes say what a single seed leaves out
+    assert [d["task"] for d in results["detectable"]] == ["pairs"] and results["detectable"][0]["examples"] == 24
     report = (out / "report.md").read_text()
     assert report.startswith("# ") and "pretrain ablate" in report and "What this budget can and cannot show" in report
     assert "| mlm |" in report and "| none |" in report and " ± " in report and "vs none" in report
-    assert "one pretraining seed per arm" in report  # the notes say what a single seed leaves out
     assert "Run on: " in report and "not recorded" not in report and "torch " in report  # device, versions, date
+    # the reproducibility record: code, versions, command, configs and the sha256 of every input
+    provenance = json.loads((out / "provenance.json").read_text())
+    assert provenance == results["provenance"] and len(provenance["git"]["commit"]) == 40
+    assert provenance["versions"]["torch"] and "ablate" in provenance["command"]
+    assert set(provenance["configs"]) == {"ablation", *runs}
+    hashes = provenance["sha256"]
+    assert set(hashes) == {"corpus", "tokenizer", "shards", "tasks"}
+    assert all(h != "missing" for group in hashes.values() for h in group.values())
+    assert any(p.endswith("tokenizer.json") for p in hashes["tokenizer"]) and len(hashes["shards"]) > 1
+    assert {Path(p).name for p in hashes["tasks"]} == {"train.tsv", "dev.tsv"}
+    assert (out / "arms" / "none" / "provenance.json").is_file()  # the arm no trainer runs gets its own
     for png in ("loss_curves.png", "downstream.png", "significance.png"):
         assert (out / png).read_bytes()[:4] == b"\x89PNG"
 
@@ -302,6 +319,14 @@ def _fake_results(ab, accuracy: dict[str, float], n: int = 400) -> dict:
     return results
 
 
+def _notes_of(path: Path) -> dict[str, list[dict]]:
+    """kind -> the data of each note of that kind, from a written report's results.json."""
+    found: dict[str, list[dict]] = {}
+    for note in json.loads((path.parent / "results.json").read_text())["notes"]:
+        found.setdefault(note.pop("kind"), []).append(note)
+    return found
+
+
 def test_report_notes_follow_the_numbers(tmp_path):
     from pretrain.evaluation.ablate import load_ablation
     from pretrain.evaluation.report import write_report
@@ -311,23 +336,28 @@ def test_report_notes_follow_the_numbers(tmp_path):
         str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
     )
     ab.out.mkdir(parents=True)
-    clear = write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})).read_text()
-    assert "above a random encoder: mlm +0.2" in clear and "within noise of it: span" in clear
-    assert "Pairs of pretrained arms that differ: mlm vs span" in clear
-    assert "span 2.00x" in clear  # FLOPs per token relative to mlm, from the plans
-    assert "No pretrained arm separates" not in clear
-    assert "Run on: not recorded" in clear  # these fake arms carry no host record
-    flat = write_report(ab, _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})).read_text()
-    assert "No pretrained arm separates from the random encoder" in flat and "above a random encoder" not in flat
-    assert "every arm within noise of a random encoder (mlm, span)" in flat
-    assert "No pair of pretrained arms differs significantly" in flat
+    clear = write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6}))
+    notes = _notes_of(clear)
+    (task_note,) = notes["task"]
+    assert [i["a"] for i in task_note["above"]] == ["mlm"] and task_note["above"][0]["diff"] > 0.2
+    assert task_note["same"] == ["span"] and task_note["family"] == "primary"
+    assert [(i["a"], i["b"]) for i in notes["pairs"][0]["significant"]] == [("mlm", "span")]
+    assert notes["cost"][0]["relative"] == {"span": pytest.approx(2.0)}  # FLOPs per token relative to mlm
+    assert "nothing_separates" not in notes and "none_above_random" not in notes
+    assert notes["seeds_untested"][0]["seeds"] == 2 and notes["few_seeds"][0]["seed_draws"] == 3
+    assert "Run on: not recorded" in clear.read_text()  # these fake arms carry no host record
+    flat = _notes_of(write_report(ab, _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})))
+    assert "nothing_separates" in flat and "none_above_random" not in flat and "seeds_untested" not in flat
+    assert flat["task"][0]["above"] == [] and flat["task"][0]["same"] == ["mlm", "span"]
+    assert "pairs" not in flat  # the note that nothing separates says it of the pairs too
     worse = _fake_results(ab, {"mlm": 0.6, "span": 0.3, "none": 0.6})
     for state in worse.values():
         state["host"] = {"device": "CPU: test (2 cores)", "torch": "2.x", "deepspeed": "0.y", "date": "2026-11-22"}
-    worse = write_report(ab, worse).read_text()
-    assert "below a random encoder: span -0." in worse and "within noise of it: mlm" in worse
-    assert "No pretrained arm separates from the random encoder" in worse
-    assert "Run on: CPU: test (2 cores); torch 2.x, DeepSpeed 0.y; 2026-11-22." in worse
+    worse = write_report(ab, worse)
+    notes = _notes_of(worse)
+    assert [i["a"] for i in notes["task"][0]["below"]] == ["span"] and notes["task"][0]["same"] == ["mlm"]
+    assert notes["none_above_random"][0]["below"] == 1 and "nothing_separates" not in notes
+    assert "Run on: CPU: test (2 cores); torch 2.x, DeepSpeed 0.y; 2026-11-22." in worse.read_text()
 
 
 def test_report_tasks_follow_the_configs_order(tmp_path):
@@ -344,18 +374,263 @@ def test_report_tasks_follow_the_configs_order(tmp_path):
     assert [list(tasks) for tasks in cells(ab, one).values()] == [["zeta", "alpha", "mid"]]
 
 
-def test_notes_say_which_uncorrected_differences_do_not_survive_holm(tmp_path):
-    from pretrain.evaluation.ablate import load_ablation
+def test_notes_say_which_uncorrected_differences_do_not_survive_holm():
     from pretrain.evaluation.report import Comparison, notes
 
-    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"  # the tiny preset's tasks live in ../shared
-    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [task])
     found = [
         Comparison("probe", "subj", "span", "none", 0.033, 0.005, 0.062, p=0.02, p_holm=0.6),
         Comparison("probe", "subj", "mlm", "none", -0.008, -0.03, 0.01, p=0.5, p_holm=1.0),
     ]
-    text = " ".join(notes(ab, {}, found, {}))
-    assert "Before correction, 1 of the 2 comparisons with the random encoder have a p below 0.05" in text
-    assert "span on subj (probe) +0.033" in text and "does not keep them" in text
+    (loose,) = [d for kind, d in notes(_ab(), {}, found, {}) if kind == "uncorrected"]
+    assert [(i["a"], i["task"], i["diff"]) for i in loose["items"]] == [("span", "subj", 0.033)]
+    assert loose["total"] == 2
     found[0].p_holm = 0.04  # significant after correction: no longer a caveat
-    assert "Before correction" not in " ".join(notes(ab, {}, found, {}))
+    assert "uncorrected" not in {kind for kind, _ in notes(_ab(), {}, found, {})}
+
+
+# ---------------------------------------------------------------------------------------------- notes, by kind
+
+
+def _ab(modes=("probe",), seeds=2, kind="flops"):
+    """What `notes` reads of an ablation."""
+    from types import SimpleNamespace
+
+    ev = {"modes": list(modes), "seeds": [1, 2], "pooling": "mean", "tasks": []}
+    return SimpleNamespace(eval=ev, seeds=list(range(seeds)), budget_kind=kind, budget_amount=1e12)
+
+
+def _pre(tokens=1e6, per_token=None, auc=None) -> dict:
+    """`pretraining`'s numbers for mlm, span and the random encoder."""
+    per_token = per_token or {"mlm": 4e6, "span": 5e6}
+    pre = {}
+    for arm, fpt in per_token.items():
+        final = {f"{arm}/loss": 6.0, **({"rtd/disc_auc": auc} if auc is not None and arm == "rtd" else {})}
+        pre[arm] = {
+            "objectives": arm,
+            "steps": 10,
+            "tokens": tokens,
+            "flops": 4e12,
+            "wall_s": 1.0,
+            "final": final,
+            "flops_per_token": fpt,
+            "failed": None,
+            "runs": 2,
+        }
+    pre["none"] = {
+        "objectives": "none (random init)",
+        "steps": 0,
+        "tokens": 0,
+        "flops": 0,
+        "wall_s": 0.0,
+        "final": {},
+        "flops_per_token": 0,
+        "failed": None,
+        "runs": 2,
+    }
+    return pre
+
+
+def _table(modes=("probe",), n=100, full_gain=0.1) -> dict:
+    """{mode: {"t": {arm: Cell}}}: mlm right on 70% of the examples, span and none on 60%; fine-tuning adds
+    `full_gain` to each."""
+    import numpy as np
+
+    from pretrain.evaluation.report import Cell
+
+    y = np.arange(n) % 2
+    out = {}
+    for mode in modes:
+        gain = full_gain if mode == "full" else 0.0
+        out[mode] = {
+            "t": {
+                arm: Cell("accuracy", y, np.where(np.arange(n) < int((acc + gain) * n), y, 1 - y)[None, None])
+                for arm, acc in (("mlm", 0.7), ("span", 0.6), ("none", 0.6))
+            }
+        }
+    return out
+
+
+def _cmp(a, b="none", diff=0.05, p_holm=1.0, p=None, mode="probe", seeds=(0.05, 0.04), seed_p_holm=None, se=0.02):
+    from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison
+
+    family = PRIMARY if b == "none" and mode == "probe" else SECONDARY
+    return Comparison(
+        mode,
+        "t",
+        a,
+        b,
+        diff,
+        diff - 0.04,
+        diff + 0.04,
+        p=p_holm if p is None else p,
+        p_holm=p_holm,
+        family=family,
+        se=se,
+        replicates=2000,
+        seed_diffs=list(seeds),
+        seed_p=seed_p_holm,
+        seed_p_holm=seed_p_holm,
+    )
+
+
+def _kinds(ab, table, found, pre) -> dict:
+    """kind -> the data of each note of that kind."""
+    from pretrain.evaluation.report import NOTE_KINDS, notes, render_note
+
+    out = {}
+    for kind, data in notes(ab, table, found, pre):
+        assert kind in NOTE_KINDS and render_note(kind, data)  # every note has its wording
+        out.setdefault(kind, []).append(data)
+    return out
+
+
+FLAT = [_cmp("mlm"), _cmp("span"), _cmp("mlm", "span")]
+MLM_ABOVE = [_cmp("mlm", diff=0.1, p_holm=0.001), _cmp("span"), _cmp("mlm", "span", p_holm=0.01)]
+ONLY_PAIR = [_cmp("mlm"), _cmp("span"), _cmp("mlm", "span", p_holm=0.01)]
+FIVE = (0.05, 0.04, 0.06, 0.03, 0.05)
+
+# kind -> two (ablation, table, comparisons, pretraining) situations and what tells their notes of that kind apart
+# (None: no note of that kind)
+SITUATIONS = {
+    "scale": (
+        (_ab(), _table(), FLAT, _pre(tokens=1e6)),
+        (_ab(), _table(), FLAT, _pre(tokens=1e9)),
+        lambda d: d and (d[0]["tokens"], d[0]["early"]),
+    ),
+    "cost": (
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "span": 5e6})),
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "span": 8e6})),
+        lambda d: d and d[0]["relative"],
+    ),
+    "budget": (
+        (_ab(kind="flops"), _table(), FLAT, _pre()),
+        (_ab(kind="time"), _table(), FLAT, _pre()),
+        lambda d: d[0]["kind"],
+    ),
+    "method": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), FLAT[:2], _pre()),
+        lambda d: {f: v["comparisons"] for f, v in d[0]["families"].items()},
+    ),
+    "few_seeds": (
+        (_ab(seeds=2), _table(), FLAT, _pre()),
+        (_ab(seeds=5), _table(), [_cmp("mlm", seeds=FIVE)], _pre()),
+        lambda d: d and d[0]["seed_draws"],
+    ),
+    "task": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), MLM_ABOVE, _pre()),
+        lambda d: [i["a"] for i in d[0]["above"]],
+    ),
+    "uncorrected": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), [_cmp("mlm", p=0.01, p_holm=0.2), *FLAT[1:]], _pre()),
+        lambda d: d and [i["a"] for i in d[0]["items"]],
+    ),
+    "nothing_separates": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), ONLY_PAIR, _pre()),
+        lambda d: d and d[0]["comparisons"],
+    ),
+    "none_above_random": (
+        (_ab(), _table(), ONLY_PAIR, _pre()),
+        (_ab(), _table(), MLM_ABOVE, _pre()),
+        lambda d: d and d[0]["pairs"],
+    ),
+    "pairs": (
+        (_ab(), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001), *FLAT[1:]], _pre()),
+        (_ab(), _table(), ONLY_PAIR, _pre()),
+        lambda d: [(i["a"], i["b"]) for i in d[0]["significant"]],
+    ),
+    "seeds_untested": (
+        (_ab(), _table(), MLM_ABOVE, _pre()),
+        (_ab(), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=(0.2, -0.01))], _pre()),
+        lambda d: d and [i["seed_diffs"] for i in d[0]["items"]],
+    ),
+    "seed_level": (
+        (_ab(seeds=5), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=FIVE, seed_p_holm=0.0625)], _pre()),
+        (_ab(seeds=6), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=FIVE + (0.1,), seed_p_holm=0.03)], _pre()),
+        lambda d: d and ([i["a"] for i in d[0]["held"]], [i["a"] for i in d[0]["not_held"]]),
+    ),
+    "detectable": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), [_cmp("mlm", se=0.01), _cmp("span", se=0.01), FLAT[2]], _pre()),
+        lambda d: d[0]["items"][0]["mde"],
+    ),
+    "rtd_auc": (
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "rtd": 5e6}, auc=0.53)),
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "rtd": 5e6}, auc=0.8)),
+        lambda d: d and d[0]["auc"],
+    ),
+    "probe": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(("probe", "full")), _table(("probe", "full")), FLAT, _pre()),
+        lambda d: (d[0]["full_above"], d[0]["cells"]),
+    ),
+    "loss_levels": (
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "span": 5e6})),
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6})),
+        lambda d: d and d[0]["objectives"],
+    ),
+}
+
+
+def test_every_kind_of_note_is_tested():
+    from pretrain.evaluation.report import NOTE_KINDS
+
+    assert set(SITUATIONS) == set(NOTE_KINDS)
+
+
+@pytest.mark.parametrize("kind", list(SITUATIONS))
+def test_each_note_changes_with_the_numbers(kind):
+    one, other, key = SITUATIONS[kind]
+    first, second = _kinds(*one).get(kind), _kinds(*other).get(kind)
+    assert first or second, f"no '{kind}' note in either situation"
+    assert key(first) != key(second)
+
+
+def test_reference_token_counts():
+    from pretrain.evaluation.report import BERT_BASE_TOKENS, ELECTRA_SMALL_TOKENS
+
+    # BERT-base: 256 x (0.9M x 128 + 0.1M x 512) = 4.26e10; ELECTRA-Small: 1M x 128 x 128 = 1.64e10
+    assert BERT_BASE_TOKENS == pytest.approx(4.26e10, rel=1e-3) and ELECTRA_SMALL_TOKENS == pytest.approx(1.64e10, 1e-3)
+    (scale,) = _kinds(_ab(), _table(), FLAT, _pre(tokens=4.26e8))["scale"]
+    assert scale["bert_base"] == pytest.approx(0.01, rel=1e-3) and not scale["early"]  # 2.6% of ELECTRA-Small's
+    assert _kinds(_ab(), _table(), FLAT, _pre(tokens=1e8))["scale"][0]["early"]  # 0.6%: the first phase
+
+
+def test_notes_never_contradict_each_other():
+    """Random situations: the note that nothing separates appears exactly when nothing is significant, never beside
+    a significant pair or task; a probe-only report says nothing of fine-tuning."""
+    import random
+
+    from pretrain.evaluation.report import render_note
+
+    rng = random.Random(0)
+    for _ in range(300):
+        modes = rng.choice([("probe",), ("probe", "full")])
+        seeds = rng.choice([1, 2, 3, 5, 6])
+        found = []
+        for mode in modes:
+            for a, b in (("mlm", "none"), ("span", "none"), ("mlm", "span")):
+                p_holm = rng.choice([0.001, 0.03, 0.2, 1.0])
+                seed_p = rng.choice([0.01, 0.3]) if seeds >= 3 else None
+                diffs = tuple(rng.uniform(-0.1, 0.1) for _ in range(seeds))
+                found.append(
+                    _cmp(a, b, rng.choice([-0.1, 0.1]), p_holm, rng.choice([p_holm, 0.01]), mode, diffs, seed_p)
+                )
+        kinds = _kinds(_ab(modes, seeds), _table(modes), found, _pre())
+        significant = any(c.significant or c.holds_across_seeds for c in found)
+        assert ("nothing_separates" in kinds) == (not significant)
+        assert not ("nothing_separates" in kinds and "none_above_random" in kinds)
+        if "nothing_separates" in kinds or "none_above_random" in kinds:
+            assert not any(t["above"] for t in kinds["task"])
+        if "nothing_separates" in kinds:
+            assert not any(t["below"] for t in kinds["task"]) and "pairs" not in kinds
+        pairs = kinds.get("pairs", [{"significant": []}])[0]["significant"]
+        assert bool(pairs) == any(c.significant for c in found if c.b != "none")
+        assert ("few_seeds" in kinds) == (seeds < 5)
+        assert not ("seeds_untested" in kinds and "seed_level" in kinds)
+        text = " ".join(render_note(kind, d) for kind, ds in kinds.items() for d in ds)
+        if modes == ("probe",):
+            assert "fine-tun" not in text.lower()

@@ -20,7 +20,8 @@ An ablation config (YAML; see configs/ablation-tiny.yaml):
 Layout: <dir>/tokenizer and <dir>/shards (built once, shared), <dir>/configs/<run>.yaml (each run's resolved
 config: what the cluster commands point at), <dir>/arms/<run>/ (a run directory, with hf/ and state.json; <run> is
 the arm's name, or <arm>-seed<S> with several seeds), <dir>/report.md with its plots and results.json (every score
-and every dev prediction, from which the report's paired tests are computed: `pretrain.evaluation.stats`).
+and every dev prediction, from which the report's paired tests are computed: `pretrain.evaluation.stats`), and
+<dir>/provenance.json (commit, versions, command, resolved configs, sha256 of every input: `pretrain.core.provenance`).
 
 Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed engines, signal handlers and
 the distributed group are per process, and it is exactly the command a cluster runs. state.json records
@@ -53,6 +54,7 @@ from pretrain.core.config import (
 )
 from pretrain.core.errors import ConfigError, UserError
 from pretrain.core.outputs import claim_output, mark_output
+from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.train.setup import config_from_dict
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/, for the arms' processes
@@ -527,6 +529,8 @@ def run_arm(ab: Ablation, arm: Arm) -> dict:
         save_config(arm.cfg, cfg_path)
         if not state.get("exported"):
             export_baseline(arm)
+            # no trainer runs for this arm, so its record (which the trainer writes for the others) is written here
+            write_provenance(arm.cfg.run_dir / "provenance.json", run_provenance(arm.cfg))
             state["exported"] = True
             write_state(arm, state)
     say(
