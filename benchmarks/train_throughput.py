@@ -7,18 +7,24 @@ has it), and do the same work: MLM + NSP (ours: the `mlm` and `nsp` objectives; 
 run = --steps steps of each variant in turn, --repeats times), so load from other jobs hits them alike;
 the tables report medians over the runs and ratios of medians.
 
-Shapes: mini (4 layers, 256 wide, 4 heads, 1024 FFN, batch 32), base (12/768/12/3072, batch 8), padding (mini
-with ~40% of every batch padding: our padded vs our unpadded encoder). Sequence length 128, vocabulary 30522.
+Each side's batch is prepared before the timed loop, on the device, as its training loop hands it over: ours a
+collated `Batch` (its host-side counts included, as the loader makes it), HF's the dict of tensors. TFLOP/s from
+each side's own FLOP count (torch's FlopCounterMode over one step; on a CPU, attention is not counted).
+
+Shapes: mini (4 layers, 256 wide, 4 heads, 1024 FFN), base (12/768/12/3072), padding (mini with ~40% of every
+batch padding: our padded vs our unpadded encoder). Sequence length 128, vocabulary 30522. Batch: on a CPU 32 for
+mini and padding, 8 for base; on a GPU 128 for every shape (--batch overrides).
 
     python benchmarks/train_throughput.py                       # CPU: all shapes, fp32 and bf16 autocast
     python benchmarks/train_throughput.py --shapes mini --precision bf16 --compile
-    python benchmarks/train_throughput.py --device cuda         # GPU: bf16, with TFLOP/s and MFU
+    python benchmarks/train_throughput.py --device cuda         # GPU: bf16, batch 128, with MFU
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 import os
 import statistics
 import sys
@@ -32,17 +38,20 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from objectives import build_objectives
+from pretrain.core.batch import Batch
 from pretrain.core.config import ModelConfig
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 from pretrain.model.pretraining import PretrainingModel
-from pretrain.train.flops import count_step_flops, device_peak_tflops
+from pretrain.train.flops import count_step_flops, device_description, device_peak_tflops
 
 VOCAB, SEQ, MASK_ID, CLS_ID, SEP_ID = 30522, 128, 103, 101, 102
-SHAPES = {  # layers, hidden, heads, intermediate, batch
+SHAPES = {  # layers, hidden, heads, intermediate, batch on a CPU
+    "tiny": (2, 64, 2, 128, 8),  # the CPU rehearsal of benchmarks/gpu_suite.sh
     "mini": (4, 256, 4, 1024, 32),
     "base": (12, 768, 12, 3072, 8),
     "padding": (4, 256, 4, 1024, 32),
 }
+GPU_BATCH = 128
 
 
 def make_batch(batch: int, pad_fraction: float, device: str, seed: int = 0) -> dict[str, torch.Tensor]:
@@ -81,7 +90,12 @@ class Ours:
         tokens = SpecialTokens(pad=0, unk=100, cls=CLS_ID, sep=SEP_ID, mask=MASK_ID, vocab_size=VOCAB)
         self.model = PretrainingModel(cfg, build_objectives({"nsp": {}, "mlm": {}}, tokens)).to(device).train()
 
-    def loss(self, batch):
+    def prepare(self, batch: dict) -> Batch:
+        """The collated Batch the trainer's loader hands over (target positions and counts made on the host),
+        built once: given plain tensors, the model would rebuild it, reading them back, at every step."""
+        return Batch.of(batch, self.model.objectives)
+
+    def loss(self, batch: Batch):
         return self.model(batch)[0]
 
 
@@ -105,6 +119,9 @@ class HF:
         )
         self.model = transformers.BertForPreTraining._from_config(config, attn_implementation="sdpa")
         self.model.to(device).train()
+
+    def prepare(self, batch: dict) -> dict:
+        return batch
 
     def loss(self, batch):
         return self.model(
@@ -151,8 +168,7 @@ def sync(device):
 
 def bench_shape(shape: str, precision: str, args) -> list[dict]:
     layers, hidden, heads, inter, batch_size = SHAPES[shape]
-    if args.batch:
-        batch_size = args.batch
+    batch_size = args.batch or (GPU_BATCH if args.device == "cuda" else batch_size)
     base_cfg = ModelConfig(
         vocab_size=VOCAB,
         hidden_size=hidden,
@@ -177,15 +193,12 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
         torch.manual_seed(0)
         cfg = base_cfg if options is None else ModelConfig(**{**base_cfg.__dict__, **options})
         runner = cls(cfg, args.device)
-        variants.append(Variant(name, runner, make_optimizer(runner.model, args.device), bf16, batch, []))
+        prepared = runner.prepare(batch)  # before any timing
+        variants.append(Variant(name, runner, make_optimizer(runner.model, args.device), bf16, prepared, []))
     for v in variants:  # warm-up (allocator, oneDNN primitives, compilation)
         for _ in range(args.warmup):
             v.step()
-    flops = {}
-    if args.device == "cuda":
-        for v in variants:
-            if "compile" not in v.name:
-                flops[v.name] = count_step_flops(v.step)
+    flops = {v.name: count_step_flops(v.step) for v in variants if "compile" not in v.name}
     for _ in range(args.repeats):
         for v in variants:
             sync(args.device)
@@ -197,6 +210,7 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
     real_tokens = int(batch["attention_mask"].sum())
     reference = statistics.median(variants[0].times)
     peak = device_peak_tflops(precision) if args.device == "cuda" else None
+    compiled_flops = flops.get("ours unpadded" if shape == "padding" else "ours")
     rows = []
     for v in variants:
         t = statistics.median(v.times)
@@ -211,9 +225,9 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
             "ratio": reference / t,
             "spread": (min(v.times), max(v.times)),
         }
-        if v.name in flops:
-            row["tflops"] = flops[v.name] / t / 1e12
-            row["mfu"] = row["tflops"] / peak if peak else None
+        step_flops = flops.get(v.name, compiled_flops)  # compiled: the same model's count
+        row["tflops"] = step_flops / t / 1e12
+        row["mfu"] = row["tflops"] / peak if peak else None
         rows.append(row)
     del variants
     return rows
@@ -226,11 +240,15 @@ def main():
     parser.add_argument("--precision", default=None, help="fp32, bf16 or both (default: both on CPU, bf16 on CUDA)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--batch", type=int, default=0, help="override the shape's batch size")
-    parser.add_argument("--steps", type=int, default=2, help="steps per timed run")
+    parser.add_argument("--steps", type=int, help="steps per timed run (default: 2 on a CPU, 20 on a GPU)")
     parser.add_argument("--repeats", type=int, default=5, help="alternated timed runs per variant")
-    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--warmup", type=int, help="untimed steps per variant first (default: 2 CPU, 10 GPU)")
+    parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--compile", action="store_true", help="also time our model with model.compile=true")
     args = parser.parse_args()
+    gpu = args.device == "cuda"
+    args.steps = args.steps or (20 if gpu else 2)
+    args.warmup = args.warmup or (10 if gpu else 2)
     torch.set_num_threads(args.threads)
     precisions = args.precision or ("bf16" if args.device == "cuda" else "both")
     precisions = ["fp32", "bf16"] if precisions == "both" else [precisions]
@@ -245,22 +263,26 @@ def main():
         f"\n`{command}`  \ntorch {torch.__version__}, {args.device}, {torch.get_num_threads()} threads, "
         f"load average at the end {load[0]:.2f}; ratio = median step time of the shape's first row / this row's\n"
     )
-    gpu = args.device == "cuda"
     print(
-        "| shape | precision | variant | batch | step (ms, median) | tokens/s | real tokens/s | ratio |"
-        + (" TFLOP/s | MFU |" if gpu else "")
+        "| shape | precision | variant | batch | step (ms, median) | tokens/s | real tokens/s | ratio | TFLOP/s |"
+        + (" MFU |" if gpu else "")
     )
-    print("|---|---|---|---|---|---|---|---|" + ("---|---|" if gpu else ""))
+    print("|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""))
+    ms = "{:.1f}" if gpu else "{:.0f}"
     for r in rows:
+        low, high = (ms.format(1000 * x) for x in r["spread"])
         line = (
-            f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | {1000 * r['step_s']:.0f} "
-            f"({1000 * r['spread'][0]:.0f}-{1000 * r['spread'][1]:.0f}) | {r['tokens_s']:,.0f} | "
-            f"{r['real_tokens_s']:,.0f} | {r['ratio']:.2f}x |"
+            f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | {ms.format(1000 * r['step_s'])} "
+            f"({low}-{high}) | {r['tokens_s']:,.0f} | {r['real_tokens_s']:,.0f} | {r['ratio']:.2f}x | "
+            f"{r['tflops']:.3g} |"
         )
         if gpu:
-            mfu = r.get("mfu")
-            line += f" {r.get('tflops', float('nan')):.1f} | {'' if mfu is None else f'{100 * mfu:.1f}%'} |"
+            line += " - |" if r["mfu"] is None else f" {r['mfu']:.1%} |"
         print(line)
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        meta = {"command": command, "device": device_description(), "torch": torch.__version__}
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

@@ -1,20 +1,32 @@
 """End to end: our `pretrain train` against transformers' Trainer on BertForMaskedLM, the run_mlm recipe a user would
 pick instead, on the same tokenizer, text, shape, batch, sequence length and precision.
 
-Each is a fresh process, run one after the other and alternated over --repeats. The rate of a run is measured over
-its steps after --warm (ours: the metrics.jsonl intervals; the peer: a callback's clock), so start-up, DeepSpeed set-up
-and compilation are left out of both. The table gives medians over repeats, the ratio of medians, and our MFU from
-metrics.jsonl (on a GPU; a CPU has no peak in the table). `--objectives mlm,rtd` also times other objectives of ours
-on the same shape (tokens/s per objective, and each relative to mlm).
+Each run is a fresh process; the variants run one after the other, alternated over --repeats. Both sides are timed
+the same way: the tokens of the steps after --warm over the wall time of those same steps (ours: the metrics.jsonl
+log intervals from step --warm to the last, summed; the peer: a callback's clock from step --warm to the last,
+synchronized), so start-up, DeepSpeed set-up and compilation are outside both, and a run's rate is one total, not a
+median of intervals. The table gives the median of those totals over repeats, and the ratio of medians.
+
+TFLOP/s: each side's FLOPs per sample counted by torch's FlopCounterMode on one forward + backward of a CPU fp32
+copy of its own model over real samples (ours: the trainer's own count, `tflops` in metrics.jsonl; the peer: the
+same counter on BertForMaskedLM, which projects every position onto the vocabulary where ours projects the masked
+ones), times its samples per second. MFU against the device's bf16 peak (`pretrain.train.flops`), on a GPU only.
+torch 2.13 counts no FLOPs for the CPU's attention kernel, so both sides leave attention out alike (at BERT-base
+about 3% of a step's FLOPs at seq 128, 10% at 512).
 
     pip install -e '.[bench]'                                            # the peer's accelerate
     python benchmarks/trainer_vs_hf.py                                   # CPU: BERT-mini, batch 32, seq 128
-    python benchmarks/trainer_vs_hf.py --shape base --batch 128 --steps 150 --warm 50 --hf-compile
+    python benchmarks/trainer_vs_hf.py --shape base --batch 128 --steps 150 --warm 50 --peers eager,compile
     python benchmarks/trainer_vs_hf.py --shape base --batch 32 --seq 512 --objectives mlm,rtd
+    python benchmarks/trainer_vs_hf.py --shape mini --batch 1024 --objectives mlm,rtd --peers none
+    python benchmarks/trainer_vs_hf.py --shape base --objectives mlm,mlm+nsp --peers none   # pairs vs packed
 
-The peer is transformers' Trainer with BertForMaskedLM (sdpa attention), DataCollatorForLanguageModeling (15%,
-80/10/10), AdamW (torch fused), bf16 autocast, 4 loader workers on a GPU, the same learning rate and warm-up; its
-blocks are the corpus tokenized with our tokenizer, cut into [CLS] + seq-2 tokens + [SEP], as our packing does.
+The peer in its best configuration: transformers' Trainer with BertForMaskedLM (sdpa attention),
+DataCollatorForLanguageModeling (15%, 80/10/10), torch's fused AdamW (`optim="adamw_torch_fused"`), bf16 autocast,
+4 loader workers and pinned memory on a GPU, the same learning rate and warm-up; `--peers compile` adds it under
+torch.compile (`torch_compile=True`). Its blocks are the corpus tokenized with our tokenizer, cut into [CLS] +
+seq-2 tokens + [SEP], as our packing does. `--json` writes every run and the medians (benchmarks/gpu_suite.sh
+reads them).
 """
 
 from __future__ import annotations
@@ -22,15 +34,18 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-SHAPES = {"mini": (4, 256, 4, 1024), "base": (12, 768, 12, 3072)}  # layers, hidden, heads, intermediate
+# layers, hidden, heads, intermediate; tiny: the CPU rehearsal of benchmarks/gpu_suite.sh
+SHAPES = {"tiny": (2, 64, 2, 128), "mini": (4, 256, 4, 1024), "base": (12, 768, 12, 3072)}
 DEFAULT_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "en-mix.train.jsonl"
 
 
@@ -58,14 +73,33 @@ def prepare(work: Path, corpus: Path, vocab: int) -> tuple[Path, Path]:
     return tok, shards
 
 
-def run_ours(a, work: Path, tok: Path, shards: Path, objective: str, repeat: int) -> dict:
+def objectives_override(spec: str) -> str:
+    """'mlm+nsp' -> 'objectives={mlm: {}, nsp: {}}'."""
+    return "objectives={" + ", ".join(f"{name}: {{}}" for name in spec.split("+")) + "}"
+
+
+def window(records: list[dict], warm: int) -> dict:
+    """Tokens, seconds and FLOPs of the log intervals from step `warm` to the last: each interval's time is its
+    tokens over its rate, its FLOPs its TFLOP/s times that time."""
+    start = next(r for r in records if r["step"] == warm)
+    timed = [r for r in records if r["step"] > warm]
+    tokens, seconds, flops, before = 0, 0.0, 0.0, start["tokens"]
+    for r in timed:
+        n = r["tokens"] - before
+        dt = n / r["tokens_per_s"]
+        tokens, seconds, flops, before = tokens + n, seconds + dt, flops + r["tflops"] * 1e12 * dt, r["tokens"]
+    return {"tokens": tokens, "seconds": seconds, "steps": timed[-1]["step"] - warm, "flops": flops}
+
+
+def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat: int) -> dict:
     layers, hidden, heads, inter = SHAPES[a.shape]
     name = f"ours-{objective}-{repeat}"
-    log_every = max(1, (a.steps - a.warm) // 5)
+    # a log line at step --warm and at the last step, and as few as that allows (each reads the device once)
+    log_every = math.gcd(a.warm, a.steps - a.warm)
     args = [
         "train",
         "default",
-        f"output_dir={work}",
+        f"output_dir={runs_dir}",
         f"name={name}",
         f"data.tokenizer={tok}",
         f"data.shards={shards}",
@@ -75,7 +109,7 @@ def run_ours(a, work: Path, tok: Path, shards: Path, objective: str, repeat: int
         f"model.num_heads={heads}",
         f"model.intermediate_size={inter}",
         f"model.max_position_embeddings={max(512, a.seq)}",
-        f"objectives={{{objective}: {{}}}}",
+        objectives_override(objective),
         f"train.micro_batch_size={a.batch}",
         f"train.max_steps={a.steps}",
         f"train.lr={a.lr}",
@@ -88,27 +122,32 @@ def run_ours(a, work: Path, tok: Path, shards: Path, objective: str, repeat: int
         *(["model.compile=true"] if a.compile else []),
         *a.ours_overrides,
     ]
+    started = time.time()
     subprocess.run(
         [sys.executable, "-m", "pretrain.cli", *args],
         check=True,
         env=_env(),
-        cwd=work,
+        cwd=runs_dir,
         stdout=subprocess.DEVNULL,
         stderr=None if a.verbose else subprocess.DEVNULL,
     )
-    records = [json.loads(line) for line in (work / name / "metrics.jsonl").read_text().splitlines()]
-    timed = [r for r in records if r["step"] - log_every >= a.warm]  # intervals that start after the warm-up
+    records = [json.loads(line) for line in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
+    w = window(records, a.warm)
     return {
-        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in timed),
-        "mfu": statistics.median(r["mfu"] for r in timed) if "mfu" in timed[-1] else None,
-        "tflops": statistics.median(r["tflops"] for r in timed),
+        "tokens_per_s": w["tokens"] / w["seconds"],
+        "tflops": w["flops"] / w["seconds"] / 1e12,
+        "timed_steps": w["steps"],
+        "timed_s": w["seconds"],
+        "process_s": time.time() - started,
         "loss": records[-1]["loss"],
+        "metrics": str(runs_dir / name / "metrics.jsonl"),
     }
 
 
 PEER = r"""
-import json, sys, time
+import copy, json, sys, time
 import torch
+from torch.utils.flop_counter import FlopCounterMode
 from transformers import (BertConfig, BertForMaskedLM, DataCollatorForLanguageModeling, PreTrainedTokenizerFast,
                           Trainer, TrainerCallback, TrainingArguments)
 a = json.loads(sys.argv[1])
@@ -124,6 +163,13 @@ class Blocks(torch.utils.data.Dataset):
 layers, hidden, heads, inter = a["shape"]
 config = BertConfig(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
                     intermediate_size=inter, max_position_embeddings=max(512, a["seq"]), pad_token_id=tok.pad_token_id)
+collator = DataCollatorForLanguageModeling(tok, mlm_probability=0.15)
+# FLOPs per sample as our trainer counts its own: a CPU fp32 model, one forward + backward over 2 real samples
+probe = BertForMaskedLM._from_config(config, attn_implementation="sdpa")
+with FlopCounterMode(display=False) as counter:
+    probe(**collator([Blocks()[0], Blocks()[1]])).loss.backward()
+flops_per_sample = counter.get_total_flops() / 2
+del probe
 model = BertForMaskedLM._from_config(config, attn_implementation="sdpa")
 def sync():
     if cuda: torch.cuda.synchronize()
@@ -134,14 +180,15 @@ class Clock(TrainerCallback):
             sync(); Clock.t0 = time.perf_counter()
         if state.global_step == a["steps"]:
             sync(); dt = time.perf_counter() - Clock.t0
-            print(json.dumps({"tokens_per_s": (a["steps"] - a["warm"]) * a["batch"] * a["seq"] / dt}), flush=True)
+            samples = (a["steps"] - a["warm"]) * a["batch"]
+            print(json.dumps({"tokens_per_s": samples * a["seq"] / dt, "tflops": flops_per_sample * samples / dt / 1e12,
+                              "timed_steps": a["steps"] - a["warm"], "timed_s": dt}), flush=True)
 args = TrainingArguments(output_dir=a["out"], per_device_train_batch_size=a["batch"], max_steps=a["steps"],
                          bf16=not a["fp32"], learning_rate=a["lr"], warmup_steps=a["warmup"], adam_beta2=0.98,
                          adam_epsilon=1e-6, weight_decay=0.01, max_grad_norm=1.0, save_strategy="no", report_to=[],
                          logging_steps=10**9, dataloader_num_workers=4 if cuda else 0, optim="adamw_torch_fused",
                          torch_compile=a["compile"], use_cpu=not cuda, dataloader_pin_memory=cuda, seed=1234)
-Trainer(model=model, args=args, train_dataset=Blocks(),
-        data_collator=DataCollatorForLanguageModeling(tok, mlm_probability=0.15), callbacks=[Clock()]).train()
+Trainer(model=model, args=args, train_dataset=Blocks(), data_collator=collator, callbacks=[Clock()]).train()
 """
 
 
@@ -160,13 +207,15 @@ def run_peer(a, work: Path, tok: Path, compile_: bool) -> dict:
         "shape": SHAPES[a.shape],
         "out": str(work / "hf-out"),
     }
+    started = time.time()
     proc = subprocess.run(
         [sys.executable, "-c", PEER, json.dumps(spec)], env=_env(), cwd=work, capture_output=True, text=True
     )
     if proc.returncode != 0:
         raise SystemExit(f"the HF Trainer run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     # Trainer prints its own summary dict after ours
-    return json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"tokens_per_s"')][-1])
+    result = json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"tokens_per_s"')][-1])
+    return result | {"process_s": time.time() - started}
 
 
 def main() -> None:
@@ -177,6 +226,7 @@ def main() -> None:
         default=DEFAULT_CORPUS if DEFAULT_CORPUS.is_file() else ROOT / "data" / "us-speeches.public-domain.jsonl",
     )
     p.add_argument("--work", type=Path, help="directory for tokenizer, shards and runs (default: a temporary one)")
+    p.add_argument("--tag", default="", help="runs go to WORK/runs-TAG: several invocations share one tokenizer")
     p.add_argument("--vocab", type=int, default=30522)
     p.add_argument("--shape", choices=sorted(SHAPES), default="mini")
     p.add_argument("--seq", type=int, default=128)
@@ -187,48 +237,102 @@ def main() -> None:
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--fp32", action="store_true", help="fp32 instead of bf16 (autocast)")
     p.add_argument("--compile", action="store_true", help="ours with model.compile=true")
-    p.add_argument("--hf-compile", action="store_true", help="also the peer with torch.compile")
-    p.add_argument("--objectives", default="mlm", help="ours: comma-separated objectives to time (default: mlm)")
+    p.add_argument("--peers", default="eager", help="the Trainer's variants: eager, compile, eager,compile or none")
+    p.add_argument("--hf-compile", action="store_true", help="also the Trainer compiled (= --peers eager,compile)")
+    p.add_argument(
+        "--objectives", default="mlm", help="ours: comma-separated objectives to time, '+' joins a mix (mlm+nsp)"
+    )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ours-overrides", nargs="*", default=[], help="extra key=value overrides for our runs")
+    p.add_argument("--json", type=Path, help="also write the runs and medians here")
     p.add_argument("--verbose", action="store_true")
     a = p.parse_args()
-    if importlib.util.find_spec("accelerate") is None:  # transformers' Trainer needs it; our trainer does not
+    peers = [] if a.peers == "none" else a.peers.split(",")
+    if a.hf_compile and "compile" not in peers:
+        peers.append("compile")
+    if not 0 < a.warm < a.steps:
+        raise SystemExit("--warm must be between 0 and --steps")
+    if peers and importlib.util.find_spec("accelerate") is None:  # transformers' Trainer needs it; ours does not
         raise SystemExit("the peer (transformers' Trainer) needs accelerate: pip install -e '.[bench]'")
-    work = a.work or Path(tempfile.mkdtemp(prefix="trainer-vs-hf-"))
-    work.mkdir(parents=True, exist_ok=True)
+    a.corpus = a.corpus.resolve()  # the runs start in the work directory
+    work = (a.work or Path(tempfile.mkdtemp(prefix="trainer-vs-hf-"))).resolve()
+    runs_dir = work / (f"runs-{a.tag}" if a.tag else "runs")
+    runs_dir.mkdir(parents=True, exist_ok=True)
     # our trainer resumes a run directory it finds: an old run there would be timed as a resumed, finished one
-    stale = sorted(str(d) for d in work.glob("ours-*") if d.is_dir())
+    stale = sorted(str(d) for d in runs_dir.glob("ours-*") if d.is_dir())
     if stale:
-        raise SystemExit(f"{work} already holds runs of an earlier benchmark ({', '.join(stale)}): give a new --work")
+        raise SystemExit(f"{runs_dir} already holds runs of an earlier benchmark ({', '.join(stale)}): another --tag")
     tok, shards = prepare(work, a.corpus, a.vocab)
     import torch
 
-    device = torch.cuda.get_device_name() if torch.cuda.is_available() else f"CPU ({os.cpu_count()} cores)"
+    from pretrain.train.flops import device_description, device_peak_tflops
+
+    peak = device_peak_tflops("fp32" if a.fp32 else "bf16")
+    objectives = a.objectives.split(",")
     runs: dict[str, list[dict]] = {}
     for repeat in range(a.repeats):  # alternated, so load from other jobs hits every variant alike
-        for objective in a.objectives.split(","):
-            runs.setdefault(f"ours {objective}", []).append(run_ours(a, work, tok, shards, objective, repeat))
-        runs.setdefault("HF Trainer", []).append(run_peer(a, work, tok, False))
-        if a.hf_compile:
-            runs.setdefault("HF Trainer + compile", []).append(run_peer(a, work, tok, True))
+        for objective in objectives:
+            runs.setdefault(f"ours {objective}", []).append(run_ours(a, runs_dir, tok, shards, objective, repeat))
+        for peer in peers:
+            name = "HF Trainer" + (" + compile" if peer == "compile" else "")
+            runs.setdefault(name, []).append(run_peer(a, work, tok, peer == "compile"))
         print(
             f"repeat {repeat + 1}/{a.repeats}: "
             + ", ".join(f"{k} {v[-1]['tokens_per_s']:,.0f}" for k, v in runs.items()),
             file=sys.stderr,
             flush=True,
         )
-    median = {k: statistics.median(r["tokens_per_s"] for r in v) for k, v in runs.items()}
-    ours = median["ours " + a.objectives.split(",")[0]]
-    print(
-        f"\n{a.shape}, seq {a.seq}, batch {a.batch}, {'fp32' if a.fp32 else 'bf16'}, vocab {a.vocab}, "
-        f"{a.steps - a.warm} timed steps x {a.repeats} repeats, {device}, corpus {a.corpus.name}\n"
+    rows = []
+    for name, results in runs.items():
+        rate = statistics.median(r["tokens_per_s"] for r in results)
+        tflops = statistics.median(r["tflops"] for r in results)
+        rows.append(
+            {
+                "run": name,
+                "tokens_per_s": rate,
+                "per_repeat": [r["tokens_per_s"] for r in results],
+                "tflops": tflops,
+                "mfu": tflops / peak if peak else None,
+            }
+        )
+    reference = rows[0]["tokens_per_s"]
+    for row in rows:
+        row["first_over_this"] = reference / row["tokens_per_s"]
+    meta = {
+        "shape": a.shape,
+        "seq": a.seq,
+        "batch": a.batch,
+        "precision": "fp32" if a.fp32 else "bf16",
+        "vocab": a.vocab,
+        "timed_steps": a.steps - a.warm,
+        "repeats": a.repeats,
+        "device": device_description(),
+        "torch": torch.__version__,
+        "corpus": a.corpus.name,
+        "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
+    }
+    table = format_table(meta, rows)
+    print("\n" + table)
+    if a.json:
+        a.json.parent.mkdir(parents=True, exist_ok=True)
+        a.json.write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1))
+
+
+def format_table(meta: dict, rows: list[dict]) -> str:
+    head = (
+        f"{meta['shape']}, seq {meta['seq']}, batch {meta['batch']}, {meta['precision']}, vocab {meta['vocab']}, "
+        f"{meta['timed_steps']} timed steps x {meta['repeats']} repeats, {meta['device']}, corpus {meta['corpus']}\n\n"
     )
-    print("| run | tokens/s (median) | ours / this | MFU |")
-    print("|---|---:|---:|---:|")
-    for name, rate in median.items():
-        mfu = [r.get("mfu") for r in runs[name] if r.get("mfu") is not None]
-        print(f"| {name} | {rate:,.0f} | {ours / rate:.2f}x | {f'{statistics.median(mfu):.1%}' if mfu else '-'} |")
+    lines = [
+        f"| run | tokens/s (median) | per repeat | TFLOP/s | MFU | {rows[0]['run']} / this |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for r in rows:
+        mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        per = " / ".join(f"{x:,.0f}" for x in r["per_repeat"])
+        rate, ratio = f"{r['tokens_per_s']:,.0f}", f"{r['first_over_this']:.2f}x"
+        lines.append(f"| {r['run']} | {rate} | {per} | {r['tflops']:.3g} | {mfu} | {ratio} |")
+    return head + "\n".join(lines)
 
 
 if __name__ == "__main__":

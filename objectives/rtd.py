@@ -181,8 +181,12 @@ class RTDHead(nn.Module):
     """model.heads["rtd"]: the generator, and the discriminator's per-token head (HF's
     ElectraDiscriminatorPredictions: dense H -> H, GELU, dense_prediction H -> 1)."""
 
-    def __init__(self, cfg, opts: RTDOptions, encoder: nn.Module):
+    def __init__(self, cfg, opts: RTDOptions, encoder: nn.Module, special_ids: tuple[int, ...] = ()):
         super().__init__()
+        # The ids never sampled, on the model's device with it: indexing by a Python list copied the list to the
+        # device in every micro-batch (a pageable host-to-device copy, which waits for the stream on CUDA).
+        # Not persistent: it is the tokenizer's, so checkpoints and exports stay as they were.
+        self.register_buffer("special_ids", torch.tensor(sorted(special_ids), dtype=torch.long), persistent=False)
         if opts.disentangled:
             encoder.embeddings.word_embeddings = DisentangledWordEmbedding(encoder.embeddings.word_embeddings)
         # The generator reads the shared E-wide embeddings (E = H unless model.embedding_size is set, as in
@@ -247,7 +251,7 @@ class ReplacedTokenDetection(Objective):
         }
 
     def build_head(self, model_config, encoder):
-        return RTDHead(model_config, self.options, encoder)
+        return RTDHead(model_config, self.options, encoder, self.tokens.special_ids)
 
     def before_encoder(self, batch, forward, model):
         """Run the generator at the masked positions, keep its loss, and give the encoder (the discriminator) the
@@ -263,8 +267,7 @@ class ReplacedTokenDetection(Objective):
             # Torch's default generator (CPU or CUDA per device): checkpoints save and restore both, so a
             # resumed run draws the same samples. Special tokens are never drawn: the discriminator should
             # only ever see real text (no [MASK] at pretraining that fine-tuning would not show).
-            scores = logits / self.options.temperature
-            scores[:, list(self.tokens.special_ids)] = float("-inf")
+            scores = (logits / self.options.temperature).index_fill_(1, head.special_ids, float("-inf"))
             sampled = sample_categorical(torch.softmax(scores, dim=-1))  # [M]
             flat = ids.reshape(-1)
             disc_ids = flat.index_copy(0, positions, sampled).view_as(ids)  # [B, L] the original ids, samples in

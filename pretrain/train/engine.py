@@ -12,6 +12,9 @@ Work-arounds (DeepSpeed 0.19):
   dummy step (`fp16_loss_needs_scaling`, `drop_fp16_dummy_step`);
 - bf16/fp16: the fp32 master weights are built from the module after its cast, so they start rounded
   (`restore_fp32_masters`).
+What DeepSpeed does by default that the step does not need: its throughput timer synchronizes the device twice per
+micro-batch (off in `deepspeed_config`), and on one rank under ZeRO-0 it still all-reduces every gradient
+(`skip_single_rank_allreduce`).
 """
 
 from __future__ import annotations
@@ -45,8 +48,21 @@ def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
         "zero_optimization": {"stage": t.zero_stage},
         "zero_allow_untested_optimizer": True,  # our AdamW/LAMB are torch optimizers
         "steps_per_print": 10**9,  # we log ourselves
-        "wall_clock_breakdown": False,
+        # DeepSpeed's throughput timer is on unless configured off, and then calls the accelerator's synchronize()
+        # at the start of every forward and the end of every step() (ThroughputTimer in deepspeed/utils/timer.py,
+        # started in DeepSpeedEngine._forward_prologue and stopped in step(); 0.19.8): two device syncs per
+        # micro-batch. We time log intervals ourselves; tests/test_host_reads.py counts these syncs.
+        "timers": {"throughput": {"enabled": False, "synchronized": False}},
+        "wall_clock_breakdown": False,  # its per-phase timers wait on CUDA events when they are read, each step
     }
+    if t.zero_stage in (1, 2):
+        # On several ranks the reduction stays DeepSpeed's. overlap_comm stays off (its default below ZeRO-3): with
+        # it, stage_1_and_2.py synchronizes the device before every bucket's all-reduce and at the end of every
+        # backward (allreduce_and_copy, independent_gradient_partition_epilogue), the host waits that this loop
+        # avoids everywhere else. Without it the buckets are reduced on the compute stream as they fill, so the
+        # bucket size only sets how often; DeepSpeed's 5e8 elements is one bucket for BERT-base and -large. Whether
+        # overlap_comm pays for its syncs on several GPUs is unmeasured (no multi-GPU machine yet).
+        ds["zero_optimization"].update(overlap_comm=False, reduce_bucket_size=int(5e8), allgather_bucket_size=int(5e8))
     if precision == "bf16":  # bf16-autocast: DeepSpeed sees an fp32 model
         ds["bf16"] = {"enabled": True}
     elif precision == "fp16":
@@ -146,9 +162,24 @@ def build_engine(cfg: RunConfig, model: nn.Module, world_size: int, fresh: bool,
         model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t), config=ds_config
     )
     drop_fp16_dummy_step(ds)
+    skip_single_rank_allreduce(ds, world_size, t.zero_stage)
     if fp32_weights is not None:
         restore_fp32_masters(ds, fp32_weights)
     return Engine(ds, precision, fp16_loss_needs_scaling(ds), _skipped_before=ds.skipped_steps)
+
+
+def skip_single_rank_allreduce(engine, world_size: int, zero_stage: int) -> None:
+    """On one rank under ZeRO-0, turn off DeepSpeed's gradient all-reduce: after every backward at an accumulation
+    boundary, DeepSpeedEngine._backward_epilogue calls allreduce_gradients -> buffered_allreduce_fallback, which
+    flattens every gradient into one buffer, all-reduces it over a group of one and copies it back (0.19.8,
+    runtime/engine.py; the flag it checks is `enable_backward_allreduce`, which DeepSpeed itself clears only when
+    there is no communication backend). The values are unchanged by it (a sum over one rank, divided by 1), so
+    dropping it changes no number; it cost a copy of all gradients each step. One difference: it also gives a
+    parameter without a gradient zeros (AdamW then decays it; now it skips it): every objective, alone and in the
+    mixes of tests/test_host_reads.py, gives every parameter a gradient (checked 2026-11-23). ZeRO 1-3 reduce
+    inside their own optimizer (partitioning needs it, also on one rank): untouched."""
+    if world_size == 1 and zero_stage == 0:
+        engine.enable_backward_allreduce = False
 
 
 def _zero0_fp16(optimizer) -> bool:

@@ -1,0 +1,250 @@
+"""The Python half of benchmarks/gpu_suite.sh: the demo's summary, and the markdown report of a results directory.
+
+python benchmarks/gpu_suite.py report RESULTS_DIR
+python benchmarks/gpu_suite.py demo-summary --run RUN_DIR --heldout FILE --seconds S --json OUT
+python benchmarks/gpu_suite.py add-seconds FILE.json SECONDS
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # not benchmarks/: its data_pipeline.py would hide the package
+
+STAGES = ["syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "demo", "eval", "finetune"]
+
+
+def demo_summary(run: Path, heldout: Path, seconds: float, max_samples: int) -> dict:
+    """The demo's MLM loss against the unigram entropy (the loss of predicting every masked token from word
+    frequencies alone): at the end of training on its own corpus, and on held-out text through `pretrain eval`."""
+    from data_pipeline.shards import ShardSet, unigram_entropy
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+    from pretrain.evaluation.evaluate import evaluate_mlm
+    from pretrain.train.metrics import read_metrics
+    from pretrain.train.setup import load_checkpoint_model
+
+    records = read_metrics(run)
+    cfg = load_checkpoint_model(run)[0]
+    specials = special_tokens(load_tokenizer(cfg.tokenizer_dir)).special_ids
+    last = [r for r in records if "mlm/loss" in r][-3:]
+    held = evaluate_mlm(run / "hf", corpus=[str(heldout)], max_samples=max_samples)
+    return {
+        "seconds": seconds,
+        "config": cfg.name,
+        "steps": records[-1]["step"],
+        "max_steps": cfg.train.max_steps,
+        "tokens": records[-1]["tokens"],
+        "tokens_per_s_median": statistics.median(r["tokens_per_s"] for r in records),
+        "mfu_median": statistics.median(r["mfu"] for r in records) if "mfu" in records[-1] else None,
+        "train_mlm_loss": sum(r["mlm/loss"] for r in last) / len(last),
+        "train_unigram_entropy": unigram_entropy(ShardSet(cfg.shards_dir, verify=False), specials),
+        "heldout": str(heldout),
+        "heldout_mlm_loss": held["loss"],
+        "heldout_accuracy": held["accuracy"],
+        "heldout_unigram_entropy": unigram_entropy(ShardSet(Path(held["shards"]), verify=False), specials),
+    }
+
+
+def _load(path: Path):
+    if not path.is_file():
+        return None
+    text = path.read_text().strip()
+    if path.suffix == ".json" and "\n{" in text:  # one JSON object per rank
+        return [json.loads(line) for line in text.splitlines()]
+    return json.loads(text)
+
+
+def _rate(x: float) -> str:
+    return f"{x:,.0f}"
+
+
+def _mfu(row: dict) -> str:
+    return f", MFU {row['mfu']:.1%}" if row.get("mfu") is not None else ""
+
+
+def _rows(result: dict) -> dict[str, dict]:
+    return {r["run"]: r for r in result["rows"]}
+
+
+def report(res: Path) -> str:
+    spec = importlib.util.spec_from_file_location("trainer_vs_hf", ROOT / "benchmarks" / "trainer_vs_hf.py")
+    tvh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tvh)
+    format_table = tvh.format_table
+
+    stages = {s: _load(res / f"{s}.stage.json") for s in STAGES}
+    data = {s: _load(res / f"{s}.json") for s in STAGES}
+    ran = [s for s in STAGES if stages[s]]
+    if not ran:
+        return f"no stage has written to {res} yet"
+    tiny = any(stages[s]["tiny"] for s in ran)
+    device = next((d["meta"]["device"] for d in data.values() if isinstance(d, dict) and "meta" in d), "?")
+    out = [
+        f"## GPU suite: {device}"
+        + (" (--tiny: a rehearsal at tiny shapes; no figure here measures anything)" if tiny else "")
+    ]
+    out += ["", "| stage | measurement | result | exit, seconds |", "|---|---|---|---|"]
+
+    def line(stage: str, what: str, result: str) -> None:
+        st = stages[stage]
+        done = f"{st['rc']}, {st['seconds']:.0f}" if st else "not run"
+        if st and st["rc"] != 0:
+            result = f"failed (see {stage}.log)"
+        elif not st or data.get(stage) is None:
+            result = result if st else "-"
+        out.append(f"| {stage} | {what} | {result} | {done} |")
+
+    def shape(stage: str, default: str) -> str:
+        """What the stage ran, from what it wrote: 'base, seq 128, batch 128'."""
+        m = data[stage]["meta"] if isinstance(data[stage], dict) else None
+        return f"{m['shape']}, seq {m['seq']}, batch {m['batch']}" if m else default
+
+    def versus(stage: str, what: str) -> None:
+        d = data[stage]
+        what = f"{shape(stage, what.split(': ')[0])}: {what.split(': ')[1]}" if ": " in what else what
+        if not d:
+            return line(stage, what, "-")
+        rows = d["rows"]
+        ours, peer = rows[0], rows[-1]
+        line(
+            stage,
+            what,
+            f"{ours['run']} {_rate(ours['tokens_per_s'])} tokens/s ({ours['tflops']:.3g} TFLOP/s{_mfu(ours)}) vs "
+            f"{peer['run']} {_rate(peer['tokens_per_s'])} ({peer['tflops']:.3g} TFLOP/s{_mfu(peer)}): "
+            f"**{peer['first_over_this']:.2f}x**",
+        )
+
+    syncs = [data["syncs"]] if isinstance(data["syncs"], dict) else data["syncs"]  # one line per rank
+    if syncs:
+        r = syncs[0]
+        normal = [x for x in r["runs"] if not x["probe"]]
+        ours = sum(sum(x[k].values()) for x in normal for k in ("reads_ours", "h2d_ours", "syncs_ours"))
+        ds = sum(sum(x["syncs_library"].values()) for x in normal)
+        probes = {x["probe"]: x for x in r["runs"] if x["probe"]}
+        timers = sum(probes["timers"]["syncs_library"].values()) if "timers" in probes else "-"
+        debug = f"; CUDA sync debug mode '{r['sync_debug']}' held" if r["cuda"] else ""
+        line(
+            "syncs",
+            "host waits in the steps that do not log (4 steps x 2 micro-batches per run)",
+            f"{len(normal)} runs: ours {ours} (reads, syncs, copies of Python data), DeepSpeed's syncs {ds} "
+            f"(with its throughput timer back on: {timers}){debug}",
+        )
+    else:
+        line("syncs", "host waits in the steps that do not log", "-")
+    versus("base128", "BERT-base, seq 128, batch 128: ours vs Trainer (eager)")
+    versus("base128c", "BERT-base, seq 128, batch 128: ours vs Trainer + torch.compile")
+    step, base = data["step"], data["base128"]
+    if step and base:
+        ours_step = next(r for r in step["rows"] if r["variant"] == "ours")
+        hf_step = next(r for r in step["rows"] if r["variant"].startswith("HF"))
+        trainer = base["rows"][0]
+        line(
+            "step",
+            "our trainer vs its own model step alone (train_throughput.py, MLM+NSP, prepared batch)",
+            f"trainer {_rate(trainer['tokens_per_s'])} tokens/s vs model step {_rate(ours_step['tokens_s'])} "
+            f"(batch {ours_step['batch']}): the trainer at "
+            f"**{trainer['tokens_per_s'] / ours_step['tokens_s']:.0%}** of it; BertForPreTraining's step "
+            f"{_rate(hf_step['tokens_s'])}",
+        )
+    else:
+        line("step", "our trainer vs its own model step alone", "-")
+    versus("base512", "BERT-base, seq 512, batch 32: ours vs Trainer (eager)")
+    for stage, what in (
+        ("rtd", "rtd vs mlm: BERT-mini, seq 128, batch 1024"),
+        ("nsp", "NSP segment pairs (padded) vs packed MLM: BERT-base, seq 128, batch 128"),
+    ):
+        d = data[stage]
+        what = f"{what.split(': ')[0]}: {shape(stage, what.split(': ')[1])}"
+        if d:
+            a, b = d["rows"][0], d["rows"][1]
+            line(
+                stage,
+                what,
+                f"{a['run']} {_rate(a['tokens_per_s'])} vs {b['run']} {_rate(b['tokens_per_s'])} real tokens/s: "
+                f"{b['run']} costs **{a['tokens_per_s'] / b['tokens_per_s']:.2f}x** per token",
+            )
+        else:
+            line(stage, what, "-")
+    demo = data["demo"]
+    if demo:
+        line(
+            "demo",
+            f"`make demo` ({demo['config']}), end to end",
+            f"{demo['seconds']:.0f} s, step {demo['steps']}/{demo['max_steps']}, {demo['tokens']:,} tokens "
+            f"({_rate(demo['tokens_per_s_median'])} tokens/s"
+            + (f", MFU {demo['mfu_median']:.1%}" if demo.get("mfu_median") is not None else "")
+            + f"); MLM loss {demo['train_mlm_loss']:.2f} vs unigram entropy {demo['train_unigram_entropy']:.2f} "
+            f"on its corpus; held-out ({Path(demo['heldout']).name}) {demo['heldout_mlm_loss']:.2f} vs "
+            f"{demo['heldout_unigram_entropy']:.2f}, accuracy {demo['heldout_accuracy']:.3f}",
+        )
+    else:
+        line("demo", "`make demo`, end to end", "-")
+    ev = data["eval"]
+    line(
+        "eval",
+        "`pretrain eval` of the demo's export, en-mix.valid",
+        f"{ev['seconds']:.0f} s, {ev['samples']} sequences, accuracy {ev['accuracy']:.3f}, loss {ev['loss']:.2f}"
+        if ev
+        else "-",
+    )
+    ft = data["finetune"]
+    if ft:
+        s = ft["summary"][ft["main_metric"]]
+        line(
+            "finetune",
+            f"`pretrain finetune` of the demo's export, {ft['task']}",
+            f"{ft['seconds']:.0f} s, {ft['main_metric']} {s['mean']:.3f} +- {s['std']:.3f} over seeds {ft['seeds']}",
+        )
+    else:
+        line("finetune", "`pretrain finetune` of the demo's export", "-")
+    for stage in ("base128", "base128c", "base512", "rtd", "nsp"):
+        if data[stage]:
+            out += ["", f"### {stage}", "", f"`{data[stage]['meta']['command']}`", ""]
+            out.append(format_table(data[stage]["meta"], data[stage]["rows"]))
+    if step:
+        out += ["", "### step", "", f"`{step['meta']['command']}`", ""]
+        out += ["| variant | batch | step (ms) | tokens/s | TFLOP/s | MFU |", "|---|---|---:|---:|---:|---:|"]
+        for r in step["rows"]:
+            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+            out.append(
+                f"| {r['shape']} {r['variant']} | {r['batch']} | {1000 * r['step_s']:.1f} | {_rate(r['tokens_s'])} "
+                f"| {r['tflops']:.3g} | {mfu} |"
+            )
+    return "\n".join(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("report")
+    r.add_argument("results", type=Path)
+    d = sub.add_parser("demo-summary")
+    d.add_argument("--run", type=Path, required=True)
+    d.add_argument("--heldout", type=Path, required=True)
+    d.add_argument("--seconds", type=float, required=True)
+    d.add_argument("--max-samples", type=int, default=0)
+    d.add_argument("--json", type=Path, required=True)
+    s = sub.add_parser("add-seconds")
+    s.add_argument("file", type=Path)
+    s.add_argument("seconds", type=float)
+    a = p.parse_args()
+    if a.what == "report":
+        print(report(a.results))
+    elif a.what == "demo-summary":
+        summary = demo_summary(a.run, a.heldout, a.seconds, a.max_samples)
+        a.json.write_text(json.dumps(summary, indent=1))
+        print(json.dumps(summary, indent=1))
+    else:
+        data = json.loads(a.file.read_text())
+        data["seconds"] = a.seconds
+        a.file.write_text(json.dumps(data, indent=1))
+
+
+if __name__ == "__main__":
+    main()

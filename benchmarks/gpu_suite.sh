@@ -1,0 +1,134 @@
+#!/usr/bin/env bash
+# The GPU measurement table of the issue, in stages of under 10 minutes each on one H100, and the markdown report.
+#
+#   bash benchmarks/gpu_suite.sh [--tiny] STAGE...        # stages run in the order given, each timed
+#   bash benchmarks/gpu_suite.sh --tiny all               # the CPU rehearsal: every stage at tiny shapes, then report
+#   bash benchmarks/gpu_suite.sh report                   # the markdown table from what the stages wrote
+#
+# Stages (results in $OUT when set, else gpu-results/; scratch runs in $GPU_SUITE_WORK, default /tmp/gpu-suite):
+#   syncs      benchmarks/step_syncs.py on the device: host reads, syncs, copies in the non-logging steps (CUDA:
+#              under torch.cuda.set_sync_debug_mode("error"))
+#   base128    BERT-base, seq 128, batch 128: ours vs transformers' Trainer (eager); our MFU from metrics.jsonl
+#   base128c   the same vs the Trainer under torch.compile
+#   step       our trainer vs its own model step alone: benchmarks/train_throughput.py, base, batch 128
+#   base512    BERT-base, seq 512, batch 32: ours vs the Trainer
+#   rtd        rtd vs mlm tokens/s, BERT-mini, batch 1024
+#   nsp        NSP segment pairs (padded) vs packed MLM, BERT-base, batch 128
+#   demo       `make demo` (= pretrain run default-gpu where nvidia-smi finds a GPU), timed; its MLM loss against
+#              the unigram entropy, on its corpus and on held-out text (en-mix.valid)
+#   eval       pretrain eval of the demo's export on en-mix.valid, timed (runs the demo first if it is missing)
+#   finetune   pretrain finetune of the demo's export on the mr task, 3 seeds, timed (likewise)
+# On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+tiny=0
+stages=()
+for arg in "$@"; do
+  case "$arg" in
+    --tiny) tiny=1 ;;
+    all) stages+=(syncs base128 base128c step base512 rtd nsp demo eval finetune report) ;;
+    syncs|base128|base128c|step|base512|rtd|nsp|demo|eval|finetune|report) stages+=("$arg") ;;
+    *) echo "unknown stage or option: $arg (see the top of $0)" >&2; exit 2 ;;
+  esac
+done
+[ ${#stages[@]} -gt 0 ] || { sed -n '2,24p' "$0"; exit 2; }
+
+if [ -f .gpu/env.sh ] && command -v nvidia-smi >/dev/null && [[ ":${PYTHONPATH:-}:" != *":/tmp/site:"* ]]; then
+  source .gpu/env.sh || exit 1
+fi
+if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1; else gpu=0; export DS_ACCELERATOR=cpu; fi
+export WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
+PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
+DATA=${GPU_SUITE_DATA:-$([ -d .gpu/data ] && echo .gpu/data || echo ../shared/data)}
+RES=${OUT:-gpu-results}
+WORK=${GPU_SUITE_WORK:-/tmp/gpu-suite}
+mkdir -p "$RES" "$WORK"
+RES=$(cd "$RES" && pwd)
+WORK=$(cd "$WORK" && pwd)
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+
+# Shapes: the issue's on a GPU; --tiny the same stages in seconds on a CPU (no figure of it means anything)
+if [ $tiny = 1 ]; then
+  corpus=data/us-speeches.public-domain.jsonl
+  tvh=(--vocab 1024 --steps 6 --warm 2 --repeats 1)
+  base=(--shape tiny --batch 8 --seq 64); base512=(--shape tiny --batch 4 --seq 128); mini=(--shape tiny --batch 16 --seq 64)
+  step=(--shapes tiny --batch 8 --steps 1 --warmup 1 --repeats 2)
+  demo=(tiny); finetune=(--seeds 1 --max-train 200 --epochs 1); eval=(--max-samples 64)
+else
+  corpus=$DATA/corpus/en-mix.train.jsonl
+  # GPU_SUITE_REPEATS: fewer alternated repeats where a session's 30 device minutes would not hold every stage
+  tvh=(--vocab 30522 --steps 150 --warm 50 --repeats "${GPU_SUITE_REPEATS:-3}")
+  base=(--shape base --batch 128 --seq 128); base512=(--shape base --batch 32 --seq 512); mini=(--shape mini --batch 1024 --seq 128)
+  step=(--shapes base --batch 128 --repeats 5)
+  demo=(default-gpu train.max_minutes=7); finetune=(--seeds 3); eval=()
+fi
+[ $gpu = 1 ] && step+=(--device cuda) || step+=(--precision bf16)
+
+now() { date +%s%3N; }  # milliseconds
+since() { local ms=$(( $(now) - $1 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }  # seconds since $1
+
+tvh() {  # tvh STAGE ARGS...: benchmarks/trainer_vs_hf.py into $RES/STAGE.json, sharing one tokenizer and shards
+  local stage=$1; shift
+  rm -rf "$WORK/tvh/runs-$stage"
+  $PY benchmarks/trainer_vs_hf.py --work "$WORK/tvh" --tag "$stage" --corpus "$corpus" "${tvh[@]}" "$@" \
+    --json "$RES/$stage.json"
+}
+
+demo_dir() { $PY -c "from pretrain.train.setup import load_config as l; print(l('${demo[0]}', ['output_dir=$WORK/demo']).run_dir)"; }
+
+run_demo() {
+  rm -rf "$WORK/demo"
+  local start; start=$(now)
+  $PY -m pretrain.cli run "${demo[@]}" "output_dir=$WORK/demo" || return $?
+  local seconds; seconds=$(since "$start")
+  $PY benchmarks/gpu_suite.py demo-summary --run "$(demo_dir)" --heldout "$DATA/corpus/en-mix.valid.jsonl" \
+    --seconds "$seconds" "${eval[@]}" --json "$RES/demo.json"
+}
+
+need_demo() { [ -f "$(demo_dir)/hf/config.json" ] || { echo "[gpu_suite] no demo run here: running it first" >&2; run_demo; }; }
+
+stage() {
+  case "$1" in
+    syncs)
+      $PY benchmarks/step_syncs.py prepare --work "$WORK/syncs" &&
+      rm -rf "$WORK/syncs/runs" "$WORK/syncs/out" &&
+      $PY benchmarks/step_syncs.py run --work "$WORK/syncs" --out "$WORK/syncs/out" \
+        --runs mlm-fp32,mlm-bf16,span,rtd,plm,sop,unpadded,lamb,timers-on,allreduce-on &&
+      cp "$WORK/syncs/out/result-0.json" "$RES/syncs.json" ;;
+    base128) tvh base128 "${base[@]}" --peers eager ;;
+    base128c) tvh base128c "${base[@]}" --peers compile ;;
+    step) $PY benchmarks/train_throughput.py "${step[@]}" --json "$RES/step.json" ;;
+    base512) tvh base512 "${base512[@]}" --peers eager ;;
+    rtd) tvh rtd "${mini[@]}" --objectives mlm,rtd --peers none ;;
+    nsp) tvh nsp "${base[@]}" --objectives mlm,mlm+nsp --peers none ;;
+    demo) run_demo ;;
+    eval)
+      need_demo || return $?
+      local start; start=$(now)
+      $PY -m pretrain.cli eval "$(demo_dir)/hf" --corpus "$DATA/corpus/en-mix.valid.jsonl" "${eval[@]}" \
+        --json "$RES/eval.json" || return $?
+      $PY benchmarks/gpu_suite.py add-seconds "$RES/eval.json" "$(since "$start")" ;;
+    finetune)
+      need_demo || return $?
+      local start; start=$(now)
+      $PY -m pretrain.cli finetune "$(demo_dir)/hf" "$DATA/tasks/mr" "${finetune[@]}" --json "$RES/finetune.json" \
+        || return $?
+      $PY benchmarks/gpu_suite.py add-seconds "$RES/finetune.json" "$(since "$start")" ;;
+    report) $PY benchmarks/gpu_suite.py report "$RES" ;;
+  esac
+}
+
+status=0
+for s in "${stages[@]}"; do
+  if [ "$s" = report ]; then stage report || status=1; continue; fi
+  echo "[gpu_suite] stage $s ($([ $tiny = 1 ] && echo tiny || echo full), $([ $gpu = 1 ] && echo GPU || echo CPU))" >&2
+  start=$(now)
+  stage "$s" > "$RES/$s.log" 2>&1
+  rc=$?
+  seconds=$(since "$start")
+  printf '{"stage": "%s", "rc": %d, "seconds": %.1f, "tiny": %s, "gpu": %s}\n' "$s" $rc "$seconds" \
+    "$([ $tiny = 1 ] && echo true || echo false)" "$([ $gpu = 1 ] && echo true || echo false)" > "$RES/$s.stage.json"
+  echo "[gpu_suite] stage $s: exit $rc in ${seconds%.*} s (log: $RES/$s.log)" >&2
+  [ $rc = 0 ] || { status=1; tail -20 "$RES/$s.log" >&2; }
+done
+exit $status

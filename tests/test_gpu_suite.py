@@ -1,0 +1,116 @@
+"""benchmarks/gpu_suite.sh: its report reads what every stage writes (here files in the stages' formats, so the test
+takes a second; `bash benchmarks/gpu_suite.sh --tiny all` runs the stages themselves on a CPU in minutes), says
+which stage failed, and the script refuses an unknown stage."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+SCRIPT = ROOT / "benchmarks" / "gpu_suite.sh"
+
+
+def _tvh(shape: str, rows: list[tuple[str, float, float]]) -> dict:
+    """A trainer_vs_hf.py --json result: (run, tokens/s, TFLOP/s) per row, the first the reference."""
+    meta = {
+        "shape": shape,
+        "seq": 128,
+        "batch": 128,
+        "precision": "bf16",
+        "vocab": 30522,
+        "timed_steps": 100,
+        "repeats": 3,
+        "device": "1 x NVIDIA H100 80GB HBM3",
+        "torch": "2.11",
+        "corpus": "en-mix.train.jsonl",
+        "command": "python benchmarks/trainer_vs_hf.py ...",
+    }
+    out = [
+        {"run": run, "tokens_per_s": rate, "per_repeat": [rate] * 3, "tflops": tf, "mfu": tf / 989.0}
+        for run, rate, tf in rows
+    ]
+    for row in out:
+        row["first_over_this"] = out[0]["tokens_per_s"] / row["tokens_per_s"]
+    return {"meta": meta, "rows": out, "runs": {}}
+
+
+def _write_results(res: Path, failed: str = "") -> None:
+    files = {
+        "base128": _tvh("base", [("ours mlm", 400000.0, 300.0), ("HF Trainer", 200000.0, 250.0)]),
+        "base128c": _tvh("base", [("ours mlm", 400000.0, 300.0), ("HF Trainer + compile", 250000.0, 280.0)]),
+        "base512": _tvh("base", [("ours mlm", 300000.0, 280.0), ("HF Trainer", 150000.0, 200.0)]),
+        "rtd": _tvh("mini", [("ours mlm", 2000000.0, 100.0), ("ours rtd", 1000000.0, 90.0)]),
+        "nsp": _tvh("base", [("ours mlm", 400000.0, 300.0), ("ours mlm+nsp", 300000.0, 220.0)]),
+        "step": {
+            "meta": {"command": "python benchmarks/train_throughput.py --device cuda"},
+            "rows": [
+                {"shape": "base", "variant": v, "batch": 128, "step_s": s, "tokens_s": 16384 / s, "tflops": 1.0}
+                | {"mfu": None}
+                for v, s in (("HF BertForPreTraining", 0.08), ("ours", 0.04))
+            ],
+        },
+        "demo": {
+            "seconds": 150.0,
+            "config": "default-gpu",
+            "steps": 4000,
+            "max_steps": 4000,
+            "tokens": 65536000,
+            "tokens_per_s_median": 500000.0,
+            "mfu_median": 0.2,
+            "train_mlm_loss": 4.1,
+            "train_unigram_entropy": 6.5,
+            "heldout": "en-mix.valid.jsonl",
+            "heldout_mlm_loss": 5.9,
+            "heldout_accuracy": 0.2,
+            "heldout_unigram_entropy": 7.0,
+        },
+        "eval": {"seconds": 12.0, "samples": 900, "accuracy": 0.2, "loss": 5.9},
+        "finetune": {
+            "seconds": 60.0,
+            "task": "mr",
+            "seeds": [1, 2, 3],
+            "main_metric": "accuracy",
+            "summary": {"accuracy": {"mean": 0.7, "std": 0.01}},
+        },
+    }
+    for stage, data in files.items():
+        (res / f"{stage}.json").write_text(json.dumps(data))
+    run = {"probe": None, "reads_ours": {}, "h2d_ours": {}, "syncs_ours": {}, "syncs_library": {}}
+    timers = run | {"probe": "timers", "syncs_library": {"deepspeed/utils/timer.py:238": 8}}
+    syncs = {"rank": 0, "world": 1, "cuda": True, "sync_debug": "error", "runs": [run, run, timers]}
+    (res / "syncs.json").write_text(json.dumps(syncs) + "\n")
+    for stage in [*files, "syncs"]:
+        status = {"stage": stage, "rc": int(stage == failed), "seconds": 42.0, "tiny": False, "gpu": True}
+        (res / f"{stage}.stage.json").write_text(json.dumps(status))
+
+
+def _report(res: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OUT": str(res), "PY": sys.executable}
+    return subprocess.run(["bash", str(SCRIPT), "report"], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_report_reads_every_stage(tmp_path):
+    _write_results(tmp_path)
+    proc = _report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout
+    assert "## GPU suite: 1 x NVIDIA H100" in table and "rehearsal" not in table
+    rows = [line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]
+    assert len(rows) == 10, table  # one per stage
+    assert "**2.00x**" in table and "**1.60x**" in table  # ours vs eager, vs compiled
+    assert "the trainer at **98%**" in table  # 400,000 of the model step's 409,600 tokens/s
+    assert "ours rtd costs **2.00x** per token" in table and "MFU 30.3%" in table
+    assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
+    assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
+    assert "### base512" in table and "### step" in table
+
+
+def test_report_names_a_failed_stage_and_the_script_refuses_unknown_ones(tmp_path):
+    _write_results(tmp_path, failed="rtd")
+    proc = _report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "failed (see rtd.log) | 1, 42 |" in proc.stdout
+    bad = subprocess.run(["bash", str(SCRIPT), "nonsense"], capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "unknown stage" in bad.stderr
