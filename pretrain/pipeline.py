@@ -294,11 +294,12 @@ def export_model(model, tokens, tokenizer_dir: Path, out: Path, card: dict, arch
             model, tokens, tokenizer_dir, out, card, target.arch, inputs, check=check if verify else None
         )
         demo, what = out, f"{out} ({target.hf_class})"
-    checked = (
-        f"; transformers loads it, max |logit diff| vs ours {max(found.values()):.2e} (hidden states included), "
-        "and its tokenizer types sentence pairs as ours"
-    )
-    say(f"export: {what}" + (checked if verify else ""))
+    if verify:
+        what += (
+            f"; transformers loads it, max |logit diff| vs ours {max(found.values()):.2e} (hidden states included), "
+            "and its tokenizer types sentence pairs as ours"
+        )
+    say(f"export: {what}")
     return out, demo
 
 

@@ -125,7 +125,7 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path):
     # a checkpoint of another shape is refused by name, and nothing is written
     pretrain(
         "run",
-        *run_args(tmp_path, corpus, "name=wide", "model.hidden_size=64", "model.num_heads=2"),
+        *run_args(tmp_path, corpus, "name=wide", "model.intermediate_size=96"),
         "--no-demo",
         cwd=tmp_path,
     )

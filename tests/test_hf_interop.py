@@ -404,7 +404,7 @@ def stage_inputs(tokens, tokenizer_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(
         stages,
         "load_checkpoint_model",
-        lambda path: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}),
+        lambda path, ema=True: (cfg, model, tokens, tokenizer_dir, {"step": 3, "tokens_seen": 99}),
     )
     return stages, cfg
 
