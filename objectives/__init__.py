@@ -1,4 +1,5 @@
-"""Pluggable pretraining objectives. Each module registers itself; imports are explicit, never by scan."""
+"""Pluggable pretraining objectives. Each module registers itself; imports are explicit, never by scan: this
+package's below, then the modules named in $PRETRAIN_PLUGINS (objectives kept outside the package)."""
 
 from objectives import (  # noqa: F401
     mlm,  # noqa: F401  (registers "mlm")
@@ -13,7 +14,10 @@ from objectives.base import (
     Objective,
     ObjectiveOptions,
     ObjectiveOutput,
+    Range,
     build_objectives,
+    import_plugins,
+    option,
     register,
     sample_builder_for,
     validate_objectives,
@@ -27,8 +31,12 @@ __all__ = [
     "ObjectiveOptions",
     "ObjectiveOutput",
     "SpecialTokens",
+    "Range",
     "build_objectives",
+    "option",
     "register",
     "sample_builder_for",
     "validate_objectives",
 ]
+
+import_plugins()  # last: a plugin imports this package, complete by now

@@ -6,7 +6,8 @@ An objective has a data half, run in the loader on the host, and a model half, w
   `nonzero` (flat target positions and the targets themselves), and `target_counts(arrays)`, each loss term's number
   of targets: host numbers, known before the forward;
 - `before_encoder(batch, forward, model)`: change the encoder's inputs (`Forward`: ELECTRA's sampled tokens, PLM's
-  query stream and masks) and keep what its loss needs in `forward.carry[name]`;
+  masks, and a second stream through the encoder's layers, `forward.stream`: PLM's query stream) and keep what its
+  loss needs in `forward.carry[name]`;
 - `loss(batch, forward, model, weights)`: its loss from the encoder's output, with `build_head`'s head.
 A run sums `weight * loss` over its objectives and logs every loss and metric unweighted. The batch holds data only.
 
@@ -16,11 +17,18 @@ after DeepSpeed's division by micro-batches x ranks makes every target of the st
 split (`train.loss_normalization=step`, set by the trainer).
 
 Metrics are sums and counts (`Mean`) or histograms (`BinaryAUC`), so that micro-batches and ranks combine exactly.
+
+Options are declared with the values they admit (`option`) and checked here for every objective alike; error messages
+name objectives from the registry, never from a list written out; a head that predicts tokens is built by
+`objectives.lm_head.lm_head`.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import os
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar
@@ -46,9 +54,83 @@ def flat_targets(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return positions, flat[positions].astype(np.int64)
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values an option admits: bounds (ge/gt, le/lt; None: unbounded) or a set of choices."""
+
+    ge: float | None = None
+    gt: float | None = None
+    le: float | None = None
+    lt: float | None = None
+    choices: tuple = ()
+
+    def admits(self, value: Any) -> bool:
+        if self.choices:
+            return value in self.choices
+        return not (
+            (self.ge is not None and value < self.ge)
+            or (self.gt is not None and value <= self.gt)
+            or (self.le is not None and value > self.le)
+            or (self.lt is not None and value >= self.lt)
+        )
+
+    def __str__(self) -> str:
+        if self.choices:
+            return "one of " + ", ".join(map(str, self.choices))
+        low = f"[{self.ge}" if self.ge is not None else f"({self.gt}" if self.gt is not None else None
+        high = f"{self.le}]" if self.le is not None else f"{self.lt})" if self.lt is not None else None
+        if low and high:
+            return f"in {low}, {high}"
+        if low:
+            return (">= " if low[0] == "[" else "> ") + low[1:]
+        if high:
+            return ("<= " if high[-1] == "]" else "< ") + high[:-1]
+        return "any value"
+
+
+def option(
+    default: Any,
+    text: str,
+    *,
+    ge: float | None = None,
+    gt: float | None = None,
+    le: float | None = None,
+    lt: float | None = None,
+    choices: tuple = (),
+) -> Any:
+    """An objective's option: `pretrain.core.config.doc`'s one-line documentation plus the values it admits, which
+    `ObjectiveOptions` checks for every objective alike and `pretrain objectives` shows."""
+    bounds = Range(ge, gt, le, lt, tuple(choices))
+    admitted = bounds if bounds != Range() else None
+    return dataclasses.field(default=default, metadata={"doc": text, "range": admitted})
+
+
+def objective_names(options_cls: type) -> str:
+    """The registered name(s) whose options are `options_cls` (the class name before registration): the key
+    under `objectives.` that error messages name."""
+    names = [name for name, cls in REGISTRY.items() if cls.Options is options_cls]
+    return "/".join(names) or options_cls.__name__
+
+
 @dataclass
 class ObjectiveOptions:
-    weight: float = doc(1.0, "Weight of this objective's loss in the total.")
+    """Base of every objective's options. Each field is an `option(default, text, <range>)`; ranges are checked
+    here, when the options are built (the config is read), not in a loader worker; rules that tie several
+    options together go in `check`."""
+
+    weight: float = option(1.0, "Weight of this objective's loss in the total.", ge=0)
+
+    def __post_init__(self):
+        where = f"objectives.{objective_names(type(self))}"
+        for f in dataclasses.fields(self):
+            bounds, value = f.metadata.get("range"), getattr(self, f.name)
+            if bounds is not None and not bounds.admits(value):
+                raise ConfigError(f"{where}.{f.name}: must be {bounds}, got {value!r}")
+        self.check(where)
+
+    def check(self, where: str) -> None:
+        """Rules between options (raise ConfigError naming `where`, e.g. "objectives.mlm"); one option's range
+        belongs in its field."""
 
 
 @dataclass
@@ -69,16 +151,38 @@ class Objective:
     Options: ClassVar[type] = ObjectiveOptions
     rewrites_inputs: ClassVar[bool] = False
     """True for objectives that corrupt input tokens (mlm, span, rtd, plm): at most one per run."""
-    sentence_level: ClassVar[bool] = False
-    """True for objectives over segment pairs (nsp, sop): at most one per run."""
     sample_builder: ClassVar[str] = "packed"
     """Which sample builder feeds this objective: "packed" sequences, or segment "pairs" (nsp, sop)."""
+    sentence_level: ClassVar[bool] = False
+    """Derived, never set: True where sample_builder == "pairs" (the objective builds the segment pair); at most
+    one per run, and it prepares its samples before the token-level objective corrupts them."""
     pad_values: ClassVar[dict[str, int]] = {}
-    """Padding value of each per-token array this objective adds to a sample (default 0; *labels: -100)."""
+    """Padding value of each per-token array this objective adds to a sample; an array not listed pads with -100
+    (IGNORE_INDEX) if its name ends in "labels", else 0. Name per-token targets *labels so padding is no target."""
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "sentence_level" in cls.__dict__:
+            raise TypeError(f"{cls.__name__}: sentence_level follows from sample_builder; set that instead")
+        cls.sentence_level = cls.sample_builder == "pairs"
 
     def __init__(self, options: Any, tokens: SpecialTokens):
         self.options = options
         self.tokens = tokens
+
+    @classmethod
+    def describe(cls) -> list[str]:
+        """`pretrain objectives`' lines for this objective: its name and the first line of its module's doc, then
+        each option with its default, the values it admits and its doc."""
+        module = sys.modules.get(cls.__module__)
+        summary = ((module.__doc__ if module else None) or cls.__doc__ or "").strip().splitlines()
+        lines = [f"{cls.name}: {summary[0] if summary else ''}"]
+        for f in dataclasses.fields(cls.Options):
+            default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+            bounds = f.metadata.get("range")
+            admits = f" ({bounds})" if bounds is not None else ""
+            lines.append(f"    objectives.{cls.name}.{f.name} = {default!r}{admits}   {f.metadata.get('doc', '')}")
+        return lines
 
     @property
     def weight(self) -> float:
@@ -112,6 +216,18 @@ class Objective:
 
 REGISTRY: dict[str, type[Objective]] = {}
 
+PLUGINS_ENV = "PRETRAIN_PLUGINS"
+"""Comma-separated modules imported with the objectives (`objectives/__init__.py`): objectives kept outside this
+package register themselves there, in every process of a run (the CLI, its ranks, loader workers)."""
+
+
+def import_plugins() -> None:
+    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+        try:
+            importlib.import_module(module)
+        except ImportError as err:
+            raise ConfigError(f"{PLUGINS_ENV}: cannot import '{module}' ({err})") from err
+
 
 def register(cls: type[Objective]) -> type[Objective]:
     if cls.name in REGISTRY:
@@ -138,18 +254,11 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
             typed[name] = options
         else:
             typed[name] = from_dict(cls.Options, options or {}, f"objectives.{name}")
-    rewriters = [n for n in typed if REGISTRY[n].rewrites_inputs]
-    if len(rewriters) > 1:
-        raise ConfigError(
-            f"objectives: {' and '.join(rewriters)} both rewrite the input tokens; a run can use "
-            "only one of mlm, span, rtd, plm"
-        )
-    pairs = [n for n in typed if REGISTRY[n].sentence_level]
-    if len(pairs) > 1:
-        raise ConfigError(f"objectives: {' and '.join(pairs)} both build segment pairs; choose one of nsp, sop")
-    for name, options in typed.items():
-        if options.weight < 0:
-            raise ConfigError(f"objectives.{name}.weight: must be >= 0, got {options.weight}")
+    for flag, what in (("rewrites_inputs", "rewrite the input tokens"), ("sentence_level", "build segment pairs")):
+        clash = [n for n in typed if getattr(REGISTRY[n], flag)]
+        if len(clash) > 1:
+            every = ", ".join(n for n, cls in REGISTRY.items() if getattr(cls, flag))
+            raise ConfigError(f"objectives: {' and '.join(clash)} both {what}; choose one of {every}")
     if all(options.weight == 0 for options in typed.values()):
         raise ConfigError(
             f"objectives: every weight is 0 ({', '.join(f'{n}.weight=0' for n in typed)}), so nothing "

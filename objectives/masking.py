@@ -22,13 +22,9 @@ from pretrain.core.errors import ConfigError
 from pretrain.core.tokens import SpecialTokens
 
 
-def check_rates(where: str, mask_prob: float, mask_token_prob: float, random_token_prob: float) -> None:
-    """Validate the BERT corruption rates of options at config path `where` (e.g. "objectives.mlm")."""
-    if not 0.0 < mask_prob < 1.0:
-        raise ConfigError(f"{where}.mask_prob: must be in (0, 1), got {mask_prob}")
-    for key, value in (("mask_token_prob", mask_token_prob), ("random_token_prob", random_token_prob)):
-        if not 0.0 <= value <= 1.0:
-            raise ConfigError(f"{where}.{key}: must be in [0, 1], got {value}")
+def check_replacement(where: str, mask_token_prob: float, random_token_prob: float) -> None:
+    """The rule between BERT's replacement rates of options at config path `where` (e.g. "objectives.mlm"): each
+    rate's own range is declared with its option."""
     if mask_token_prob + random_token_prob > 1.0 + 1e-9:
         raise ConfigError(
             f"{where}: mask_token_prob + random_token_prob must be <= 1 (the rest stay unchanged), "
@@ -149,32 +145,47 @@ def select_word_spans(
     ws[0] = True  # the first token always opens a word (it is [CLS] in every builder)
     starts = np.flatnonzero(ws)  # [W] first token of each word
     ends = np.append(starts[1:], n)  # [W] one past its last token
-    sizes = ends - starts  # [W] tokens per word
     good = ~np.logical_or.reduceat(ineligible, starts)  # [W] words without a special token
-    candidate_tokens = int(sizes[good].sum())
-    empty = np.zeros(0, np.int64)
+    candidate_tokens = int((ends - starts)[good].sum())
     if candidate_tokens == 0:
+        empty = np.zeros(0, np.int64)
         return WordSpans(empty, empty, empty)
     budget = max(1, int(round(rate * candidate_tokens)))
+    if len(lengths.pmf) == 1 and not separate:
+        return _single_words(starts, ends, good, budget, rng)
+    go_p = _go_on_probabilities((ends - starts)[good], lengths, budget)
+    first, lens = _place_spans(starts, ends, good, lengths, budget, go_p, rng, gap=int(separate))
+    order = np.argsort(first)
+    first, lens = first[order], lens[order]
+    return WordSpans(starts[first], ends[first + lens - 1], lens)
 
-    if len(lengths.pmf) == 1 and not separate:  # single words: one vectorised pass over a shuffled word order
-        order = rng.permutation(np.flatnonzero(good))  # [C] candidate words in random order
-        taken_before = np.cumsum(sizes[order]) - sizes[order]  # [C] tokens chosen before each word
-        # words that fit are kept; the one crossing the budget is kept with probability remaining / its size,
-        # so the expected count is exactly the budget (no length statistic to protect for single words)
-        keep_p = (budget - taken_before) / sizes[order]  # [C] >= 1: fits, (0, 1): crosses, <= 0: past it
-        keep_p[0] = 1.0  # every sample gets at least one word, however short
-        keep = rng.random(len(order)) < keep_p
-        chosen = np.sort(order[keep])
-        return WordSpans(starts[chosen], ends[chosen], np.ones(len(chosen), np.int64))
 
-    # Stopping rule, decided before the next length is drawn: with r tokens left, go on with probability
-    # r / (r + E[(T - r)+]), T = tokens of the next span. Then the expected final overshoot p * E[(T - r)+]
-    # equals the expected shortfall (1 - p) * r: the count is the budget in expectation, and no span is
-    # dropped or cut for being long. T's law: L ~ pmf, and the tokens of L consecutive candidate words of
-    # this sample (every window of L words, ignoring where runs break; enough for a stopping rule).
+def _single_words(
+    starts: np.ndarray, ends: np.ndarray, good: np.ndarray, budget: int, rng: np.random.Generator
+) -> WordSpans:
+    """Single words: one vectorised pass over a shuffled word order. starts, ends, good: [W] per word."""
+    sizes = ends - starts  # [W]
+    order = rng.permutation(np.flatnonzero(good))  # [C] candidate words in random order
+    taken_before = np.cumsum(sizes[order]) - sizes[order]  # [C] tokens chosen before each word
+    # words that fit are kept; the one crossing the budget is kept with probability remaining / its size,
+    # so the expected count is exactly the budget (no length statistic to protect for single words)
+    keep_p = (budget - taken_before) / sizes[order]  # [C] >= 1: fits, (0, 1): crosses, <= 0: past it
+    keep_p[0] = 1.0  # every sample gets at least one word, however short
+    keep = rng.random(len(order)) < keep_p
+    chosen = np.sort(order[keep])
+    return WordSpans(starts[chosen], ends[chosen], np.ones(len(chosen), np.int64))
+
+
+def _go_on_probabilities(candidate_sizes: np.ndarray, lengths: SpanLengths, budget: int) -> list[float]:
+    """P(draw another span | r tokens left) for r = 0..budget. candidate_sizes: [C] tokens of each candidate word.
+
+    Stopping rule, decided before the next length is drawn: with r tokens left, go on with probability
+    r / (r + E[(T - r)+]), T = tokens of the next span. Then the expected final overshoot p * E[(T - r)+]
+    equals the expected shortfall (1 - p) * r: the count is the budget in expectation, and no span is
+    dropped or cut for being long. T's law: L ~ pmf, and the tokens of L consecutive candidate words of
+    this sample (every window of L words, ignoring where runs break; enough for a stopping rule)."""
     K = len(lengths.pmf)
-    csum = np.concatenate(([0], np.cumsum(sizes[good])))  # [C+1]
+    csum = np.concatenate(([0], np.cumsum(candidate_sizes)))  # [C+1]
     end = np.arange(len(csum))[None, :] + np.arange(1, K + 1)[:, None]  # [K, C+1] window of k words from i
     valid = end < len(csum)  # [K, C+1] windows that end inside the sample
     win = csum[np.minimum(end, len(csum) - 1)] - csum[None, :]  # [K, C+1] tokens per window
@@ -184,15 +195,26 @@ def select_word_spans(
     # E[(T - r)+] = sum over t > r of P(T >= t), for r = 0..budget: [budget+1]
     overshoot = np.append(np.cumsum(tail[::-1])[::-1], 0.0)[1 : budget + 2]
     remaining = np.arange(budget + 1)  # [budget+1] every r the loop can meet
-    go_p = (remaining / np.maximum(remaining + overshoot, 1e-9)).tolist()  # P(draw another span | r left)
+    return (remaining / np.maximum(remaining + overshoot, 1e-9)).tolist()
 
-    # General spans: a loop over spans (a handful per sample), each step vectorised over words.
-    # Each span has >= 1 token and we continue only while under budget, so `budget` draws always suffice.
+
+def _place_spans(
+    starts: np.ndarray,
+    ends: np.ndarray,
+    good: np.ndarray,
+    lengths: SpanLengths,
+    budget: int,
+    go_p: list[float],
+    rng: np.random.Generator,
+    gap: int,
+) -> tuple[np.ndarray, np.ndarray]:
+    """(first word [S], length in words [S]) of the spans placed, in drawing order. A loop over spans (a handful
+    per sample), each step vectorised over words. Each span has >= 1 token and the loop goes on only while under
+    budget, so `budget` draws always suffice. gap: words blocked on each side of a placed span."""
     drawn = lengths.draw(rng, budget).tolist()  # [budget]
     u_go, u_place = rng.random((2, budget)).tolist()  # [budget] each
     free = good.copy()  # [W] words a new span may still cover
     run = np.zeros(len(free) + 1, np.int64)  # [W+1] free words before each index
-    gap = int(separate)  # words blocked on each side of a placed span
     first_words, lens = [], []
     taken = 0
     for i in range(budget):
@@ -212,8 +234,4 @@ def select_word_spans(
         first_words.append(s)
         lens.append(L)
         taken += int(ends[s + L - 1] - starts[s])
-    first = np.asarray(first_words, np.int64)
-    lens_arr = np.asarray(lens, np.int64)
-    order = np.argsort(first)
-    first, lens_arr = first[order], lens_arr[order]
-    return WordSpans(starts[first], ends[first + lens_arr - 1], lens_arr)
+    return np.asarray(first_words, np.int64), np.asarray(lens, np.int64)

@@ -18,17 +18,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
+from objectives.lm_head import MLMHead, lm_head
 from objectives.masking import (
     SpanLengths,
-    check_rates,
+    check_replacement,
     ineligible_tokens,
     replace_tokens,
     sample_word_starts,
     select_word_spans,
 )
-from pretrain.core.config import doc
-from pretrain.core.errors import ConfigError
 from pretrain.core.measures import Mean
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
@@ -39,24 +38,27 @@ MAX_NGRAM = 3
 class MaskingRates(ObjectiveOptions):
     """Which tokens are chosen for prediction and what each becomes: the options `corrupt` reads (mlm, rtd)."""
 
-    mask_prob: float = doc(0.15, "Fraction of non-special tokens chosen for prediction.")
-    mask_token_prob: float = doc(0.8, "Of the chosen tokens, the fraction replaced by [MASK].")
-    random_token_prob: float = doc(
-        0.1, "Of the chosen tokens, the fraction replaced by a random token (the rest stay unchanged)."
+    mask_prob: float = option(0.15, "Fraction of non-special tokens chosen for prediction.", gt=0, lt=1)
+    mask_token_prob: float = option(0.8, "Of the chosen tokens, the fraction replaced by [MASK].", ge=0, le=1)
+    random_token_prob: float = option(
+        0.1, "Of the chosen tokens, the fraction replaced by a random token (the rest stay unchanged).", ge=0, le=1
     )
+
+    def check(self, where):
+        check_replacement(where, self.mask_token_prob, self.random_token_prob)
 
 
 @dataclass
 class MLMOptions(MaskingRates):
-    whole_word: bool = doc(False, "Choose whole words (from the samples' `word_starts`) and predict all their tokens.")
-    max_ngram: int = doc(
-        1, "> 1: choose n-grams of whole words, n in 1..max_ngram with p(n) proportional to 1/n (ALBERT)."
+    whole_word: bool = option(
+        False, "Choose whole words (from the samples' `word_starts`) and predict all their tokens."
     )
-
-    def __post_init__(self):  # fail when the config is read, not in a loader worker
-        check_rates("objectives.mlm", self.mask_prob, self.mask_token_prob, self.random_token_prob)
-        if not 1 <= self.max_ngram <= MAX_NGRAM:
-            raise ConfigError(f"objectives.mlm.max_ngram: must be in 1..{MAX_NGRAM}, got {self.max_ngram}")
+    max_ngram: int = option(
+        1,
+        "> 1: choose n-grams of whole words, n in 1..max_ngram with p(n) proportional to 1/n (ALBERT).",
+        ge=1,
+        le=MAX_NGRAM,
+    )
 
     @property
     def word_level(self) -> bool:
@@ -84,30 +86,6 @@ def corrupt(
 def candidate_positions(sample: dict[str, np.ndarray], tokens: SpecialTokens) -> np.ndarray:
     """Positions that may be masked: never special tokens, never padding."""
     return np.flatnonzero(~ineligible_tokens(sample, tokens))
-
-
-class MLMHead(nn.Module):
-    """dense -> GELU -> LayerNorm -> decoder tied to the word embeddings (+ own bias).
-
-    The dense layer maps H to the embedding width E of the tied table (ALBERT's head: dense H -> E, LN(E),
-    decoder E -> V); E = H unless the encoder factorizes its embeddings. `bias=False` drops the dense and
-    LayerNorm biases (ModernBERT's head; the decoder keeps its own)."""
-
-    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, bias: bool = True):
-        super().__init__()
-        width = word_embeddings.embedding_dim  # E
-        self.dense = nn.Linear(hidden_size, width, bias=bias)
-        self.layer_norm = nn.LayerNorm(width, eps=layer_norm_eps, bias=bias)
-        self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
-        self.decoder_weight = word_embeddings.weight  # tied: the same Parameter (ZeRO-3 gathers it here too)
-
-    def reset_parameters(self) -> None:
-        nn.init.zeros_(self.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # hidden: [M, H] -> [M, E] -> logits [M, V]
-        x = self.layer_norm(F.gelu(self.dense(hidden)))
-        return F.linear(x, self.decoder_weight, self.bias)
 
 
 def token_predictions(
@@ -159,12 +137,7 @@ class MaskedLM(Objective):
         return {self.name: len(arrays["mlm_positions"])}
 
     def build_head(self, model_config, encoder):
-        return MLMHead(
-            model_config.hidden_size,
-            model_config.layer_norm_eps,
-            encoder.embeddings.word_embeddings,
-            bias=model_config.use_bias,
-        )
+        return lm_head(MLMHead, model_config, encoder.embeddings.word_embeddings)
 
     def loss(self, batch, forward, model, weights):
         loss, _, accuracy, ce = token_predictions(

@@ -7,19 +7,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from objectives.base import ObjectiveOptions, register
+from objectives.base import ObjectiveOptions, option, register
 from objectives.sentence_head import SentencePairObjective
-from pretrain.core.config import doc
-from pretrain.core.errors import ConfigError
 
 
 @dataclass
 class NSPOptions(ObjectiveOptions):
-    random_next_prob: float = doc(0.5, "Probability that B is a random segment from another document (label 1).")
-
-    def __post_init__(self):
-        if not 0.0 <= self.random_next_prob <= 1.0:
-            raise ConfigError(f"objectives.nsp.random_next_prob: must be in [0, 1], got {self.random_next_prob}")
+    random_next_prob: float = option(
+        0.5, "Probability that B is a random segment from another document (label 1).", ge=0, le=1
+    )
 
 
 @register

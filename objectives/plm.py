@@ -32,11 +32,11 @@ import numpy as np
 import torch
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
-from objectives.mlm import MLMHead, candidate_positions, token_predictions
-from pretrain.core.config import doc
-from pretrain.core.errors import ConfigError
+from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
+from objectives.lm_head import MLMHead, lm_head
+from objectives.mlm import candidate_positions, token_predictions
 from pretrain.core.tokens import IGNORE_INDEX
+from pretrain.model.encoder import QueryStream
 
 CONTEXT_RANK = -1
 """Rank of specials (except [CLS]): visible to every position, seeing only each other."""
@@ -46,18 +46,23 @@ PAD_RANK = np.iinfo(np.int64).max
 
 @dataclass
 class PLMOptions(ObjectiveOptions):
-    predict_fraction_k: int = doc(6, "Predict the last ceil(n / K) tokens of the factorization order (XLNet's K).")
-
-    def __post_init__(self):
-        if self.predict_fraction_k < 1:
-            raise ConfigError(f"objectives.plm.predict_fraction_k: must be >= 1, got {self.predict_fraction_k}")
+    predict_fraction_k: int = option(
+        6, "Predict the last ceil(n / K) tokens of the factorization order (XLNet's K).", ge=1
+    )
 
 
 class PLMHead(MLMHead):
-    """The tied MLM head applied to the final query stream, plus w, the query stream's content-free input."""
+    """The shared LM head applied to the final query stream, plus w, the query stream's content-free input."""
 
-    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, std: float):
-        super().__init__(hidden_size, layer_norm_eps, word_embeddings)
+    def __init__(
+        self,
+        hidden_size: int,
+        layer_norm_eps: float,
+        word_embeddings: nn.Embedding,
+        bias: bool = True,
+        std: float = 0.02,
+    ):
+        super().__init__(hidden_size, layer_norm_eps, word_embeddings, bias)
         self.std = std
         self.query_embedding = nn.Parameter(torch.empty(hidden_size))  # w [H]
         self.reset_parameters()
@@ -112,32 +117,30 @@ class PermutationLM(Objective):
         return {self.name: len(arrays["plm_query_index"])}  # the query stream predicts exactly these
 
     def build_head(self, model_config, encoder):
-        return PLMHead(
-            model_config.hidden_size,
-            model_config.layer_norm_eps,
-            encoder.embeddings.word_embeddings,
-            model_config.initializer_range,
-        )
+        return lm_head(PLMHead, model_config, encoder.embeddings.word_embeddings, std=model_config.initializer_range)
 
     def before_encoder(self, batch, forward, model):
+        # The content stream's masks, and the query stream (this objective's extension of the encoder) at the targets.
         rank = batch["plm_order"]  # [B, L]
         real = batch["attention_mask"]  # [B, L] bool
         positions = batch["plm_query_positions"]  # [B, T]
         forward.attention_mask = (rank[:, None, :] <= rank[:, :, None]) & real[:, None, :]  # [B, L query, L key]
         query_rank = rank.gather(1, positions)  # [B, T]
-        forward.query_mask = (rank[:, None, :] < query_rank[:, :, None]) & real[:, None, :]  # [B, T, L], not itself
         types = forward.token_type_ids
         types = torch.zeros_like(positions) if types is None else types.gather(1, positions)
-        forward.query_stream = model.encoder.embeddings.query_stream(
-            model.heads[self.name].query_embedding, positions, types
+        forward.stream = QueryStream(
+            query_stream=model.encoder.embeddings.query_stream(
+                model.heads[self.name].query_embedding, positions, types
+            ),  # [B, T, H]
+            query_mask=(rank[:, None, :] < query_rank[:, :, None]) & real[:, None, :],  # [B, T, L], not itself
+            query_positions=positions,  # RoPE rotates the query stream's queries by them, local attention bands them
         )
-        forward.query_positions = positions  # RoPE rotates the query stream's queries by them
 
     def loss(self, batch, forward, model, weights):
         # Predictions come from the final query stream [B, T, H], never from the content stream.
         loss, _, accuracy, ce = token_predictions(
             model.heads[self.name],
-            forward.query_hidden,
+            forward.stream_hidden,
             batch["plm_query_index"],
             batch["plm_query_targets"],
             weights(self.name),

@@ -23,10 +23,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOutput, flat_targets, register
+from objectives.base import Objective, ObjectiveOutput, flat_targets, option, register
+from objectives.lm_head import TiedLMHead, lm_head
 from objectives.mlm import MaskingRates, candidate_positions, choose_positions, corrupt
-from pretrain.core.config import doc
-from pretrain.core.errors import ConfigError
 from pretrain.core.measures import BinaryAUC, Mean
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.model.encoder import Embeddings, EncoderLayer, attention_bias
@@ -35,44 +34,39 @@ from pretrain.model.encoder import Embeddings, EncoderLayer, attention_bias
 @dataclass
 class RTDOptions(MaskingRates):
     # MLM's masking rates, with ELECTRA's defaults: 85% [MASK], 15% left as is, no random tokens (the generator's
-    # samples are the "random" replacements). No whole words or n-grams: ELECTRA masks single tokens.
-    mask_prob: float = doc(
-        0.15, "Fraction of non-special tokens the generator predicts (and then replaces by a sample)."
+    # samples are the "random" replacements). No whole words or n-grams: ELECTRA masks single tokens.  rtd admits
+    # mask_prob=1 (every token predicted, then replaced by a sample); mlm does not (nothing left to predict from).
+    mask_prob: float = option(
+        0.15, "Fraction of non-special tokens the generator predicts (and then replaces by a sample).", gt=0, le=1
     )
-    mask_token_prob: float = doc(
-        0.85, "Of the chosen tokens, the fraction shown to the generator as [MASK] (the rest as themselves or random)."
+    mask_token_prob: float = option(
+        0.85,
+        "Of the chosen tokens, the fraction shown to the generator as [MASK] (the rest as themselves or random).",
+        ge=0,
+        le=1,
     )
-    random_token_prob: float = doc(0.0, "Of the chosen tokens, the fraction shown to the generator as a random token.")
-    generator_size: float = doc(
+    random_token_prob: float = option(
+        0.0, "Of the chosen tokens, the fraction shown to the generator as a random token.", ge=0, le=1
+    )
+    generator_size: float = option(
         0.25,
         "Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA-Small "
         "and -Base: 1/4; the paper finds 1/4-1/2 best).",
+        gt=0,
+        le=1,
     )
-    generator_layers: int = doc(0, "Generator depth; 0 = as many layers as the encoder.")
-    temperature: float = doc(1.0, "Replacements are sampled from softmax(generator logits / temperature).")
-    gen_weight: float = doc(1.0, "Weight of the generator MLM loss inside this objective's loss.")
-    disc_weight: float = doc(50.0, "Weight of the discriminator loss inside this objective's loss (ELECTRA: 50).")
-    disentangled: bool = doc(
+    generator_layers: int = option(0, "Generator depth; 0 = as many layers as the encoder.", ge=0)
+    temperature: float = option(1.0, "Replacements are sampled from softmax(generator logits / temperature).", gt=0)
+    gen_weight: float = option(1.0, "Weight of the generator MLM loss inside this objective's loss.", ge=0)
+    disc_weight: float = option(
+        50.0, "Weight of the discriminator loss inside this objective's loss (ELECTRA: 50).", ge=0
+    )
+    disentangled: bool = option(
         False,
         "DeBERTa-v3 gradient-disentangled embedding sharing: the encoder reads word "
         "embeddings sg(shared) + delta (delta zero-initialised), so replaced-token "
         "detection cannot move the shared table.",
     )
-
-    def __post_init__(self):
-        checks = {
-            "mask_prob": 0 < self.mask_prob <= 1,
-            "generator_size": 0 < self.generator_size <= 1,
-            "generator_layers": self.generator_layers >= 0,
-            "temperature": self.temperature > 0,
-            "gen_weight": self.gen_weight >= 0,
-            "disc_weight": self.disc_weight >= 0,
-            "mask_token_prob": 0 <= self.mask_token_prob <= 1,
-            "random_token_prob": 0 <= self.random_token_prob <= 1 - self.mask_token_prob,
-        }
-        bad = [name for name, ok in checks.items() if not ok]
-        if bad:
-            raise ConfigError(f"objectives.rtd.{bad[0]}: value {getattr(self, bad[0])!r} is out of range")
 
 
 def generator_config(cfg, opts: RTDOptions):
@@ -124,23 +118,10 @@ class DisentangledWordEmbedding(nn.Embedding):
         return self.weight + self.delta
 
 
-class GeneratorHead(nn.Module):
-    """ELECTRA's generator predictions: dense Hg -> E, GELU, LayerNorm, decoder tied to the shared word
-    embeddings (+ own bias). Not an MLMHead on purpose: BERT export looks for one, and must not find this."""
-
-    def __init__(self, hidden_size: int, embedding_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding):
-        super().__init__()
-        self.dense = nn.Linear(hidden_size, embedding_size)
-        self.layer_norm = nn.LayerNorm(embedding_size, eps=layer_norm_eps)
-        self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
-        self.decoder_weight = word_embeddings.weight  # tied: the shared Parameter itself
-
-    def reset_parameters(self) -> None:
-        nn.init.zeros_(self.bias)
-
-    def forward(self, hidden: torch.Tensor) -> torch.Tensor:
-        # [..., Hg] -> logits [..., V]
-        return F.linear(self.layer_norm(F.gelu(self.dense(hidden))), self.decoder_weight, self.bias)
+class GeneratorHead(TiedLMHead):
+    """ELECTRA's generator predictions: the shared LM head (dense Hg -> E, GELU, LayerNorm, decoder tied to the
+    shared word embeddings + own bias). Not an MLMHead on purpose: BERT export looks for one, and must not find
+    this."""
 
 
 class Generator(nn.Module):
@@ -155,7 +136,7 @@ class Generator(nn.Module):
             nn.Linear(embedding_size, gen_cfg.hidden_size) if embedding_size != gen_cfg.hidden_size else None
         )
         self.layers = nn.ModuleList(EncoderLayer(gen_cfg) for _ in range(gen_cfg.num_layers))
-        self.head = GeneratorHead(gen_cfg.hidden_size, embedding_size, gen_cfg.layer_norm_eps, word_embeddings)
+        self.head = lm_head(GeneratorHead, gen_cfg, word_embeddings)  # E = word_embeddings.embedding_dim
 
     def forward(
         self,

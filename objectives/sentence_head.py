@@ -95,7 +95,6 @@ class SentencePairHead(nn.Module):
 class SentencePairObjective(Objective):
     """Base of the pair objectives (not registered): one 0-d int64 label per sample under `label_key`."""
 
-    sentence_level = True
     sample_builder = "pairs"
     label_key: str
 

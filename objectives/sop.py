@@ -8,19 +8,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from objectives.base import ObjectiveOptions, register
+from objectives.base import ObjectiveOptions, option, register
 from objectives.sentence_head import SentencePairObjective
-from pretrain.core.config import doc
-from pretrain.core.errors import ConfigError
 
 
 @dataclass
 class SOPOptions(ObjectiveOptions):
-    swap_prob: float = doc(0.5, "Probability that the two segments are swapped (label 1).")
-
-    def __post_init__(self):
-        if not 0.0 <= self.swap_prob <= 1.0:
-            raise ConfigError(f"objectives.sop.swap_prob: must be in [0, 1], got {self.swap_prob}")
+    swap_prob: float = option(0.5, "Probability that the two segments are swapped (label 1).", ge=0, le=1)
 
 
 @register

@@ -17,47 +17,44 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, register
+from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
+from objectives.lm_head import MLMHead, lm_head
 from objectives.masking import (
     SpanLengths,
-    check_rates,
+    check_replacement,
     ineligible_tokens,
     replace_tokens,
     sample_word_starts,
     select_word_spans,
 )
-from objectives.mlm import MLMHead, token_predictions
-from pretrain.core.config import doc
-from pretrain.core.errors import ConfigError
+from objectives.mlm import token_predictions
 from pretrain.core.measures import Mean
 from pretrain.core.tokens import IGNORE_INDEX
 
 
 @dataclass
 class SpanOptions(ObjectiveOptions):
-    mask_prob: float = doc(0.15, "Fraction of candidate (non-special) tokens chosen for prediction.")
-    geometric_p: float = doc(
-        0.2, "Span lengths in words ~ Geometric(geometric_p) on 1..max_span, renormalised (mean 3.8 at 0.2, 10)."
+    mask_prob: float = option(0.15, "Fraction of candidate (non-special) tokens chosen for prediction.", gt=0, lt=1)
+    geometric_p: float = option(
+        0.2,
+        "Span lengths in words ~ Geometric(geometric_p) on 1..max_span, renormalised (mean 3.8 at 0.2, 10).",
+        gt=0,
+        le=1,
     )
-    max_span: int = doc(10, "Longest span, in words.")
-    mask_token_prob: float = doc(0.8, "Of the spans, the fraction replaced by [MASK].")
-    random_token_prob: float = doc(
-        0.1, "Of the spans, the fraction replaced by random tokens (the rest stay unchanged)."
+    max_span: int = option(10, "Longest span, in words.", ge=1)
+    mask_token_prob: float = option(0.8, "Of the spans, the fraction replaced by [MASK].", ge=0, le=1)
+    random_token_prob: float = option(
+        0.1, "Of the spans, the fraction replaced by random tokens (the rest stay unchanged).", ge=0, le=1
     )
-    sbo_weight: float = doc(1.0, "Weight of the span boundary loss inside this objective's loss.")
-    position_embedding_size: int = doc(
-        200, "Relative positions (tokens from the span's start) the SBO can tell apart; later ones share the last."
+    sbo_weight: float = option(1.0, "Weight of the span boundary loss inside this objective's loss.", ge=0)
+    position_embedding_size: int = option(
+        200,
+        "Relative positions (tokens from the span's start) the SBO can tell apart; later ones share the last.",
+        ge=1,
     )
 
-    def __post_init__(self):
-        check_rates("objectives.span", self.mask_prob, self.mask_token_prob, self.random_token_prob)
-        if not 0.0 < self.geometric_p <= 1.0:
-            raise ConfigError(f"objectives.span.geometric_p: must be in (0, 1], got {self.geometric_p}")
-        for key in ("max_span", "position_embedding_size"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"objectives.span.{key}: must be >= 1, got {getattr(self, key)}")
-        if self.sbo_weight < 0:
-            raise ConfigError(f"objectives.span.sbo_weight: must be >= 0, got {self.sbo_weight}")
+    def check(self, where):
+        check_replacement(where, self.mask_token_prob, self.random_token_prob)
 
 
 class SpanBoundaryHead(nn.Module):
@@ -91,12 +88,14 @@ class SpanBoundaryHead(nn.Module):
 
 
 class SpanHead(nn.Module):
-    """`.mlm`: the usual tied MLM head (what `pretrain.hf.export` exports); `.sbo`: the span boundary head."""
+    """`.mlm`: the shared LM head (what a *ForMaskedLM export gets); `.sbo`: the span boundary head."""
 
-    def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, max_positions: int):
+    def __init__(self, model_config, word_embeddings: nn.Embedding, max_positions: int):
         super().__init__()
-        self.mlm = MLMHead(hidden_size, layer_norm_eps, word_embeddings)
-        self.sbo = SpanBoundaryHead(hidden_size, layer_norm_eps, word_embeddings, max_positions)
+        self.mlm = lm_head(MLMHead, model_config, word_embeddings)
+        self.sbo = SpanBoundaryHead(
+            model_config.hidden_size, model_config.layer_norm_eps, word_embeddings, max_positions
+        )
 
     def reset_parameters(self) -> None:
         self.mlm.reset_parameters()
@@ -152,12 +151,7 @@ class SpanMasking(Objective):
         return {self.name: len(arrays["span_positions"])}
 
     def build_head(self, model_config, encoder):
-        return SpanHead(
-            model_config.hidden_size,
-            model_config.layer_norm_eps,
-            encoder.embeddings.word_embeddings,
-            self.options.position_embedding_size,
-        )
+        return SpanHead(model_config, encoder.embeddings.word_embeddings, self.options.position_embedding_size)
 
     def loss(self, batch, forward, model, weights):
         head, hidden = model.heads[self.name], forward.hidden  # hidden [B, L, H]

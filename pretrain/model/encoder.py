@@ -2,7 +2,7 @@
 
 Shapes: B = batch, L = sequence length, H = hidden size, N = heads, D = H / N, I = intermediate size,
 E = embedding width (= H unless ALBERT-factorized), T = real (non-padding) tokens of a batch, V = vocabulary.
-Weight names are ours (fused qkv projection); `pretrain.hf.export` maps them to each HF architecture.
+Weight names are ours (fused qkv projection); `pretrain.hf.interop` maps them to each HF architecture.
 
 The defaults are BERT: post-LN, learned absolute positions, GELU, biases, E = H, one set of weights per layer,
 and run exactly the ops (so the bits) they always ran. Each ModelConfig option changes one thing and they
@@ -15,7 +15,7 @@ compose freely, because each lives in one place:
                         no position table. cos/sin come from a cache keyed by length, device and dtype.
 - activation=geglu      EncoderLayer: ffn_in projects to 2I; gelu(first half) * second half (ModernBERT's order,
                         so its Wi maps unchanged).
-- use_bias=False        every Linear and LayerNorm of the encoder (and the MLM head) without bias.
+- use_bias=False        every Linear and LayerNorm of the encoder (and of the objectives' LM heads) without bias.
 - embedding_size=E      Embeddings: word/position/type tables of width E, LN(E), then `embeddings.projection` E -> H.
 - share_layers          BertEncoder: one `shared_layer` (in the state dict once); `layers` is that module N times.
 - local_attention=W     SelfAttention(window=W) in every layer but each global_every-th (`layer_windows`, ModernBERT's
@@ -30,17 +30,18 @@ compose freely, because each lives in one place:
 - compile               torch.compile of a plain function over the module (state-dict names unchanged).
 - activation_checkpointing  each layer under torch.utils.checkpoint (non-reentrant, RNG state preserved).
 
-Two-stream attention (XLNet, used by objectives.plm): besides the content stream h [B, L, H], the encoder can
-carry a query stream g [B, Lq, H] through the SAME layers. At each layer g's queries attend to the content
-stream's keys/values at that layer's input, under a per-query mask; g never attends to g. Lq may be smaller
-than L (PLM runs g only at its prediction targets). Without a query stream nothing changes: same ops, same bits.
-The two-stream path always runs padded (its masks are per query, [B, L, L]); with RoPE it needs the query
-positions (`query_positions`).
+A second stream (`EncoderStream`, the extension point of objectives that need one): besides the content stream
+h [B, L, H], the encoder can carry a stream g [B, Lq, H] through the SAME layers, the stream running each layer
+through its parts so the layers keep one signature. `QueryStream` is XLNet's (objectives.plm builds it): at each
+layer g's queries attend to the content stream's keys/values at that layer's input, under a per-query mask; g never
+attends to g. Without a stream nothing changes: same ops, same bits, compiled and unpadded paths included. With
+one the encoder always runs padded (its masks are per query, [B, Lq, L]).
 """
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from dataclasses import dataclass
+from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
 import torch.nn.functional as F
@@ -185,29 +186,16 @@ class SelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p)
         return y.transpose(1, 2).reshape(B, Lq, N * D)
 
-    def forward(
-        self,
-        x: torch.Tensor,
-        attn_bias: torch.Tensor | None,
-        query: torch.Tensor | None = None,
-        query_bias: torch.Tensor | None = None,
-        *,
-        rope: tuple | None = None,
-        query_rope: tuple | None = None,
-        packed: Packed | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias then over `packed`'s attention grid).
-        With a query stream `query` [B, Lq, H], also its attention output [B, Lq, H]: Q from `query` through
-        the same q projection, K and V those of `x` (computed once).
-        rope: (cos, sin) broadcastable to [*x.shape[:-1], 1, 1, D] (the tokens' positions), default 0..L-1;
-        query_rope: the same for the query stream's positions, broadcastable to [B, Lq, 1, D]."""
+    def project(
+        self, x: torch.Tensor, rope: tuple | None = None, packed: Packed | None = None
+    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, N, L, D] of x [B, L, H], or of packed x [T, H] on `packed`'s attention grid [B, Lp].
+        rope: (cos, sin) broadcastable to [*x.shape[:-1], 1, 1, D] (the tokens' positions), default 0..L-1."""
         *lead, H = x.shape  # lead: [B, L], or [T] packed
         N, D = self.num_heads, H // self.num_heads
         qkv = self.qkv(x).view(*lead, 3, N, D)
         if self.rope_theta is not None:
-            if (
-                rope is None
-            ):  # positions 0..L-1 (also how layers used outside BertEncoder, e.g. ELECTRA's generator, get them)
+            if rope is None:  # positions 0..L-1 (also how layers used outside BertEncoder, e.g. ELECTRA's generator)
                 cos, sin = rope_tables(lead[-1], D, self.rope_theta, x.device, qkv.dtype)
                 rope = (cos[:, None, None], sin[:, None, None])  # [L, 1, 1, D]
             cos, sin = (t.to(qkv.dtype) for t in rope)  # tables may be fp32 while autocast runs bf16
@@ -215,20 +203,41 @@ class SelfAttention(nn.Module):
         if packed is not None:
             qkv = packed.to_attention(qkv)  # [T, 3, N, D] -> [B, Lp, 3, N, D]
         q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x [B, N, L, D]
-        y = self._attend(q, k, v, attn_bias)  # [B, L, H]
+        return q, k, v
+
+    def queries(self, x: torch.Tensor, rope: tuple | None = None) -> torch.Tensor:
+        """Queries [B, N, Lq, D] of another stream x [B, Lq, H] (`EncoderStream`): only the q third of the fused
+        projection. rope: (cos, sin) at that stream's positions, broadcastable to [B, Lq, 1, D]."""
+        B, Lq, H = x.shape
+        N = self.num_heads
+        bias = self.qkv.bias[:H] if self.qkv.bias is not None else None
+        q = F.linear(x, self.qkv.weight[:H], bias).view(B, Lq, N, H // N)
+        if self.rope_theta is not None:
+            if rope is None:
+                raise ValueError("with RoPE the query stream needs its positions (BertEncoder query_positions)")
+            q = rotate(q, *(t.to(q.dtype) for t in rope))
+        return q.transpose(1, 2)
+
+    def attend(
+        self,
+        q: torch.Tensor,
+        k: torch.Tensor,
+        v: torch.Tensor,
+        attn_bias: torch.Tensor | Banded | None,
+        packed: Packed | None = None,
+    ) -> torch.Tensor:
+        """Attention of q [B, N, Lq, D] over k / v [B, N, L, D], output-projected: [B, Lq, H], or [T, H] packed."""
+        y = self._attend(q, k, v, attn_bias)  # [B, Lq, H]
         if packed is not None:
             y = packed.from_attention(y)  # [T, H]: the output projection skips padding
-        y = self.out(y)
-        if query is None:
-            return y
-        # Only the q third of the fused projection: [B, Lq, H] -> [B, N, Lq, D]
-        bias = self.qkv.bias[:H] if self.qkv.bias is not None else None
-        q_g = F.linear(query, self.qkv.weight[:H], bias).view(query.shape[0], query.shape[1], N, D)
-        if self.rope_theta is not None:
-            if query_rope is None:
-                raise ValueError("with RoPE the query stream needs its positions (BertEncoder query_positions)")
-            q_g = rotate(q_g, *(t.to(q_g.dtype) for t in query_rope))
-        return y, self.out(self._attend(q_g.transpose(1, 2), k, v, query_bias))
+        return self.out(y)
+
+    def forward(
+        self, x: torch.Tensor, attn_bias: torch.Tensor | Banded | None, *, rope: tuple | None = None, packed=None
+    ) -> torch.Tensor:
+        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias then over `packed`'s attention grid)."""
+        q, k, v = self.project(x, rope, packed)
+        return self.attend(q, k, v, attn_bias, packed)
 
 
 class EncoderLayer(nn.Module):
@@ -255,8 +264,12 @@ class EncoderLayer(nn.Module):
             return self.ffn_out(F.gelu(a) * b)
         return self.ffn_out(F.gelu(self.ffn_in(x)))
 
-    def _residual_ffn(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        # The block math after attention, shared by both streams: [B, *, H] (or [T, H]) -> same
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        # What attention reads of a stream: its state, LayerNorm-ed first under pre-LN. [*, H] -> [*, H]
+        return self.attn_norm(x) if self.pre_norm else x
+
+    def residual_ffn(self, x: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
+        # The block math after attention, the same for every stream: [B, *, H] (or [T, H]) -> same
         if self.pre_norm:
             x = x + self.dropout(attn_out)
             return x + self.dropout(self._ffn(self.ffn_norm(x)))
@@ -266,21 +279,14 @@ class EncoderLayer(nn.Module):
     def forward(
         self,
         x: torch.Tensor,
-        attn_bias: torch.Tensor | None,
-        query: torch.Tensor | None = None,
-        query_bias: torch.Tensor | None = None,
+        attn_bias: torch.Tensor | Banded | None,
         *,
         rope: tuple | None = None,
-        query_rope: tuple | None = None,
         packed: Packed | None = None,
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
-        """x [B, L, H] (or packed [T, H]) -> same; with a query stream [B, Lq, H], returns (x', query')."""
-        h = self.attn_norm(x) if self.pre_norm else x
-        if query is None:
-            return self._residual_ffn(x, self.attention(h, attn_bias, rope=rope, packed=packed))
-        h_query = self.attn_norm(query) if self.pre_norm else query
-        a, a_query = self.attention(h, attn_bias, h_query, query_bias, rope=rope, query_rope=query_rope)
-        return self._residual_ffn(x, a), self._residual_ffn(query, a_query)
+    ) -> torch.Tensor:
+        """x [B, L, H] (or packed [T, H]) -> same. One signature whatever the objective: a second stream runs
+        through the layer's parts (`EncoderStream.layer`), not through extra arguments."""
+        return self.residual_ffn(x, self.attention(self.attention_input(x), attn_bias, rope=rope, packed=packed))
 
 
 class LayerInputs(NamedTuple):
@@ -289,28 +295,104 @@ class LayerInputs(NamedTuple):
     bias: torch.Tensor | Banded | None
     """Content stream: additive [B or 1, 1, 1 or L, L] (global), bool [B or 1, 1, L, L] or `Banded` (local); packed:
     over the attention grid [B, Lp]."""
-    query_bias: torch.Tensor | None
-    """Query stream: [B, 1, Lq, L]."""
     rope: tuple | None
     """Packed: (cos, sin) [T, 1, 1, D] at each token's position; None: the layer's own 0..L-1 tables."""
-    query_rope: tuple | None
-    """(cos, sin) [B, Lq, 1, D] at the query stream's positions."""
+    stream: Any = None
+    """What a second stream's layers need in this window (`EncoderStream.window_inputs`); None without one."""
 
 
-def _layer_stack(encoder: BertEncoder, x: torch.Tensor, g, inputs: dict[int, LayerInputs], packed):
-    """The layers (+ final norm) over x [B, L, H] or packed [T, H], and the query stream g [B, Lq, H] if any; each
-    layer with the inputs of its window. A plain function of the module, so that torch.compile wraps it without
+@runtime_checkable
+class EncoderStream(Protocol):
+    """A second stream carried through the encoder's layers beside the content stream: the extension point of
+    objectives that need one (XLNet's query stream, `QueryStream`, built by objectives.plm). An objective's
+    `before_encoder` puts one in `Forward.stream`; the encoder returns its final state beside the content's
+    (`Forward.stream_hidden`). The layers keep one signature: the stream runs each through the layer's parts
+    (`attention_input`, `attention.project` / `queries` / `attend`, `residual_ffn`), so the content stream comes
+    out as the layer alone gives it. With a stream the encoder runs padded (never `unpadded`)."""
+
+    def start(self) -> torch.Tensor:
+        """The stream's initial state [B, Lq, H]."""
+        ...
+
+    def window_inputs(self, encoder: BertEncoder, window: int, x: torch.Tensor) -> Any:
+        """What the layers of `window` need for this stream (masks, rotary tables), built once per forward from the
+        content embeddings x [B, L, H]; it reaches `layer` as `inputs.stream`."""
+        ...
+
+    def layer(
+        self, layer: EncoderLayer, x: torch.Tensor, state: torch.Tensor, inputs: LayerInputs
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """One layer over the content x [B, L, H] and the state [B, Lq, H] -> (x', state'); x' must be what
+        layer(x, inputs.bias, rope=inputs.rope) gives, with the same ops in the same order (dropout's RNG)."""
+        ...
+
+
+@dataclass
+class QueryStream:
+    """Two-stream attention (XLNet): the query stream g [B, Lq, H] runs through the same layers as the content
+    stream; at each layer its queries (the layer's q projection of g) attend to the content stream's keys and values
+    at that layer's input, under a per-query mask. g never attends to g, and Lq may be smaller than L (PLM runs g
+    only at its prediction targets). The field names are the encoder's keyword arguments of the same stream."""
+
+    query_stream: torch.Tensor
+    """[B, Lq, H] the initial state."""
+    query_mask: torch.Tensor
+    """[B, Lq, L] bool: the content positions each query may see."""
+    query_positions: torch.Tensor | None = None
+    """[B, Lq] the stream's positions: needed with RoPE (its queries turn by them) and local attention (its band)."""
+
+    def start(self) -> torch.Tensor:
+        return self.query_stream
+
+    def window_inputs(self, encoder: BertEncoder, window: int, x: torch.Tensor) -> tuple:
+        """(query bias [B, 1, Lq, L], query rope (cos, sin) [B, Lq, 1, D] or None) of `window`'s layers."""
+        cfg, L = encoder.config, x.shape[1]
+        if self.query_positions is None and (cfg.position_embedding == "rope" or any(encoder.windows)):
+            raise ValueError(
+                "position_embedding=rope or local_attention: the query stream needs query_positions [B, Lq]"
+            )
+        query_rope = None
+        if cfg.position_embedding == "rope":
+            head_dim = cfg.hidden_size // cfg.num_heads
+            cos, sin = rope_tables(L, head_dim, _theta(cfg, window), x.device, x.dtype)
+            query_rope = (cos[self.query_positions, None], sin[self.query_positions, None])  # [B, Lq, 1, D]
+        bias = attention_bias(self.query_mask, x.dtype)
+        return window_bias(bias, self.query_mask, window, L, self.query_positions), query_rope
+
+    def layer(self, layer: EncoderLayer, x: torch.Tensor, g: torch.Tensor, inputs: LayerInputs) -> tuple:
+        # x [B, L, H], g [B, Lq, H] -> both after the layer; K and V of x computed once, for both streams.
+        query_bias, query_rope = inputs.stream
+        attention = layer.attention
+        q, k, v = attention.project(layer.attention_input(x), inputs.rope)  # [B, N, L, D] each
+        a = attention.attend(q, k, v, inputs.bias)  # [B, L, H]
+        a_g = attention.attend(attention.queries(layer.attention_input(g), query_rope), k, v, query_bias)  # [B, Lq, H]
+        return layer.residual_ffn(x, a), layer.residual_ffn(g, a_g)
+
+
+def _layer_stack(
+    encoder: BertEncoder,
+    x: torch.Tensor,
+    inputs: dict[int, LayerInputs],
+    packed: Packed | None,
+    stream: EncoderStream | None = None,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """The layers (+ final norm) over x [B, L, H] or packed [T, H], and a second stream's state [B, Lq, H] if any;
+    each layer with the inputs of its window. A plain function of the module, so that torch.compile wraps it without
     replacing the module."""
+    g = None if stream is None else stream.start()
     for layer in encoder.layers:
-        bias, g_bias, rope, query_rope = inputs[layer.attention.window]
-        kwargs = {"rope": rope, "query_rope": query_rope, "packed": packed}
+        window = inputs[layer.attention.window]
+        if stream is None:
+            run, args, kwargs = layer, (x, window.bias), {"rope": window.rope, "packed": packed}
+        else:
+            run, args, kwargs = stream.layer, (layer, x, g, window), {}
         if encoder.config.activation_checkpointing and torch.is_grad_enabled():
             # Non-reentrant: works with kwargs and with inputs that need no grad; the RNG state is saved and
             # restored, so recomputed dropout masks are the forward's (same loss, same grads, resumable).
-            out = checkpoint(layer, x, bias, g, g_bias, use_reentrant=False, **kwargs)
+            out = checkpoint(run, *args, use_reentrant=False, **kwargs)
         else:
-            out = layer(x, bias, g, g_bias, **kwargs)
-        x, g = out if g is not None else (out, None)
+            out = run(*args, **kwargs)
+        x, g = (out, None) if stream is None else out
     if encoder.final_norm is not None:
         x = encoder.final_norm(x)
         g = encoder.final_norm(g) if g is not None else None
@@ -371,73 +453,85 @@ class BertEncoder(nn.Module):
         query_mask: torch.Tensor | None = None,
         query_positions: torch.Tensor | None = None,
         num_tokens: int | None = None,
+        *,
+        stream: EncoderStream | None = None,
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """input_ids [B, L] -> hidden states [B, L, H]. attention_mask: [B, L] or per-query [B, L, L].
-        Two-stream: with query_stream [B, Lq, H] (initial state) and query_mask [B, Lq, L] (which content
-        positions each query may see), returns (content [B, L, H], query stream [B, Lq, H]); with RoPE,
-        query_positions [B, Lq] are the query stream's positions.
+        With a second stream (`EncoderStream`), returns (content [B, L, H], its final state [B, Lq, H]).
+        query_stream [B, Lq, H], query_mask [B, Lq, L] and query_positions [B, Lq] are the same as
+        stream=QueryStream(query_stream, query_mask, query_positions).
         With config.unpadded and a [B, L] key mask, the layers run on the real tokens only; the result is
         re-padded with zeros at padding (the padded path leaves values there that nothing should read).
         num_tokens: the real tokens of the batch when the caller knows them (`Packed.from_mask`)."""
+        if query_stream is not None:
+            stream = QueryStream(query_stream, query_mask, query_positions)
         cfg = self.config
         stack = _compiled() if cfg.compile and not _dispatch_mode_active() else _layer_stack
         packed = None
-        if cfg.unpadded and query_stream is None and attention_mask is not None and attention_mask.dim() == 2:
+        if cfg.unpadded and stream is None and attention_mask is not None and attention_mask.dim() == 2:
             packed = Packed.from_mask(attention_mask, self.embeddings.word_embeddings.weight.dtype, num_tokens)
         if packed is not None:
-            positions = packed.indices % packed.length  # [T]: the column, as in the padded path
-            types = None if token_type_ids is None else packed.gather(token_type_ids)
-            x = self.embeddings(packed.gather(input_ids), types, positions)  # [T, H]
-            inputs = {}
-            for w in self.windows:
-                rope = None
-                if cfg.position_embedding == "rope":
-                    cos, sin = rope_tables(packed.length, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
-                    rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
-                inputs[w] = LayerInputs(packed.window_mask(w) if w else packed.attn_bias, None, rope, None)
-            x, _ = stack(self, x, None, inputs, packed)
-            return packed.repad(x)
-
+            return self._forward_packed(stack, packed, input_ids, token_type_ids)
         x = self.embeddings(input_ids, token_type_ids)
-        L = input_ids.shape[1]
-        bias = attention_bias(attention_mask, x.dtype)
-        if query_stream is None:
-            inputs = {}
-            for w in self.windows:
-                if w and not masks_nothing(w, L) and (attention_mask is None or attention_mask.dim() == 2):
-                    local = local_mask(attention_mask, w, L, input_ids.shape[0], x.device)  # by blocks if shorter
-                    inputs[w] = LayerInputs(local, None, None, None)
-                else:
-                    inputs[w] = LayerInputs(self._mask(bias, attention_mask, w, L), None, None, None)
-            return stack(self, x, None, inputs, None)[0]
-        g_bias = attention_bias(query_mask, x.dtype)
-        if query_positions is None and (cfg.position_embedding == "rope" or any(self.windows)):
-            raise ValueError(
-                "position_embedding=rope or local_attention: the query stream needs query_positions [B, Lq]"
-            )
+        inputs = self._padded_inputs(x, input_ids, attention_mask, stream)
+        if stream is None:
+            return stack(self, x, inputs, None)[0]
+        return stack(self, x, inputs, None, stream)
+
+    def _forward_packed(
+        self, stack, packed: Packed, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The layers over the real tokens only ([T, H]), re-padded to [B, L, H]."""
+        cfg = self.config
+        positions = packed.indices % packed.length  # [T]: the column, as in the padded path
+        types = None if token_type_ids is None else packed.gather(token_type_ids)
+        x = self.embeddings(packed.gather(input_ids), types, positions)  # [T, H]
         inputs = {}
         for w in self.windows:
-            query_rope = None
+            rope = None
             if cfg.position_embedding == "rope":
-                cos, sin = rope_tables(L, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
-                query_rope = (cos[query_positions, None], sin[query_positions, None])  # [B, Lq, 1, D]
-            query_bias = self._mask(g_bias, query_mask, w, L, query_positions)
-            inputs[w] = LayerInputs(self._mask(bias, attention_mask, w, L), query_bias, None, query_rope)
-        return stack(self, x, query_stream, inputs, None)
+                cos, sin = rope_tables(packed.length, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
+                rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
+            inputs[w] = LayerInputs(packed.window_mask(w) if w else packed.attn_bias, rope)
+        x, _ = stack(self, x, inputs, packed)
+        return packed.repad(x)
 
-    @staticmethod
-    def _mask(
-        bias: torch.Tensor | None,
-        mask: torch.Tensor | None,
-        window: int,
-        length: int,
-        query_positions: torch.Tensor | None = None,
-    ) -> torch.Tensor | None:
-        """The global `bias` of `mask` for a global layer, or for a window that sees every key at this length (the
-        same bits as global attention); else the window's boolean mask [B or 1, 1, Lq, L]."""
-        if not window or masks_nothing(window, length):
-            return bias
-        return window_mask(mask, window, length, query_positions)
+    def _padded_inputs(
+        self,
+        x: torch.Tensor,
+        input_ids: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        stream: EncoderStream | None,
+    ) -> dict[int, LayerInputs]:
+        """Each window's layer inputs over the padded embeddings x [B, L, H]. A local window runs by blocks where it
+        can (a [B, L] key mask and no second stream); else it takes the dense band."""
+        L = input_ids.shape[1]
+        bias = attention_bias(attention_mask, x.dtype)
+        inputs = {}
+        for w in self.windows:
+            by_blocks = w and not masks_nothing(w, L) and (attention_mask is None or attention_mask.dim() == 2)
+            if stream is None and by_blocks:
+                local = local_mask(attention_mask, w, L, input_ids.shape[0], x.device)  # by blocks if shorter
+                inputs[w] = LayerInputs(local, None)
+            else:
+                extra = None if stream is None else stream.window_inputs(self, w, x)
+                inputs[w] = LayerInputs(window_bias(bias, attention_mask, w, L), None, extra)
+        return inputs
+
+
+def window_bias(
+    bias: torch.Tensor | None,
+    mask: torch.Tensor | None,
+    window: int,
+    length: int,
+    query_positions: torch.Tensor | None = None,
+) -> torch.Tensor | None:
+    """The global `bias` of `mask` for a global layer, or for a window that sees every key at this length (the
+    same bits as global attention); else the window's boolean mask [B or 1, 1, Lq, L] (queries at
+    `query_positions` [B, Lq], default 0..length-1)."""
+    if not window or masks_nothing(window, length):
+        return bias
+    return window_mask(mask, window, length, query_positions)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

@@ -1,9 +1,9 @@
 """The pretraining model: the encoder plus one head per objective, and the contract of its forward pass.
 
 `PretrainingModel.forward(batch, loss_weights)` builds a `Forward` (the encoder's inputs), lets each objective change
-it (`before_encoder`: ELECTRA's sampled tokens, PLM's query stream and masks), runs the encoder, and sums each
-objective's weighted loss (`loss`), each loss term weighted per target (`LossWeights`). Objectives are duck-typed
-here: this module imports none of them (they sit above it).
+it (`before_encoder`: ELECTRA's sampled tokens, PLM's masks and second stream), runs the encoder, and sums each
+objective's weighted loss (`loss`), each loss term weighted per target (`LossWeights`, below). Objectives are
+duck-typed here (the contract is `objectives.base.Objective`): this module imports none of them (they sit above it).
 """
 
 from __future__ import annotations
@@ -17,23 +17,32 @@ from torch import nn
 from pretrain.core.batch import Batch
 from pretrain.core.config import ModelConfig
 from pretrain.core.measures import Mean
-from pretrain.model.encoder import BertEncoder, init_weights
+from pretrain.model.encoder import BertEncoder, EncoderStream, init_weights
 
 
 @dataclass
 class Forward:
     """One forward pass: the encoder's inputs, which objectives may change before it runs, its outputs, and what each
-    objective keeps between `before_encoder` and `loss` (`carry`, by objective name)."""
+    objective keeps between `before_encoder` and `loss` (`carry`, by objective name).
+
+    `stream` is the extension slot of an objective that carries a second stream through the encoder's layers (an
+    `EncoderStream`, e.g. PLM's `QueryStream`); its final state comes back in `stream_hidden`. The stream's own
+    fields read through the forward: `forward.query_mask` is `forward.stream.query_mask`."""
 
     input_ids: torch.Tensor  # [B, L]
     token_type_ids: torch.Tensor | None = None  # [B, L]
     attention_mask: torch.Tensor | None = None  # [B, L] key mask (None: no padding), or per query [B, L, L]
-    query_stream: torch.Tensor | None = None  # [B, Lq, H] a second stream through the same layers (PLM)
-    query_mask: torch.Tensor | None = None  # [B, Lq, L]
-    query_positions: torch.Tensor | None = None  # [B, Lq]
+    stream: EncoderStream | None = None  # a second stream through the same layers
     hidden: torch.Tensor | None = None  # [B, L, H] after the encoder
-    query_hidden: torch.Tensor | None = None  # [B, Lq, H]
+    stream_hidden: torch.Tensor | None = None  # [B, Lq, H] the second stream after the encoder
     carry: dict[str, Any] = field(default_factory=dict)
+
+    def __getattr__(self, name: str) -> Any:
+        # Only for names a Forward lacks: those of its stream (never dunders, which copy and pickle probe).
+        stream = self.__dict__.get("stream")
+        if stream is None or name.startswith("__"):
+            raise AttributeError(f"'Forward' object has no attribute '{name}'")
+        return getattr(stream, name)
 
 
 class LossWeights:
@@ -71,29 +80,24 @@ class PretrainingModel(nn.Module):
     def forward(self, batch, loss_weights: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
         """The weighted total loss and every objective's metrics (unweighted) of one micro-batch.
 
-        batch: a collated `data_pipeline.loader.Batch` (tensors by name, and host-side counts: real tokens and each
+        batch: a collated `pretrain.core.batch.Batch` (tensors by name, and host-side counts: real tokens and each
         loss term's targets, which size the losses with nothing read back from the device). loss_weights: the
-        trainer's per-target weight of each loss term (`objectives.base.LossWeights`); default: a mean over this
+        trainer's per-target weight of each loss term, by term (`LossWeights` above); default: a mean over this
         micro-batch."""
         if not isinstance(batch, Batch):  # plain tensors: as the collator would make them (reads them: not in training)
             batch = Batch.of(batch, self.objectives)
         forward = Forward(
             batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"] if batch.padded else None
         )
-        for objective in self.objectives:  # an objective may swap inputs, masks, or add a query stream (plm)
+        for objective in self.objectives:  # an objective may swap inputs, masks, or add a stream (plm)
             objective.before_encoder(batch, forward, self)
-        if forward.query_stream is None:
+        if forward.stream is None:
             forward.hidden = self.encoder(
                 forward.input_ids, forward.token_type_ids, forward.attention_mask, num_tokens=batch.tokens
             )
         else:
-            forward.hidden, forward.query_hidden = self.encoder(
-                forward.input_ids,
-                forward.token_type_ids,
-                forward.attention_mask,
-                query_stream=forward.query_stream,
-                query_mask=forward.query_mask,
-                query_positions=forward.query_positions,
+            forward.hidden, forward.stream_hidden = self.encoder(
+                forward.input_ids, forward.token_type_ids, forward.attention_mask, stream=forward.stream
             )
         weights = LossWeights(batch.counts, loss_weights)
         total = forward.hidden.new_zeros((), dtype=torch.float32)
