@@ -269,14 +269,14 @@ def run(work: Path, names: list[str], sync_debug: str) -> dict:
             active[0] = False
 
     def train_step(self, micro_batches):
-        if logs_at(self, self.state["step"] + 1):
+        if logs_at(self, self.state.step + 1):
             return original_step(self, micro_batches)
         counted["steps"] += 1
         with counting():
             return original_step(self, micro_batches)
 
     def after_step(self, stopping):
-        if logs_at(self, self.state["step"]):
+        if logs_at(self, self.state.step):
             return original_after(self, stopping)
         with counting():
             return original_after(self, stopping)

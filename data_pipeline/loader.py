@@ -18,6 +18,7 @@ import torch
 from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import SampleBuilder
 from pretrain.core.batch import Batch
+from pretrain.core.config import TrainConfig
 from pretrain.core.tokens import IGNORE_INDEX
 
 
@@ -110,7 +111,9 @@ class StreamBatchSampler(torch.utils.data.Sampler):
         self.accum = grad_accum_steps
         self.rank = rank
         self.world = world_size
-        self.global_batch = micro_batch_size * grad_accum_steps * world_size
+        # the run's global batch, from the one function that forms it
+        split = TrainConfig(micro_batch_size=micro_batch_size, grad_accum_steps=grad_accum_steps)
+        self.global_batch = split.global_batch(world_size)
         if consumed_samples % self.global_batch:
             raise ValueError(
                 f"consumed_samples={consumed_samples} is not a multiple of the global batch {self.global_batch}"

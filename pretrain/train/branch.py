@@ -24,6 +24,7 @@ from pretrain.core.outputs import claim_output, mark_output, marked_kind
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.metrics import read_metrics
 from pretrain.train.optim import decay_steps, lr_factor
+from pretrain.train.state import TrainState
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -38,7 +39,9 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=link)
 
 
-def decay_config(source: Path, steps: int, name: str | None, overrides: list[str]) -> tuple[RunConfig, Path, dict]:
+def decay_config(
+    source: Path, steps: int, name: str | None, overrides: list[str]
+) -> tuple[RunConfig, Path, TrainState]:
     """(the branch's config, the source checkpoint, its trainer state): the source's config with a wsd decay over
     `steps` steps after the checkpoint's step, named `name` (default <source name>-decay<step>) beside the source."""
     from pretrain.train.setup import resolve_config
@@ -46,9 +49,9 @@ def decay_config(source: Path, steps: int, name: str | None, overrides: list[str
     if steps < 1:
         raise UserError(f"--steps: the decay needs at least one step, got {steps}")
     checkpoint = ckpt.resolve_checkpoint(source)
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
+    state = TrainState.load(checkpoint)
     saved = load_yaml(checkpoint / "config.yaml")
-    step = state["step"]
+    step = state.step
     source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     data = apply_overrides(saved, overrides)
     data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
@@ -93,7 +96,7 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
                     )
                 _link_tree(origin, tmp / default)
         if source_run is not None:
-            history = [r for r in read_metrics(source_run) if r["step"] <= state["step"]]
+            history = [r for r in read_metrics(source_run) if r["step"] <= state.step]
             write_atomic(tmp / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
         write_atomic(tmp / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
         run_dir.parent.mkdir(parents=True, exist_ok=True)
@@ -104,12 +107,12 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     t, source_t = cfg.train, source_cfg.train
-    at = source_t.lr * lr_factor(state["step"] - 1, source_t) if state["step"] else 0.0
+    at = source_t.lr * lr_factor(state.step - 1, source_t) if state.step else 0.0
     summary = (
-        f"{run_dir}: step {state['step']} of {checkpoint.parent.parent.name if source_run else checkpoint}, decayed "
+        f"{run_dir}: step {state.step} of {checkpoint.parent.parent.name if source_run else checkpoint}, decayed "
         f"over {t.decay_steps} steps ({t.decay_shape}) from lr {t.lr:g} to {t.lr * t.min_lr_ratio:g}; the source "
         f"trained its last step at lr {at:g}"
     )
-    if source_t.lr_schedule != "wsd" or state["step"] > source_t.max_steps - decay_steps(source_t):
+    if source_t.lr_schedule != "wsd" or state.step > source_t.max_steps - decay_steps(source_t):
         summary += " (not in a stable phase of a wsd schedule: the decay starts from the peak lr all the same)"
     return cfg, summary

@@ -23,6 +23,7 @@ import torch.distributed as dist
 
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
+from pretrain.train.state import STATE_FILE, TrainState
 
 LATEST = "latest"
 INTEGRITY = "integrity.json"
@@ -98,7 +99,7 @@ def verify_integrity(path: Path) -> None:
 
 def _complete(path: Path) -> bool:
     """Written to the end: its integrity record is the last file a checkpoint gets."""
-    return (path / INTEGRITY).is_file() and (path / "trainer_state.json").is_file()
+    return (path / INTEGRITY).is_file() and (path / STATE_FILE).is_file()
 
 
 def _read_pointer(pointer: Path) -> str | None:
@@ -130,7 +131,7 @@ def latest_checkpoint(root: Path) -> Path | None:
             "and run the same command again; to start over, use another run name (name=...)"
         )
     path = root / tag
-    if (path / "trainer_state.json").is_file():
+    if (path / STATE_FILE).is_file():
         return path
     earlier = [c for c in all_checkpoints(root) if c.name < tag and _complete(c)]
     if not path.exists() and earlier:
@@ -140,7 +141,7 @@ def latest_checkpoint(root: Path) -> Path | None:
             flush=True,
         )
         return earlier[-1]
-    raise UserError(f"{pointer} names checkpoint '{tag}', but {path}/trainer_state.json is missing")
+    raise UserError(f"{pointer} names checkpoint '{tag}', but {path}/{STATE_FILE} is missing")
 
 
 def _intact_before(path: Path) -> Path | None:
@@ -197,7 +198,7 @@ def _disk_full(err: BaseException, root: Path, previous: Path | None) -> str | N
 def save_checkpoint(
     engine,
     root: Path,
-    state: dict,
+    state: TrainState,
     config_text: str,
     tokenizer_dir: Path,
     keep: int,
@@ -209,7 +210,7 @@ def save_checkpoint(
     from pretrain.train.distributed import any_rank
 
     root = Path(root)
-    tag = tag_for(state["step"])
+    tag = tag_for(state.step)
     path = root / tag
     rank = dist.get_rank() if dist.is_initialized() else 0
     previous = latest_checkpoint(root) if rank == 0 else None
@@ -231,7 +232,7 @@ def save_checkpoint(
                 copy_tokenizer_files(tokenizer_dir, path / "tokenizer")
             for name, tensors in (extra or {}).items():
                 torch.save(tensors, path / name)
-            write_atomic(path / "trainer_state.json", json.dumps(state, indent=1))
+            state.save(path)
     except (OSError, RuntimeError) as err:
         failure = err
     if any_rank(failure is not None):  # also the barrier after every rank's writes
@@ -271,7 +272,7 @@ def checkpoints_root(run_or_checkpoint: str | Path) -> Path:
     """The directory whose checkpoints `resolve_checkpoint(run_or_checkpoint)` chooses among, where `rotate`
     deletes: <run>/checkpoints for a run, the parent of a checkpoint directory, else the path itself."""
     path = Path(run_or_checkpoint)
-    if (path / "trainer_state.json").is_file():
+    if (path / STATE_FILE).is_file():
         return path.parent
     return path / "checkpoints" if (path / "checkpoints").is_dir() else path
 
@@ -283,7 +284,7 @@ def run_of(source: str | Path) -> Path | None:
     from pretrain.core.outputs import marked_kind
 
     source = Path(source).resolve()
-    if (source / "trainer_state.json").is_file():  # <run>/checkpoints/step_X, or a checkpoint on its own
+    if (source / STATE_FILE).is_file():  # <run>/checkpoints/step_X, or a checkpoint on its own
         run = source.parent.parent if source.parent.name == "checkpoints" else None
     elif source.name == "checkpoints" and not (source / "checkpoints").is_dir():
         run = source.parent
@@ -322,8 +323,8 @@ def load_ema(path: Path) -> dict[str, torch.Tensor] | None:
 def needs_universal(path: Path, world_size: int) -> bool:
     """True when `path` was written by another number of ranks and its optimizer state is split per rank
     (ZeRO 1-3, or DeepSpeed's bf16 optimizer): DeepSpeed can then load it only in its universal layout."""
-    saved = json.loads((Path(path) / "trainer_state.json").read_text()).get("world_size", world_size)
-    return saved != world_size and any(Path(path).glob("*zero_pp_rank_*_optim_states.pt"))
+    saved = TrainState.load(path).world_size
+    return saved is not None and saved != world_size and any(Path(path).glob("*zero_pp_rank_*_optim_states.pt"))
 
 
 def make_universal(path: Path) -> Path:
@@ -364,7 +365,7 @@ def make_universal(path: Path) -> Path:
     return out
 
 
-def load_checkpoint(engine, path: Path, universal: bool = False) -> dict:
+def load_checkpoint(engine, path: Path, universal: bool = False) -> TrainState:
     """Restore engine (weights, optimizer, scheduler) and this rank's rng; returns the trainer state.
 
     `universal`: load <path>/universal (see `make_universal`); the engine must have been configured with
@@ -392,7 +393,7 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> dict:
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    return json.loads((path / "trainer_state.json").read_text())
+    return TrainState.load(path)
 
 
 def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
@@ -400,13 +401,13 @@ def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
     path = Path(run_or_checkpoint)
     if not path.exists():
         raise UserError(f"'{path}' not found: expected a run directory or a checkpoint directory")
-    if (path / "trainer_state.json").is_file():
+    if (path / STATE_FILE).is_file():
         return path
     for root in (path / "checkpoints", path):
         found = latest_checkpoint(root) if root.is_dir() else None
         if found:
             return found
-    raise UserError(f"no checkpoint in '{path}' (looked for checkpoints/latest and trainer_state.json)")
+    raise UserError(f"no checkpoint in '{path}' (looked for checkpoints/latest and {STATE_FILE})")
 
 
 def _zero0_masters(model_states: dict) -> dict[str, torch.Tensor] | None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import socket
+from datetime import timedelta
 from functools import lru_cache
 
 
@@ -23,7 +24,11 @@ def cpu_supports_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
+BF16_AUTOCAST = "bf16-autocast"  # the precision mode of bf16 under ZeRO-0 (`run_precision`)
+
+
 def resolve_precision(requested: str) -> str:
+    """train.precision on this machine: auto -> bf16 where it is native, else fp16 on a GPU, fp32 on a CPU."""
     if requested != "auto":
         return requested
     import torch
@@ -33,12 +38,17 @@ def resolve_precision(requested: str) -> str:
     return "bf16" if cpu_supports_bf16() else "fp32"
 
 
-def precision_mode(precision: str, zero_stage: int) -> str:
-    """How a resolved precision runs. bf16 under ZeRO-0 is torch autocast over fp32 weights, as DDP with AMP and
+def run_precision(train_cfg, legacy: bool = False) -> str:
+    """How the run's precision runs, decided here only (`pretrain.train.setup.ResolvedRun.precision` holds it):
+    fp32, bf16-autocast, bf16 or fp16. bf16 under ZeRO-0 is torch autocast over fp32 weights, as DDP with AMP and
     transformers' Trainer run it: no DeepSpeed low-precision wrapper in the step, fp32 weights in checkpoints and
     exports. Under ZeRO 1-3 it is DeepSpeed's bf16 (bf16 weights and gradients, fp32 master partitions: half the
-    communication). fp16 is DeepSpeed's, with dynamic loss scaling."""
-    return "bf16-autocast" if precision == "bf16" and zero_stage == 0 else precision
+    communication). fp16 is DeepSpeed's, with dynamic loss scaling.
+
+    `legacy`: the mode as checkpoints written before fingerprints had it, when bf16 under ZeRO-0 still ran on
+    DeepSpeed's bf16 wrapper ('bf16', never 'bf16-autocast')."""
+    precision = resolve_precision(train_cfg.precision)
+    return BF16_AUTOCAST if precision == "bf16" and train_cfg.zero_stage == 0 and not legacy else precision
 
 
 def _free_port() -> int:
@@ -47,11 +57,12 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def init_distributed() -> tuple[int, int]:
+def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     """Join (or, for a plain single process, create) the process group; returns (rank, world_size).
 
     Under the `deepspeed` launcher, torchrun or srun the rank variables are set; a plain `pretrain train`
-    is a world of one, which DeepSpeed would otherwise look for through MPI.
+    is a world of one, which DeepSpeed would otherwise look for through MPI. `timeout_minutes` bounds every
+    collective, in every group (a host lost without closing its connections otherwise leaves the others waiting).
     """
     if not has_cuda():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
@@ -65,9 +76,15 @@ def init_distributed() -> tuple[int, int]:
         os.environ.setdefault("MASTER_PORT", str(_free_port()))
     import deepspeed
     import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
 
     if not dist.is_initialized():
-        deepspeed.init_distributed(dist_backend=None, verbose=False)
+        timeout = timedelta(minutes=timeout_minutes)
+        # Groups made later (DeepSpeed's, our control group) take torch's module default, not the first group's
+        c10d.default_pg_timeout = timeout
+        if hasattr(c10d, "default_pg_nccl_timeout"):
+            c10d.default_pg_nccl_timeout = timeout
+        deepspeed.init_distributed(dist_backend=None, verbose=False, timeout=timeout)
         _unlink_shm_allreduce_buffer(dist)
         _make_control_group(dist)
     if has_cuda():

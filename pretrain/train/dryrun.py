@@ -16,7 +16,7 @@ import torch
 import yaml
 
 from pretrain.core.config import RunConfig, to_dict
-from pretrain.train.distributed import precision_mode, resolve_precision
+from pretrain.train.distributed import BF16_AUTOCAST
 from pretrain.train.engine import deepspeed_config
 
 
@@ -30,24 +30,28 @@ def _vocab_size(cfg: RunConfig) -> int:
     return -(-cfg.data.vocab_size // 64) * 64  # what the tokenizer will be padded to
 
 
-def _model_on_meta(cfg: RunConfig, vocab_size: int):
-    """The run's model without memory or weights. Its tokenizer's special ids where it exists already
-    (a `model.init_from` checkpoint's, e.g. RoBERTa's pad id 1), BERT's layout otherwise."""
+def _special_tokens(cfg: RunConfig, vocab_size: int):
+    """The tokenizer's special ids where it exists already (a `model.init_from` checkpoint's, e.g. RoBERTa's pad
+    id 1), BERT's layout otherwise."""
     import numpy as np
 
     from pretrain.core.tokens import SpecialTokens
-    from pretrain.train.setup import build_model
 
     if (cfg.tokenizer_dir / "tokenizer.json").is_file():
         from data_pipeline.tokenizer import load_tokenizer, special_tokens
 
-        tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
-    else:
-        tokens = SpecialTokens(
-            pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=vocab_size, replaceable=np.arange(5, vocab_size)
-        )
+        return special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    return SpecialTokens(
+        pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=vocab_size, replaceable=np.arange(5, vocab_size)
+    )
+
+
+def _model_on_meta(run):
+    """The run's model without memory or weights."""
+    from pretrain.train.setup import build_model
+
     with torch.device("meta"):
-        return build_model(cfg, tokens, load_init_weights=False)
+        return build_model(run.cfg, run.tokens, load_init_weights=False)
 
 
 def _gib(n_bytes: float) -> str:
@@ -75,10 +79,12 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
     per_node = gpus_per_node or min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
     nodes = max(1, world // max(1, per_node))
+    from pretrain.train.setup import resolve_run
+
     t, m = cfg.train, cfg.model
-    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
-    vocab = _vocab_size(cfg)
-    model = _model_on_meta(cfg, vocab)
+    run = resolve_run(cfg, _special_tokens(cfg, _vocab_size(cfg)), world=world)
+    precision, global_batch = run.precision, run.global_batch
+    model = _model_on_meta(run)
     parts: dict[str, int] = {}
     for name, p in model.named_parameters():
         key = (
@@ -89,11 +95,10 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
         parts[key] = parts.get(key, 0) + p.numel()
     total = sum(parts.values())
     largest = max(p.numel() for p in model.parameters())
-    global_batch = t.micro_batch_size * t.grad_accum_steps * world
     tokens_per_step = global_batch * cfg.data.max_seq_len
     act_bytes = 34 * cfg.data.max_seq_len * t.micro_batch_size * m.hidden_size * m.num_layers
     act_bytes *= 2 if precision == "fp32" else 1
-    ds = deepspeed_config(cfg, world)
+    ds = deepspeed_config(run)
 
     lines = [
         "# resolved config",
@@ -119,7 +124,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
         f"# memory per device (ZeRO stage {t.zero_stage}, {precision}, {world} rank(s) on {nodes} node(s))",
     ]
     if t.zero_stage == 0:
-        weights = {"fp32": 4, "bf16-autocast": 4, "fp16": 2}[precision]  # autocast: fp32 weights and gradients
+        weights = {"fp32": 4, BF16_AUTOCAST: 4, "fp16": 2}[precision]  # autocast: fp32 weights and gradients
         master = 0 if weights == 4 else 4
         states = total * (weights + master + 8 + weights)  # weights, fp32 master, Adam moments, gradients
         lines.append(f"model states (weights, master copy, Adam moments, gradients): {_gib(states)}")

@@ -1,7 +1,7 @@
 """The DeepSpeed engine of a run: its config (derived from the RunConfig, one source of truth), its creation, and
 the work-arounds DeepSpeed 0.19 needs, kept here rather than in the training loop.
 
-Which optimizer path each precision and ZeRO stage takes (`precision_mode`):
+Which optimizer path each precision mode and ZeRO stage takes (`distributed.run_precision`):
 - fp32, and bf16 (torch autocast over fp32 weights) under ZeRO-0: DeepSpeed wraps nothing; our optimizer is torch's
   fused AdamW, which clips and skips non-finite steps on the device (`pretrain.train.optim`, `guard`), so the step never
   waits for the host. DeepSpeed's own clipping is off there.
@@ -22,27 +22,29 @@ from __future__ import annotations
 import contextlib
 import inspect
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
-from pretrain.core.config import RunConfig
-from pretrain.train.distributed import precision_mode, resolve_precision
+from pretrain.train.distributed import BF16_AUTOCAST
 from pretrain.train.optim import StepGuard, build_optimizer, build_scheduler
+
+if TYPE_CHECKING:
+    from pretrain.train.setup import ResolvedRun
 
 
 def optimizer_unwrapped(precision: str, zero_stage: int) -> bool:
     """True where DeepSpeed adds no optimizer wrapper: our optimizer then clips and skips itself."""
-    return zero_stage == 0 and precision in ("fp32", "bf16-autocast")
+    return zero_stage == 0 and precision in ("fp32", BF16_AUTOCAST)
 
 
-def deepspeed_config(cfg: RunConfig, world_size: int) -> dict:
-    t = cfg.train
-    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+def deepspeed_config(run: ResolvedRun) -> dict:
+    t, precision = run.cfg.train, run.precision
     ds = {
         "train_micro_batch_size_per_gpu": t.micro_batch_size,
         "gradient_accumulation_steps": t.grad_accum_steps,
-        "train_batch_size": t.micro_batch_size * t.grad_accum_steps * world_size,
+        "train_batch_size": run.global_batch,
         # unwrapped, our optimizer clips on the device; DeepSpeed's fp32 clipping reads the norm back to the host
         "gradient_clipping": 0.0 if optimizer_unwrapped(precision, t.zero_stage) else t.grad_clip,
         "zero_optimization": {"stage": t.zero_stage},
@@ -82,7 +84,7 @@ class Engine:
     """A DeepSpeed engine with what the training step needs around it."""
 
     ds: object  # deepspeed.DeepSpeedEngine
-    precision: str  # precision_mode: fp32, bf16-autocast, bf16 or fp16
+    precision: str  # the run's precision mode (`ResolvedRun.precision`): fp32, bf16-autocast, bf16 or fp16
     prescale_fp16: bool
     skip_flags: list = field(default_factory=list)  # steps DeepSpeed's wrappers skipped, when they skip
     _skipped_before: int = 0
@@ -96,7 +98,7 @@ class Engine:
         return isinstance(self.ds.optimizer, StepGuard) and self.ds.optimizer.guard
 
     def autocast(self):
-        if self.precision == "bf16-autocast":
+        if self.precision == BF16_AUTOCAST:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
 
@@ -141,15 +143,14 @@ class Engine:
         return float(scale) if scale is not None and self.precision == "fp16" else None
 
 
-def build_engine(cfg: RunConfig, model: nn.Module, world_size: int, fresh: bool, load_universal: bool) -> Engine:
+def build_engine(run: ResolvedRun, model: nn.Module, fresh: bool, load_universal: bool) -> Engine:
     """deepspeed.initialize with the run's optimizer, schedule and config, corrected as the module doc says.
     `fresh`: no checkpoint will be loaded (the fp32 masters are then restored from the model's own weights)."""
     import deepspeed
 
-    t = cfg.train
-    precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+    t, precision = run.cfg.train, run.precision
     optimizer = build_optimizer(model, t, guard=optimizer_unwrapped(precision, t.zero_stage))
-    ds_config = deepspeed_config(cfg, world_size)
+    ds_config = deepspeed_config(run)
     if load_universal:
         ds_config["checkpoint"] = {"load_universal": True}
     # DeepSpeed casts the module to bf16/fp16 in place and builds its fp32 masters from that copy
@@ -162,7 +163,7 @@ def build_engine(cfg: RunConfig, model: nn.Module, world_size: int, fresh: bool,
         model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t), config=ds_config
     )
     drop_fp16_dummy_step(ds)
-    skip_single_rank_allreduce(ds, world_size, t.zero_stage)
+    skip_single_rank_allreduce(ds, run.world, t.zero_stage)
     if fp32_weights is not None:
         restore_fp32_masters(ds, fp32_weights)
     return Engine(ds, precision, fp16_loss_needs_scaling(ds), _skipped_before=ds.skipped_steps)

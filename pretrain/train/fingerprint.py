@@ -55,7 +55,7 @@ def fingerprint(
     data_sha256: str | None,
 ) -> dict[str, Any]:
     """The fixed settings of a run, as flat dotted keys. `model` is the resolved model config (vocabulary from the
-    tokenizer), `precision` the resolved one (auto -> bf16/fp16/fp32 on this machine)."""
+    tokenizer), `precision` the run's precision mode (`ResolvedRun.precision`: auto resolved on this machine)."""
     t = cfg.train
     record: dict[str, Any] = {
         "tokenizer (sha256 of tokenizer.json)": tokenizer_sha256,
@@ -64,9 +64,7 @@ def fingerprint(
         **_flat("objectives", to_dict(cfg.objectives)),
         **{f"data.{k}": getattr(cfg.data, k) for k in FIXED_DATA},
         **({} if cfg.data.tokenizer else {f"data.{k}": getattr(cfg.data, k) for k in TOKENIZER_SETTINGS}),
-        "train.global_batch (micro_batch_size x grad_accum_steps x ranks)": t.micro_batch_size
-        * t.grad_accum_steps
-        * world_size,
+        "train.global_batch (micro_batch_size x grad_accum_steps x ranks)": t.global_batch(world_size),
         "train.precision": precision,
         **{f"train.{k}": getattr(t, k) for k in FIXED_TRAIN},
     }

@@ -1,11 +1,10 @@
-"""What a run is built from: its config, finished once (`resolve_config`); its model (the encoder, the objectives'
-heads, `model.init_from` weights) and its sample source, from that config and the tokenizer; and a checkpoint loaded
-back as a model."""
+"""What a run is built from: its config, finished once (`resolve_config`); what this launch derives from it, decided
+once (`ResolvedRun`); its model (the encoder, the objectives' heads, `model.init_from` weights) and its sample source,
+from that config and the tokenizer; and a checkpoint loaded back as a model."""
 
 from __future__ import annotations
 
-import json
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -21,6 +20,8 @@ from pretrain.core.tokens import SpecialTokens
 from pretrain.hf.init_from import load_init_from, resolve_init_from
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train import checkpoint as ckpt
+from pretrain.train.distributed import run_precision
+from pretrain.train.state import TrainState
 
 
 def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
@@ -33,6 +34,32 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
     if cfg.data.sources and cfg.data.corpus:
         cfg = replace(cfg, data=replace(cfg.data, corpus=[]))
     return resolve_init_from(cfg) if apply_init_from else cfg
+
+
+@dataclass(frozen=True)
+class ResolvedRun:
+    """What a run derives from its resolved config, the tokenizer and this launch, decided once when it starts
+    (`resolve_run`) and passed down as it is: engine, loader, fingerprint, metrics and `--dry-run` read it here and
+    never work it out again."""
+
+    cfg: RunConfig
+    rank: int
+    world: int  # data-parallel ranks
+    precision: str  # the precision mode (`distributed.run_precision`): fp32, bf16-autocast, bf16 or fp16
+    global_batch: int  # sequences per optimizer step over all ranks (`TrainConfig.global_batch`)
+    tokens: SpecialTokens  # the tokenizer's special ids; the pad id is tokens.pad
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def checkpoints_dir(self) -> Path:
+        return self.cfg.run_dir / "checkpoints"
+
+
+def resolve_run(cfg: RunConfig, tokens: SpecialTokens, rank: int = 0, world: int = 1) -> ResolvedRun:
+    return ResolvedRun(cfg, rank, world, run_precision(cfg.train), cfg.train.global_batch(world), tokens)
 
 
 def load_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
@@ -127,7 +154,7 @@ def load_checkpoint_model(path: Path, ema: bool = True):
             raise UserError(
                 f"checkpoint {path} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        state = json.loads((path / "trainer_state.json").read_text())
+        state = TrainState.load(path).to_dict()  # a dict: export cards and summaries read it as one
         averaged = ckpt.load_ema(path) if ema else None
         if averaged is not None:
             with torch.no_grad():

@@ -1,4 +1,5 @@
-"""When a run stops: max_steps, max_minutes, exit_after_steps, a signal, or too many non-finite steps.
+"""When a run stops: max_steps, max_minutes, exit_after_steps, a signal, or too many non-finite steps (the
+`StopReason` it records, with the exit code).
 
 Every rank takes the same decision: the flags are OR-ed over ranks in one small CPU all-reduce per step (gloo, never
 the GPU). Non-finite steps are known on the device (the optimizer's skip flags) and read at log steps and before a
@@ -9,6 +10,8 @@ from __future__ import annotations
 
 import signal
 import time
+
+from pretrain.train.state import StopReason, TrainState
 
 EXIT_PREEMPTED = 75  # SIGTERM: the step finished, a checkpoint was written; run the same command to resume
 EXIT_NONFINITE = 76  # stopped by train.nan_policy: the last good checkpoint is the latest
@@ -39,16 +42,17 @@ class StopFlag:
 
 
 class Stopping:
-    """The stop rules of one invocation. `check` after every step; `skipped` with each step's skip flags."""
+    """The stop rules of one invocation: `requested` after every step (the caller ORs it over ranks), then `stop`
+    to record why; `count_skips` with the skip flags read at log steps and before a checkpoint. The skip counters
+    live in the run's `TrainState`, so every checkpoint saves them as they are."""
 
-    def __init__(self, train_cfg, start_step: int, flag: StopFlag):
+    def __init__(self, train_cfg, state: TrainState, flag: StopFlag):
         self.t = train_cfg
-        self.start_step = start_step
+        self.state = state
+        self.start_step = state.step
         self.started = time.time()
         self.flag = flag
-        self.reason, self.exit_code = "max_steps", 0
-        self.skipped_total = 0
-        self.skipped_in_a_row = 0
+        self.reason, self.exit_code = StopReason.MAX_STEPS, 0
 
     def timed_out(self) -> bool:
         return self.t.max_minutes > 0 and (time.time() - self.started) / 60 >= self.t.max_minutes
@@ -62,20 +66,24 @@ class Stopping:
             or (self.t.exit_after_steps > 0 and step - self.start_step >= self.t.exit_after_steps)
         )
 
-    def stop(self, step: int) -> None:
-        """Record why the run stops now (after `requested` was true on some rank)."""
-        self.reason = "signal" if self.flag.signal else ("max_minutes" if self.timed_out() else "exit_after_steps")
+    def stop(self) -> None:
+        """Record why the run stops now (after `requested` was true on some rank: on another rank, this one's
+        reason is the clock or the step count)."""
+        if self.flag.signal:
+            self.reason = StopReason.SIGNAL
+        else:
+            self.reason = StopReason.MAX_MINUTES if self.timed_out() else StopReason.EXIT_AFTER_STEPS
         self.exit_code = EXIT_PREEMPTED if self.flag.signal else 0
 
     def count_skips(self, flags: list[bool]) -> tuple[int, bool]:
-        """Fold the skip flags of the steps since the last call (oldest first); returns (newly skipped, whether
-        `nan_policy` says stop)."""
+        """Fold the skip flags of the steps since the last call (oldest first) into the state; returns (newly
+        skipped, whether `nan_policy` says stop)."""
         stop = False
         for skipped in flags:
-            self.skipped_in_a_row = self.skipped_in_a_row + 1 if skipped else 0
-            stop |= skipped and (self.t.nan_policy == "stop" or self.skipped_in_a_row >= self.t.max_skipped_steps)
+            self.state.skipped_in_a_row = self.state.skipped_in_a_row + 1 if skipped else 0
+            stop |= skipped and (self.t.nan_policy == "stop" or self.state.skipped_in_a_row >= self.t.max_skipped_steps)
         new = sum(flags)
-        self.skipped_total += new
+        self.state.skipped_steps += new
         if stop:
-            self.reason, self.exit_code = "nonfinite", EXIT_NONFINITE
+            self.reason, self.exit_code = StopReason.NONFINITE, EXIT_NONFINITE
         return new, stop

@@ -35,34 +35,41 @@ from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.tokens import SpecialTokens
 from pretrain.train import checkpoint as ckpt
-from pretrain.train.distributed import any_rank, control_group, init_distributed, precision_mode, resolve_precision
+from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision
 from pretrain.train.ema import EMA_FILE, WeightEMA
 from pretrain.train.engine import Engine, build_engine
 from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
 from pretrain.train.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.train.metrics import MetricsLogger, MetricSums, read_metrics
 from pretrain.train.optim import apply_hyperparameters
-from pretrain.train.setup import build_model, build_sample_source, config_from_dict, model_config_for
+from pretrain.train.setup import (
+    ResolvedRun,
+    build_model,
+    build_sample_source,
+    config_from_dict,
+    model_config_for,
+    resolve_run,
+)
+from pretrain.train.state import TrainState
 from pretrain.train.stopping import StopFlag, Stopping
 
 
 def saved_fingerprint(checkpoint: Path) -> dict:
     """The fingerprint a checkpoint recorded; for one written before fingerprints existed, what its config.yaml and
     tokenizer say (its data is then not compared)."""
-    state = json.loads((checkpoint / "trainer_state.json").read_text())
-    if "fingerprint" in state:
-        return state["fingerprint"]
+    state = TrainState.load(checkpoint)
+    if state.fingerprint is not None:
+        return state.fingerprint
     saved = config_from_dict(load_yaml(checkpoint / "config.yaml"), apply_init_from=False)
     tokenizer_dir = checkpoint / "tokenizer" if (checkpoint / "tokenizer" / "tokenizer.json").is_file() else None
     model = saved.model
     if tokenizer_dir is not None:
         model = model_config_for(saved, special_tokens(load_tokenizer(tokenizer_dir)))
-    # before fingerprints, bf16 under ZeRO-0 ran on DeepSpeed's bf16 wrapper: precision 'bf16', not 'bf16-autocast'
     return fingerprint(
         saved,
         model,
-        resolve_precision(saved.train.precision),
-        state.get("world_size", 1),
+        run_precision(saved.train, legacy=True),
+        state.world_size or 1,
         tokenizer_hash(tokenizer_dir) if tokenizer_dir else None,
         None,
     )
@@ -97,6 +104,17 @@ def _trim_metrics(run_dir: Path, last_step: int) -> None:
         ckpt.write_atomic(path, text)
 
 
+def record_start(cfg: RunConfig, config: dict, config_text: str, latest: Path | None) -> None:
+    """Rank 0, before training: say what a resume changes, then write config.yaml and what it takes to reproduce
+    this start (code, versions, command, config, input hashes)."""
+    if latest is not None:
+        changed = changed_settings(previous_config(latest, cfg.run_dir), config)
+        if changed:
+            print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
+    write_atomic(cfg.run_dir / "config.yaml", config_text)
+    write_provenance(cfg.run_dir / "provenance.json", run_provenance(cfg, full=False))
+
+
 @contextlib.contextmanager
 def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
     """Collective. Rank 0 claims the run directory (absent, empty, or a run directory of ours: see
@@ -120,9 +138,36 @@ def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
 def train(cfg: RunConfig) -> dict:
     """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
-    rank, world = init_distributed()
+    rank, world = init_distributed(cfg.train.collective_timeout_minutes)
     with own_run_dir(cfg.run_dir, rank == 0), StopFlag() as flag:
-        return Trainer.start(cfg, rank, world).run(flag)
+        try:
+            return Trainer.start(cfg, rank, world).run(flag)
+        except RuntimeError as err:
+            if world > 1 and is_lost_rank(err):
+                raise lost_rank(cfg, err) from err
+            raise
+
+
+# What a failed collective says: torch's own distributed errors, or gloo's transport raising a plain RuntimeError
+LOST_RANK_SIGNS = ("gloo/transport", "ProcessGroupGloo", "ProcessGroupNCCL", "NCCL communicator", "by peer")
+
+
+def is_lost_rank(err: Exception) -> bool:
+    return isinstance(err, torch.distributed.DistError) or any(sign in str(err) for sign in LOST_RANK_SIGNS)
+
+
+def lost_rank(cfg: RunConfig, err: Exception) -> UserError:
+    """A collective failed: another rank died, or its host went away (or stayed silent past the timeout)."""
+    try:
+        latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
+    except UserError:
+        latest = None
+    where = f"its last checkpoint is {latest}" if latest else "it has no checkpoint to resume from yet"
+    first = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+    return UserError(
+        f"lost contact with another rank ({first}); the run stops here and {where}: "
+        "start the same launch again on every node to resume"
+    )
 
 
 @dataclass
@@ -136,101 +181,93 @@ class Interval:
 
 @dataclass
 class Trainer:
-    cfg: RunConfig
+    resolved: ResolvedRun  # what the run derives from its config and this launch, decided once (`resolve_run`)
     config_text: str  # the resolved config as YAML, saved with every checkpoint
-    rank: int
-    world: int
     engine: Engine
     dataset: PretrainDataset
-    state: dict
-    """Saved with every checkpoint: step, consumed_samples, tokens_seen, elapsed_s, skipped steps, fingerprint."""
+    state: TrainState  # saved with every checkpoint; the skip counters are kept by `Stopping`
     logger: MetricsLogger
     flops_per_sample: float
     ema: WeightEMA | None = None  # train.ema_decay: saved with each checkpoint, exported instead of the weights
     metrics: MetricSums = field(default_factory=MetricSums)
     interval: Interval = field(default_factory=Interval)
-    unflushed_tokens: int = 0  # this rank's tokens not yet summed over ranks into state["tokens_seen"]
-    clock: float = field(default_factory=time.time)  # training time since, not yet in state["elapsed_s"]
+    unflushed_tokens: int = 0  # this rank's tokens not yet summed over ranks into state.tokens_seen
+    clock: float = field(default_factory=time.time)  # training time since, not yet in state.elapsed_s
+
+    @property
+    def cfg(self) -> RunConfig:
+        return self.resolved.cfg
+
+    @property
+    def rank(self) -> int:
+        return self.resolved.rank
+
+    @property
+    def world(self) -> int:
+        return self.resolved.world
+
+    @property
+    def global_batch(self) -> int:
+        return self.resolved.global_batch
 
     @classmethod
     def start(cls, cfg: RunConfig, rank: int, world: int) -> Trainer:
         """Data, model, engine and the checkpoint to resume from; refuses a resume that changes the run before
         anything is written (`pretrain.train.fingerprint`)."""
-        run_dir, t, is_main = cfg.run_dir, cfg.train, rank == 0
-        tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+        run_dir, t = cfg.run_dir, cfg.train
+        run = resolve_run(cfg, special_tokens(load_tokenizer(cfg.tokenizer_dir)), rank, world)
         tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
         shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
-        latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
-        precision = precision_mode(resolve_precision(t.precision), t.zero_stage)
+        latest = ckpt.latest_checkpoint(run.checkpoints_dir)
         identity = fingerprint(
-            cfg, model_config_for(cfg, tokens), precision, world, tokenizer_sha, shards.content_hash()
+            cfg, model_config_for(cfg, run.tokens), run.precision, world, tokenizer_sha, shards.content_hash()
         )
         if latest is not None:
             check_resume(saved_fingerprint(latest), identity, t.allow_changes, latest)
         config = to_dict(cfg)
         config_text = yaml.safe_dump(config, sort_keys=False)  # config.yaml, and in every checkpoint
-        if is_main:
-            if latest is not None:
-                changed = changed_settings(previous_config(latest, run_dir), config)
-                if changed:
-                    print(f"[pretrain] resuming with changed settings: {'; '.join(changed)}", file=sys.stderr)
-            write_atomic(run_dir / "config.yaml", config_text)
-            # what it takes to reproduce this start: code, versions, command, config, input hashes
-            write_provenance(run_dir / "provenance.json", run_provenance(cfg, full=False))
+        if run.is_main:
+            record_start(cfg, config, config_text, latest)
 
-        model = build_model(cfg, tokens)
-        samples = build_sample_source(cfg, shards, tokens, model.objectives)
+        model = build_model(cfg, run.tokens)
+        samples = build_sample_source(cfg, shards, run.tokens, model.objectives)
         # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
         universal = latest is not None and ckpt.needs_universal(latest, world)
         if universal:
             ckpt.make_universal(latest)
-        engine = build_engine(cfg, model, world, fresh=latest is None, load_universal=universal)
+        engine = build_engine(run, model, fresh=latest is None, load_universal=universal)
         torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
-        state = {
-            "step": 0,
-            "consumed_samples": 0,
-            "tokens_seen": 0,
-            "elapsed_s": 0.0,
-            "skipped_steps": 0,
-            "skipped_in_a_row": 0,
-        }
-        applied = []
+        state, applied = TrainState(), []
         if latest is not None:
-            state.update(ckpt.load_checkpoint(engine.ds, latest, universal=universal))
+            state = ckpt.load_checkpoint(engine.ds, latest, universal=universal)
             applied = apply_hyperparameters(engine.ds.optimizer, engine.ds.lr_scheduler, t)
         ema = start_ema(t, engine.ds.module, latest)
-        state.update(world_size=world, fingerprint=identity)
-        if is_main:
-            _trim_metrics(run_dir, state["step"])
+        state.world_size, state.fingerprint = world, identity
+        if run.is_main:
+            _trim_metrics(run_dir, state.step)
         dataset = PretrainDataset(samples, model.objectives, t.seed)
         logger = MetricsLogger(
-            run_dir, config, t.max_steps, state["step"], cfg.wandb.mode, cfg.wandb.project, enabled=is_main
+            run_dir, config, t.max_steps, state.step, cfg.wandb.mode, cfg.wandb.project, enabled=run.is_main
         )
         if latest is not None:
-            logger.write(f"resumed from {latest} (step {state['step']}, {state['consumed_samples']} samples)")
+            logger.write(f"resumed from {latest} (step {state.step}, {state.consumed_samples} samples)")
         if applied:
             logger.write(f"applied on resume: {'; '.join(applied)} (lr now {engine.ds.get_lr()[0]:g} at this step)")
         logger.write(
             f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
-            f"process(es), {precision}, global batch {cfg.train.micro_batch_size * t.grad_accum_steps * world} "
+            f"process(es), {run.precision}, global batch {run.global_batch} "
             f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
             f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch"
         )
-        flops = probe_flops_per_sample(cfg, tokens, dataset, state["consumed_samples"])
-        return cls(cfg, config_text, rank, world, engine, dataset, state, logger, flops, ema)
-
-    @property
-    def global_batch(self) -> int:
-        t = self.cfg.train
-        return t.micro_batch_size * t.grad_accum_steps * self.world
+        flops = probe_flops_per_sample(cfg, run.tokens, dataset, state.consumed_samples)
+        return cls(run, config_text, engine, dataset, state, logger, flops, ema)
 
     def run(self, flag: StopFlag) -> dict:
         t = self.cfg.train
-        tokens = self.dataset.objectives[0].tokens
         loader = build_loader(
             self.dataset,
-            tokens.pad,
-            self.state["consumed_samples"],
+            self.resolved.tokens.pad,
+            self.state.consumed_samples,
             t.micro_batch_size,
             t.grad_accum_steps,
             self.rank,
@@ -238,10 +275,9 @@ class Trainer:
             self.cfg.data.loader_workers,
         )
         data = iter(loader)
-        stopping = Stopping(t, self.state["step"], flag)
-        stopping.skipped_total, stopping.skipped_in_a_row = self.state["skipped_steps"], self.state["skipped_in_a_row"]
+        stopping = Stopping(t, self.state, flag)
         try:
-            while self.state["step"] < t.max_steps:
+            while self.state.step < t.max_steps:
                 self.train_step([next(data) for _ in range(t.grad_accum_steps)])
                 if self.after_step(stopping):
                     break
@@ -249,13 +285,13 @@ class Trainer:
             self.logger.close()
         final = read_metrics(self.cfg.run_dir)[-1] if self.rank == 0 and read_metrics(self.cfg.run_dir) else {}
         return {
-            "step": self.state["step"],
-            "tokens_seen": self.state["tokens_seen"],
+            "step": self.state.step,
+            "tokens_seen": self.state.tokens_seen,
             "exit_code": stopping.exit_code,
-            "reason": stopping.reason,
+            "reason": stopping.reason.value,
             "final_loss": final.get("loss"),
             "run_dir": str(self.cfg.run_dir),
-            "complete": self.state["step"] >= t.max_steps,
+            "complete": self.state.step >= t.max_steps,
         }
 
     def train_step(self, micro_batches: list[Batch]) -> None:
@@ -274,14 +310,14 @@ class Trainer:
         tokens = sum(b.tokens for b in micro_batches)
         self.interval.tokens += tokens
         self.unflushed_tokens += tokens
-        self.state["step"] += 1
-        self.state["consumed_samples"] += self.global_batch
+        self.state.step += 1
+        self.state.consumed_samples += self.global_batch
         self.interval.steps += 1
         self.logger.advance(1)
 
     def after_step(self, stopping: Stopping) -> bool:
         """Log, decide whether to stop, checkpoint; True when the run stops here."""
-        t, step = self.cfg.train, self.state["step"]
+        t, step = self.cfg.train, self.state.step
         stop_now = any_rank(stopping.requested(step))
         nonfinite = False
         if step % t.log_every == 0 or step == t.max_steps or stop_now:
@@ -290,14 +326,14 @@ class Trainer:
             nonfinite = self.count_skips(stopping)  # a checkpoint must know whether its steps were skipped
         if nonfinite:
             self.logger.write(
-                f"stopping: train.nan_policy={t.nan_policy}, {stopping.skipped_in_a_row} non-finite "
+                f"stopping: train.nan_policy={t.nan_policy}, {self.state.skipped_in_a_row} non-finite "
                 "step(s) in a row; the latest checkpoint is the last good one"
             )
             return True
         if stop_now or (t.save_every and step % t.save_every == 0) or step == t.max_steps:
             self.save()
         if stop_now:
-            stopping.stop(step)
+            stopping.stop()
             self.logger.write(
                 f"stopped at step {step} ({stopping.reason}); checkpoint saved, run the same command again to continue"
             )
@@ -312,10 +348,9 @@ class Trainer:
         new, stop = stopping.count_skips(flags)
         if new:
             self.logger.write(
-                f"warning: {new} step(s) up to step {self.state['step']} skipped (non-finite loss or "
-                f"gradient); {stopping.skipped_total} skipped so far"
+                f"warning: {new} step(s) up to step {self.state.step} skipped (non-finite loss or "
+                f"gradient); {self.state.skipped_steps} skipped so far"
             )
-        self.state["skipped_steps"], self.state["skipped_in_a_row"] = stopping.skipped_total, stopping.skipped_in_a_row
         return stop
 
     def log(self, stopping: Stopping) -> bool:
@@ -327,34 +362,34 @@ class Trainer:
         elapsed = max(time.time() - self.interval.started, 1e-9)
         loss = means.pop("loss")
         record = {
-            "step": self.state["step"],
+            "step": self.state.step,
             "loss": _rounded(loss),
             **{k: _rounded(v) for k, v in sorted(means.items())},
             "lr": self.engine.ds.get_lr()[0],
             "grad_norm": _rounded(self.engine.grad_norm()),
-            "tokens": self.state["tokens_seen"],
+            "tokens": self.state.tokens_seen,
             "tokens_per_s": round(tokens / elapsed, 1),
-            "time": round(self.state["elapsed_s"] + time.time() - self.clock, 3),  # training seconds, over resumes
+            "time": round(self.state.elapsed_s + time.time() - self.clock, 3),  # training seconds, over resumes
             **throughput_metrics(
                 self.flops_per_sample,
                 self.interval.steps * self.global_batch / elapsed,
                 self.world,
-                device_peak_tflops(resolve_precision(self.cfg.train.precision), self.cfg.train.peak_tflops),
+                device_peak_tflops(self.resolved.precision, self.cfg.train.peak_tflops),
             ),
-            "skipped_steps": self.state["skipped_steps"],
+            "skipped_steps": self.state.skipped_steps,
         }
         if self.engine.loss_scale() is not None:
             record["loss_scale"] = self.engine.loss_scale()
         self.logger.log(record)
         self.logger.advance(0, {"loss": f"{record['loss']:.3f}", "tok/s": f"{record['tokens_per_s']:.0f}"})
         if loss is not None and not math.isfinite(loss):
-            self.logger.write(f"warning: non-finite loss at step {self.state['step']}")
+            self.logger.write(f"warning: non-finite loss at step {self.state.step}")
         self.interval = Interval()
         return stop
 
     def flush_tokens(self) -> None:
-        """Collective: the tokens every rank consumed since the last flush into state["tokens_seen"]."""
-        self.state["tokens_seen"] += self.sum_ranks(self.unflushed_tokens)
+        """Collective: the tokens every rank consumed since the last flush into state.tokens_seen."""
+        self.state.tokens_seen += self.sum_ranks(self.unflushed_tokens)
         self.unflushed_tokens = 0
 
     def save(self) -> None:
@@ -362,7 +397,7 @@ class Trainer:
         t = self.cfg.train
         self.flush_tokens()
         now = time.time()
-        self.state["elapsed_s"] += now - self.clock
+        self.state.elapsed_s += now - self.clock
         self.clock = now
         ckpt.save_checkpoint(
             self.engine.ds,

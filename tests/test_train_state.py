@@ -1,0 +1,99 @@
+"""The trainer's state (trainer_state.json) is read and written in one place, and loads from older checkpoints; the
+stop reason keeps the strings summaries and logs always had; a run's derived values are decided once."""
+
+import json
+
+import numpy as np
+import pytest
+
+from pretrain.core.config import TrainConfig
+from pretrain.core.errors import UserError
+from pretrain.core.tokens import SpecialTokens
+from pretrain.train.distributed import BF16_AUTOCAST, run_precision
+from pretrain.train.state import STATE_FILE, StopReason, TrainState
+from pretrain.train.stopping import EXIT_NONFINITE, StopFlag, Stopping
+
+
+def test_state_round_trips_with_the_historical_layout(tmp_path):
+    state = TrainState(step=7, consumed_samples=56, tokens_seen=900, elapsed_s=1.5, world_size=2, fingerprint={"a": 1})
+    state.save(tmp_path)
+    data = json.loads((tmp_path / STATE_FILE).read_text())
+    assert list(data) == [
+        "step",
+        "consumed_samples",
+        "tokens_seen",
+        "elapsed_s",
+        "skipped_steps",
+        "skipped_in_a_row",
+        "world_size",
+        "fingerprint",
+    ]
+    assert TrainState.load(tmp_path) == state
+
+
+def test_an_old_checkpoints_state_still_loads(tmp_path):
+    """Written before skip counts, world size and fingerprints were recorded, with a key we no longer know: the
+    missing ones take their defaults (None where their absence means something), the unknown one is kept."""
+    (tmp_path / STATE_FILE).write_text(json.dumps({"step": 40, "consumed_samples": 320, "note": "kept"}))
+    state = TrainState.load(tmp_path)
+    assert (state.step, state.consumed_samples, state.tokens_seen, state.skipped_steps) == (40, 320, 0, 0)
+    assert state.world_size is None and state.fingerprint is None
+    assert state.to_dict() == {
+        "step": 40,
+        "consumed_samples": 320,
+        "tokens_seen": 0,
+        "elapsed_s": 0.0,
+        "skipped_steps": 0,
+        "skipped_in_a_row": 0,
+        "note": "kept",
+    }
+
+
+def test_a_state_that_is_not_one_is_a_message(tmp_path):
+    (tmp_path / STATE_FILE).write_text("[1, 2]")
+    with pytest.raises(UserError, match="does not hold a trainer state"):
+        TrainState.load(tmp_path)
+    (tmp_path / STATE_FILE).write_text("{")
+    with pytest.raises(UserError, match="cannot read"):
+        TrainState.load(tmp_path)
+
+
+def test_stop_reasons_are_the_strings_they_were():
+    assert [r.value for r in StopReason] == ["max_steps", "signal", "max_minutes", "exit_after_steps", "nonfinite"]
+    assert StopReason.SIGNAL == "signal" and f"{StopReason.MAX_MINUTES}" == "max_minutes"
+    assert json.dumps({"reason": StopReason.NONFINITE}) == '{"reason": "nonfinite"}'
+
+
+def test_stopping_counts_skips_in_the_state():
+    state = TrainState(step=10, skipped_steps=3, skipped_in_a_row=1)
+    stopping = Stopping(TrainConfig(max_skipped_steps=3), state, StopFlag())
+    assert stopping.count_skips([True, False, True]) == (2, False)
+    assert (state.skipped_steps, state.skipped_in_a_row) == (5, 1)
+    assert stopping.count_skips([True, True]) == (2, True)
+    assert (state.skipped_steps, state.skipped_in_a_row) == (7, 3)
+    assert (stopping.reason, stopping.exit_code) == (StopReason.NONFINITE, EXIT_NONFINITE)
+
+
+def test_stopping_names_its_reason():
+    flag = StopFlag()
+    stopping = Stopping(TrainConfig(exit_after_steps=2), TrainState(step=5), flag)
+    assert not stopping.requested(6) and stopping.requested(7)
+    stopping.stop()
+    assert (stopping.reason, stopping.exit_code) == (StopReason.EXIT_AFTER_STEPS, 0)
+    flag.signal = 15
+    stopping.stop()
+    assert stopping.reason == StopReason.SIGNAL and stopping.exit_code == 75
+
+
+def test_the_run_is_resolved_once(tmp_path):
+    from pretrain.core.config import build_config
+    from pretrain.train.setup import resolve_run
+
+    cfg = build_config({"train": {"micro_batch_size": 4, "grad_accum_steps": 3, "precision": "bf16"}})
+    tokens = SpecialTokens(pad=1, unk=0, cls=2, sep=3, mask=4, vocab_size=50, replaceable=np.arange(5, 50))
+    run = resolve_run(cfg, tokens, rank=1, world=2)
+    assert (run.global_batch, run.precision, run.tokens.pad, run.is_main) == (24, BF16_AUTOCAST, 1, False)
+    assert run.global_batch == cfg.train.global_batch(2)
+    assert run_precision(cfg.train, legacy=True) == "bf16"
+    assert run_precision(TrainConfig(precision="bf16", zero_stage=1)) == "bf16"
+    assert run_precision(TrainConfig(precision="fp16")) == "fp16"
