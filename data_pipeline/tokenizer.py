@@ -220,11 +220,8 @@ def train_tokenizer(
     input, nor the current directory. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and
     renamed into place. A symlink `out_dir` is written through: its target is replaced, the link kept.
     """
-    from tokenizers import processors
-    from transformers import PreTrainedTokenizerFast
-
     out = _output_dir(Path(out_dir), paths)
-    tok, trainer_cls, options = _build(kind, lowercase, strip_accents)
+    built = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
 
     def documents(skipped=None):
@@ -242,13 +239,29 @@ def train_tokenizer(
         raise DataError(
             f"empty corpus: no usable documents in {describe_inputs(paths)}: {describe_skipped(skipped, text_field)}"
         )
+    trainer = dict(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress)
+    tok = _train(kind, built, lowercase, strip_accents, trainer, itertools.chain([first], docs), documents)
+    fast = _wrap(tok, lowercase, strip_accents)
+    _save_atomically(fast, out)
+    return fast
+
+
+def _train(kind: str, built: tuple, lowercase: bool, strip_accents: bool, trainer: dict, docs, documents):
+    """The trained, canonical tokenizer with BERT's [CLS]/[SEP] template and its vocabulary padded. `built` is
+    `_build`'s (tokenizer, trainer class, options); `docs` the stream to train on; `documents()` a fresh pass over
+    the corpus (WordPiece reads it once more for its alphabet)."""
+    from tokenizers import processors
+
+    tok, trainer_cls, options = built
     specials = list(SPECIALS)
     if kind == "wordpiece":
         specials += _continuation_alphabet(kind, lowercase, strip_accents, _training_text(documents()))
-    trainer_options = dict(vocab_size=vocab_size, special_tokens=specials, show_progress=show_progress, **options)
+    trainer_options = dict(
+        vocab_size=trainer["vocab_size"], special_tokens=specials, show_progress=trainer["show_progress"], **options
+    )
     if kind != "unigram":
-        trainer_options["min_frequency"] = min_frequency
-    tok.train_from_iterator(_training_text(itertools.chain([first], docs)), trainer_cls(**trainer_options))
+        trainer_options["min_frequency"] = trainer["min_frequency"]
+    tok.train_from_iterator(_training_text(docs), trainer_cls(**trainer_options))
     tok = _canonical(tok, kind)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
     if [ids[t] for t in SPECIALS] != list(range(len(SPECIALS))):
@@ -258,9 +271,14 @@ def train_tokenizer(
         pair="[CLS] $A [SEP] $B:1 [SEP]:1",
         special_tokens=[("[CLS]", ids["[CLS]"]), ("[SEP]", ids["[SEP]"])],
     )
-    tok = _pad_vocab(tok)
+    return _pad_vocab(tok)
 
-    fast = PreTrainedTokenizerFast(
+
+def _wrap(tok, lowercase: bool, strip_accents: bool) -> PreTrainedTokenizerFast:
+    """The HuggingFace tokenizer over `tok`, with BERT's special tokens and right padding."""
+    from transformers import PreTrainedTokenizerFast
+
+    return PreTrainedTokenizerFast(
         tokenizer_object=tok,
         model_max_length=MODEL_MAX_LENGTH,
         do_lower_case=lowercase,
@@ -272,6 +290,10 @@ def train_tokenizer(
         mask_token="[MASK]",
         padding_side="right",
     )
+
+
+def _save_atomically(fast: PreTrainedTokenizerFast, out: Path) -> None:
+    """Write the tokenizer to `<out>.tmp-<pid>` and rename it into place, so `out` is never half-written."""
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -284,7 +306,6 @@ def train_tokenizer(
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
         shutil.rmtree(old, ignore_errors=True)
-    return fast
 
 
 # The files a HuggingFace tokenizer directory may hold; a `model.init_from` checkpoint also holds weights.

@@ -5,13 +5,13 @@ from __future__ import annotations
 import collections
 import gzip
 import json
-import random
 import shutil
 import time
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import make_docs, write_jsonl
 
 from data_pipeline.readers import Document, expand_inputs, iter_documents
 from data_pipeline.samples import PackedSequences
@@ -19,74 +19,6 @@ from data_pipeline.sentences import split_sentences
 from data_pipeline.shards import ShardSet, build_shards
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash, train_tokenizer
 from pretrain.core.errors import DataError, UserError
-
-SUBJECTS = [
-    "The committee",
-    "Our nation",
-    "The senator",
-    "Every citizen",
-    "The government",
-    "This council",
-    "The people",
-    "Mr. Smith",
-    "The army",
-    "Congress",
-]
-VERBS = [
-    "will review",
-    "has approved",
-    "cannot ignore",
-    "must defend",
-    "rejected",
-    "considered",
-    "supports",
-    "questioned",
-    "welcomed",
-    "debated",
-]
-OBJECTS = [
-    "the budget",
-    "the new treaty",
-    "our liberty",
-    "the public debt",
-    "the western territories",
-    "an ambitious proposal",
-    "the trade agreement",
-    "the common defense",
-    "the courts",
-    "the harbor",
-]
-TAILS = [
-    "on Monday",
-    "without delay",
-    "with great care",
-    "in the spring",
-    "for the second time",
-    "today",
-    "after a long debate",
-    "in 1789",
-    "at the request of the states",
-    "despite protests",
-]
-
-
-def make_docs(n: int, seed: int = 0) -> list[str]:
-    """`n` short English-like documents of 2-8 sentences, some with two paragraphs."""
-    rng = random.Random(seed)
-    docs = []
-    for _ in range(n):
-        sents = [
-            f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}{rng.choice('..!?')}"
-            for _ in range(rng.randint(2, 8))
-        ]
-        cut = rng.randint(1, len(sents))
-        docs.append(" ".join(sents[:cut]) + ("\n\n" + " ".join(sents[cut:]) if cut < len(sents) else ""))
-    return docs
-
-
-def write_jsonl(path, docs, field="text"):
-    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
-    return path
 
 
 @pytest.fixture(scope="module")

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_data_pipeline import make_docs, write_jsonl
+from helpers import make_docs, write_jsonl
 
-from data_pipeline import shards as shards_mod
+from data_pipeline import shard_encode
 from data_pipeline.readers import expand_inputs, iter_documents, iter_documents_sample
 from data_pipeline.samples import DocPackedSequences, build_samples, builder_kind, doc_chunk_starts
 from data_pipeline.shards import ShardSet, build_key, build_shards
@@ -145,12 +145,12 @@ def test_word_fast_path_matches_encode_batch(tok_dir):
     )
     results = []
     for fast in (True, False):
-        shards_mod._worker.clear()
-        shards_mod._init_worker(str(tok_dir / "tokenizer.json"), "/tmp", "uint16", 1, fast)
-        assert (shards_mod._worker["continuation"] is not None) == fast
-        parts = [shards_mod._encode_slice(texts[i : i + 7]) for i in range(0, len(texts), 7)]
+        shard_encode._worker.clear()
+        shard_encode._init_worker(str(tok_dir / "tokenizer.json"), "/tmp", "uint16", 1, fast)
+        assert (shard_encode._worker["continuation"] is not None) == fast
+        parts = [shard_encode._encode_slice(texts[i : i + 7]) for i in range(0, len(texts), 7)]
         results.append([np.concatenate([p[k] for p in parts]) for k in range(4)])
-    shards_mod._worker.clear()
+    shard_encode._worker.clear()
     for fast, slow in zip(*results):
         assert fast.tolist() == slow.tolist()
 

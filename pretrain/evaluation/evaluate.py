@@ -115,7 +115,6 @@ def evaluate_mlm(
     seed: int = EVAL_SEED,
 ) -> dict:
     """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards."""
-    from data_pipeline.loader import Collator
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -138,24 +137,7 @@ def evaluate_mlm(
     if n == 0:
         raise UserError(f"{shard_dir}: no samples of {max_seq_len} tokens to evaluate on")
     masker = MaskedLM(MLMOptions(mask_prob=mask_prob), tokens)
-
-    total_loss, correct, count = 0.0, 0, 0
-    for start in tqdm(range(0, n, batch_size), desc="eval", unit="batch", file=sys.stderr, mininterval=1.0):
-        # mask of sample i depends only on (seed, i): the same for every model and batch size
-        batch = Collator(tokens.pad, [masker])(
-            [
-                masker.prepare(dict(samples[i]), np.random.default_rng([seed, i]))
-                for i in range(start, min(start + batch_size, n))
-            ]
-        )
-        batch = {k: v.to(eval_device(), non_blocking=True) for k, v in batch.items()}
-        labels = batch["mlm_labels"]
-        logits = logits_fn(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
-        selected = labels != IGNORE_INDEX
-        logits, targets = logits[selected], labels[selected]
-        total_loss += float(F.cross_entropy(logits, targets, reduction="sum"))
-        correct += int((logits.argmax(-1) == targets).sum())
-        count += int(targets.numel())
+    total_loss, correct, count = _score_masked(logits_fn, samples, n, masker, tokens.pad, batch_size, seed)
     loss = total_loss / max(count, 1)
     return {
         "target": str(target),
@@ -169,6 +151,31 @@ def evaluate_mlm(
         "mask_prob": mask_prob,
         "seed": seed,
     }
+
+
+@torch.no_grad()
+def _score_masked(logits_fn, samples, n: int, masker, pad: int, batch_size: int, seed: int) -> tuple[float, int, int]:
+    """(summed cross-entropy, correct predictions, masked tokens) over the first `n` samples, masked by `masker`."""
+    from data_pipeline.loader import Collator
+
+    total_loss, correct, count = 0.0, 0, 0
+    for start in tqdm(range(0, n, batch_size), desc="eval", unit="batch", file=sys.stderr, mininterval=1.0):
+        # mask of sample i depends only on (seed, i): the same for every model and batch size
+        batch = Collator(pad, [masker])(
+            [
+                masker.prepare(dict(samples[i]), np.random.default_rng([seed, i]))
+                for i in range(start, min(start + batch_size, n))
+            ]
+        )
+        batch = {k: v.to(eval_device(), non_blocking=True) for k, v in batch.items()}
+        labels = batch["mlm_labels"]
+        logits = logits_fn(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
+        selected = labels != IGNORE_INDEX
+        logits, targets = logits[selected], labels[selected]
+        total_loss += float(F.cross_entropy(logits, targets, reduction="sum"))
+        correct += int((logits.argmax(-1) == targets).sum())
+        count += int(targets.numel())
+    return total_loss, correct, count
 
 
 def format_eval(result: dict) -> str:

@@ -106,7 +106,6 @@ def render_sample(original: dict, prepared: dict, tokenizer) -> list[str]:
 def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int = 3) -> dict:
     """Counts, histogram, packing efficiency and decoded samples for a run's shards; returns a report dict
     (`format_report` turns it into text)."""
-    from data_pipeline.loader import PretrainDataset, sample_rng
     from data_pipeline.samples import build_samples, builder_kind
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -140,6 +139,40 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
         builder = build_sample_source(cfg, shards, tokens, objectives)
     else:
         builder = builders.get(run_kind) or build_samples(run_kind, shards, L, tokens, seed)
+    samples = decoded_samples(builder, objectives, seed, num_samples, tokenizer)
+    return {
+        "shards_dir": str(cfg.shards_dir),
+        "tokenizer_dir": str(cfg.tokenizer_dir),
+        "counts": m["counts"],
+        "num_shards": len(m["shards"]),
+        "vocab_size": m["vocab_size"],
+        "max_seq_len": L,
+        "doc_lengths": length_stats(lengths, L),
+        "histogram": str(png),
+        "packing": efficiency,
+        "run_builder": run_kind,
+        "objectives": [o.name for o in objectives],
+        "samples": samples,
+        **(source_report(cfg, shards, builder) if shards.is_mixture else {}),
+    }
+
+
+def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict:
+    """Mean, median, 95th percentile and longest document, and the share too long for one sequence with its
+    [CLS] and [SEP]."""
+    return {
+        "mean": float(lengths.mean()),
+        "median": float(np.median(lengths)),
+        "p95": float(np.percentile(lengths, 95)),
+        "max": int(lengths.max()),
+        "over_max_seq_len": float((lengths > max_seq_len - 2).mean()),
+    }
+
+
+def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer) -> list[dict]:
+    """The first samples a run would train on, each as built and as its objectives prepared it, decoded."""
+    from data_pipeline.loader import PretrainDataset, sample_rng
+
     dataset = PretrainDataset(builder, objectives, seed)
     samples = []
     for position in range(min(num_samples, len(dataset))):
@@ -154,35 +187,14 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
                 "lines": render_sample(original, dataset[position], tokenizer),
             }
         )
-
-    return {
-        "shards_dir": str(cfg.shards_dir),
-        "tokenizer_dir": str(cfg.tokenizer_dir),
-        "counts": m["counts"],
-        "num_shards": len(m["shards"]),
-        "vocab_size": m["vocab_size"],
-        "max_seq_len": L,
-        "doc_lengths": {
-            "mean": float(lengths.mean()),
-            "median": float(np.median(lengths)),
-            "p95": float(np.percentile(lengths, 95)),
-            "max": int(lengths.max()),
-            "over_max_seq_len": float((lengths > L - 2).mean()),
-        },
-        "histogram": str(png),
-        "packing": efficiency,
-        "run_builder": run_kind,
-        "objectives": [o.name for o in objectives],
-        "samples": samples,
-        **(source_report(cfg, shards, builder) if shards.is_mixture else {}),
-    }
+    return samples
 
 
 def source_report(cfg, shards, mixed) -> dict:
     """Per source of a mixture: its tokens, and how many epochs of it a run of train.max_steps steps sees (the
     samples the schedule draws from it in global batch x max_steps, over its samples per epoch), for one rank."""
     t = cfg.train
-    batch = t.micro_batch_size * t.grad_accum_steps
+    batch = t.global_batch(1)
     drawn = mixed.draws(batch * t.max_steps)
     total = sum(mixed.weights)
     rows = []

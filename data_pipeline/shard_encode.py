@@ -1,0 +1,197 @@
+"""Parallel tokenization of shard chunks: each worker process tokenizes a chunk of documents into a shard's
+arrays (token ids, word starts, sentence and document offsets) and writes them under the build's tmp dir.
+
+BERT-pipeline tokenizers take a fast path that tokenizes each distinct word once (`_word_fast_path`); others go
+through encode_batch. `run_workers` keeps a bounded number of chunks in flight so memory does not grow with the
+corpus.
+"""
+
+from __future__ import annotations
+
+import itertools
+import multiprocessing as mp
+import os
+import re
+from collections import deque
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.sentences import split_sentences
+from data_pipeline.shard_format import shard_name
+from pretrain.core.files import sha256_file
+
+_worker: dict = {}
+_ENCODE_DOCS = 256
+"""Documents tokenized per encode_batch call. A tokenizers Encoding costs ~100 bytes per token; taking a
+shard's documents in slices and keeping only compact numpy arrays bounds a worker's memory by the slice."""
+
+
+# The characters the BERT normalizer turns into a space (Rust's char::is_whitespace minus the control
+# characters, which it deletes instead): every other step of BERT normalization, pre-tokenization and
+# WordPiece acts within a run of text between two of these, so such a run always tokenizes the same.
+_BERT_SPACE = re.compile("[ \t\n\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u205f\u3000]+")
+# Characters Python's str.split() splits on but BERT deletes (controls): text without them can use the
+# much faster str.split(), which splits on exactly the BERT spaces then.
+_NOT_BERT_SPACE = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
+_WORD_CACHE_MAX = 200_000  # words -> ids kept per worker (~30 MB); cleared when full, so memory is bounded
+
+
+def _word_fast_path(tok) -> np.ndarray | None:
+    """[vocab] bool table of WordPiece continuation pieces ('##ing') when the tokenizer is BERT's pipeline
+    (BertNormalizer, BertPreTokenizer, WordPiece), else None.
+
+    For that pipeline (a) a token starts a word exactly when it is not a continuation piece, and (b) text
+    can be tokenized one space-separated word at a time (see _BERT_SPACE). Natural text repeats its words
+    (a 256-document slice has ~10x more words than distinct ones), so tokenizing only unseen words and
+    gathering the rest with numpy is several times faster than encode_batch, and gives the same ids (the
+    tests compare both paths). Other tokenizers (byte-level BPE and Metaspace keep the spaces in their
+    tokens) go through encode_batch.
+    """
+    from tokenizers import models, normalizers, pre_tokenizers
+
+    if not (
+        isinstance(tok.model, models.WordPiece)
+        and isinstance(tok.normalizer, normalizers.BertNormalizer)
+        and isinstance(tok.pre_tokenizer, pre_tokenizers.BertPreTokenizer)
+    ):
+        return None
+    if any(" " in t.content for t in tok.get_added_tokens_decoder().values()):
+        return None  # an added token spanning a space would be split by the word path
+    prefix = tok.model.continuing_subword_prefix
+    table = np.zeros(tok.get_vocab_size(with_added_tokens=True), bool)
+    for piece, i in tok.get_vocab(with_added_tokens=True).items():
+        table[i] = piece.startswith(prefix) and len(piece) > len(prefix)
+    return table
+
+
+def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fast: bool = True) -> None:
+    # Each process uses its share of the cores; rayon reads this before its pool first starts.
+    os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
+    from tokenizers import Tokenizer
+
+    tok = Tokenizer.from_file(tokenizer_file)
+    tok.no_truncation()
+    tok.no_padding()
+    _worker.update(
+        tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=_word_fast_path(tok) if fast else None, cache={}
+    )
+
+
+def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    """Token ids [n] and per-sentence token counts [S] of `sentences`, one distinct word at a time."""
+    tok, dtype, cache = _worker["tok"], _worker["dtype"], _worker["cache"]
+    words: list[str] = []
+    counts = np.empty(len(sentences), np.int64)  # [S] words per sentence
+    odd = any(_NOT_BERT_SPACE.search(s) for s in sentences)
+    for i, sentence in enumerate(sentences):
+        split = _BERT_SPACE.split(sentence) if odd else sentence.split()  # a "" at an end encodes to nothing
+        counts[i] = len(split)
+        words += split
+    distinct = {w: k for k, w in enumerate(dict.fromkeys(words))}
+    codes = np.fromiter(map(distinct.__getitem__, words), np.int64, len(words))  # [W] word -> distinct index
+    missing = [w for w in distinct if w not in cache]
+    if missing:
+        if len(cache) + len(missing) > _WORD_CACHE_MAX:
+            cache.clear()
+        for w, e in zip(missing, tok.encode_batch_fast(missing, add_special_tokens=False)):
+            cache[w] = e.ids
+    pieces = [cache[w] for w in distinct]
+    piece_lens = np.fromiter(map(len, pieces), np.int64, len(pieces))  # [U]
+    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype, int(piece_lens.sum()))  # [sum U]
+    piece_starts = np.cumsum(piece_lens) - piece_lens  # [U]
+    lens = piece_lens[codes]  # [W] tokens of each word occurrence
+    n = int(lens.sum())
+    out_starts = np.cumsum(lens) - lens  # [W]
+    # Token t of the output belongs to word occurrence w: it is flat[piece_starts[codes[w]] + (t - out_starts[w])].
+    index = np.arange(n) + np.repeat(piece_starts[codes] - out_starts, lens)  # [n]
+    ends = np.concatenate([[0], np.cumsum(lens)])  # [W+1]
+    bounds = np.concatenate([[0], np.cumsum(counts)])  # [S+1] word offsets of sentences
+    return flat[index], ends[bounds[1:]] - ends[bounds[:-1]]
+
+
+def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Token ids [n], word starts [n] bool, sentence lengths [S] and sentences per document [d] of `texts`."""
+    tok, dtype, continuation = _worker["tok"], _worker["dtype"], _worker["continuation"]
+    sentences = [split_sentences(t) for t in texts]
+    flat = list(itertools.chain.from_iterable(sentences))
+    doc_sents = np.array([len(s) for s in sentences], np.int64)
+    if continuation is not None:
+        ids, sent_lens = _encode_words(flat)
+        return ids, ~continuation[ids], sent_lens, doc_sents
+    encodings = tok.encode_batch(flat, add_special_tokens=False)
+    sent_lens = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))  # [S]
+    n = int(sent_lens.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype, n)  # [n]
+    # Word ids restart per sentence; None (a token outside any word) is -1 and always a start.
+    word = np.fromiter((-1 if w is None else w for e in encodings for w in e.word_ids), np.int64, n)  # [n]
+    sent_starts = np.zeros(n + 1, bool)
+    sent_starts[np.cumsum(sent_lens)[:-1]] = True  # the first token of each sentence (but the first)
+    starts = np.ones(n, bool)  # [n]
+    starts[1:] = (word[1:] != word[:-1]) | sent_starts[1:n] | (word[1:] < 0)
+    return ids, starts, sent_lens, doc_sents
+
+
+def _encode_shard(task: tuple[int, list[str]]) -> dict:
+    """Tokenize one chunk of documents and write it as shard files in the tmp dir; return its counts."""
+    index, texts = task
+    parts = [_encode_slice(texts[lo : lo + _ENCODE_DOCS]) for lo in range(0, len(texts), _ENCODE_DOCS)]
+    ids, starts, sent_lens, doc_sent_counts = (np.concatenate([p[k] for p in parts]) for k in range(4))
+    n = len(ids)
+
+    # Drop sentences that tokenize to nothing, and documents left with no tokens.
+    sent_doc = np.repeat(np.arange(len(texts)), doc_sent_counts)  # [S] document of each sentence
+    nonempty = sent_lens > 0
+    doc_lens = np.bincount(sent_doc[nonempty], weights=sent_lens[nonempty], minlength=len(texts)).astype(np.int64)
+    kept_docs = doc_lens > 0
+    doc_offsets = np.concatenate([[0], np.cumsum(doc_lens[kept_docs])]).astype(np.int64)  # [d'+1]
+    sent_offsets = np.concatenate([[0], np.cumsum(sent_lens[nonempty])]).astype(np.int64)  # [s'+1]
+
+    name = shard_name(index)
+    prefix = f"{name}.{os.getpid()}"  # a worker orphaned by a killed build never collides with a new one
+    tmp = _worker["tmp"]
+    files = {
+        ".tokens.bin": lambda f: ids.tofile(f),
+        ".docs.npy": lambda f: np.save(f, doc_offsets),
+        ".sents.npy": lambda f: np.save(f, sent_offsets),
+        ".words.bin": lambda f: np.packbits(starts).tofile(f),
+    }
+    sha = {}
+    if kept_docs.any():  # a shard of no tokens gets no files (an empty file cannot be memory-mapped)
+        for suffix, write in files.items():
+            path = tmp / (prefix + suffix)
+            with open(path, "wb") as f:
+                write(f)
+            sha[name + suffix] = sha256_file(path)
+    return {
+        "index": index,
+        "name": name,
+        "tmp_prefix": prefix,
+        "documents": int(kept_docs.sum()),
+        "sentences": int(nonempty.sum()),
+        "tokens": n,
+        "sha256": sha,
+        "dropped_docs": int((~kept_docs).sum()),
+        "input_docs": len(texts),
+    }
+
+
+def run_workers(chunks, num_workers: int, init_args: tuple) -> Iterator[dict]:
+    """Results of `_encode_shard` over `chunks`, in order, with a bounded number of chunks in flight.
+
+    Pool.imap would pull the whole chunk generator into its task queue as fast as it can read it, so
+    submission is windowed by hand instead.
+    """
+    if num_workers <= 0:
+        _init_worker(*init_args)
+        yield from map(_encode_shard, chunks)
+        return
+    with mp.get_context("spawn").Pool(num_workers, _init_worker, init_args) as pool:
+        pending: deque = deque()
+        for chunk in chunks:
+            pending.append(pool.apply_async(_encode_shard, (chunk,)))
+            if len(pending) >= 2 * num_workers:
+                yield pending.popleft().get()
+        while pending:
+            yield pending.popleft().get()

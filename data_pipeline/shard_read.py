@@ -1,0 +1,221 @@
+"""Reading a finished shard directory: `ShardSet` verifies it against its manifest and memory-maps it for random
+access by global document and token index; `unigram_entropy` of its tokens."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from data_pipeline.shard_format import (
+    FORMAT_VERSION,
+    MANIFEST,
+    MIXTURE_KEY,
+    SUFFIXES,
+    mixture_hash,
+    shards_hash,
+)
+from pretrain.core.errors import DataError
+from pretrain.core.files import sha256_file
+
+
+class ShardSet:
+    """A verified shard directory, memory-mapped, addressed by global document and token index.
+
+    Global token space = the tokens of all documents concatenated in shard order; `doc_offsets()` [D+1]
+    gives each document's span in it.
+    """
+
+    def __init__(self, directory: str | os.PathLike, verify: bool = True, expected_tokenizer_hash: str | None = None):
+        self.dir = Path(directory)
+        path = self.dir / MANIFEST
+        if not path.is_file():
+            raise DataError(f"no {MANIFEST} in {self.dir} — build shards first")
+        try:
+            self.manifest: dict = json.loads(path.read_text())
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read {path}: {e}") from e
+        if self.manifest.get("format_version") != FORMAT_VERSION:
+            raise DataError(
+                f"{path}: format_version {self.manifest.get('format_version')!r}, expected "
+                f"{FORMAT_VERSION}; rebuild the shards"
+            )
+        if expected_tokenizer_hash is not None and self.manifest["tokenizer_hash"] != expected_tokenizer_hash:
+            raise DataError(
+                f"{self.dir} was built with a different tokenizer (hash "
+                f"{self.manifest['tokenizer_hash'][:12]}, expected {expected_tokenizer_hash[:12]}); "
+                "rebuild the shards"
+            )
+        self.dtype = np.dtype(self.manifest["dtype"])
+        self._check_files(verify)
+
+        shards = self.manifest["shards"]
+        tok_counts = np.array([s["tokens"] for s in shards], np.int64)
+        self._shard_tok_start = np.concatenate([[0], np.cumsum(tok_counts)])  # [K+1] global token offsets
+        docs, sents = [], []
+        for k, s in enumerate(shards):
+            d, e = (self._load_offsets(f"{s['name']}{suffix}") for suffix in (".docs.npy", ".sents.npy"))
+            if (len(d), len(e), d[-1], e[-1]) != (s["documents"] + 1, s["sentences"] + 1, s["tokens"], s["tokens"]):
+                raise DataError(f"{self.dir}/{s['name']}: offsets disagree with {MANIFEST}; rebuild the shards")
+            docs.append(d[:-1] + self._shard_tok_start[k])
+            sents.append(e[:-1] + self._shard_tok_start[k])
+        end = [self._shard_tok_start[-1:]]
+        self._doc_offsets = np.concatenate(docs + end).astype(np.int64)  # [D+1]
+        self._sent_offsets = np.concatenate(sents + end).astype(np.int64)  # [S+1]
+        self._maps: list | None = None
+
+    def _load_offsets(self, filename: str) -> np.ndarray:
+        try:
+            return np.load(self.dir / filename)
+        except (OSError, ValueError) as e:
+            raise DataError(f"cannot read {self.dir / filename} ({e}); rebuild the shards") from e
+
+    def _check_files(self, verify: bool) -> None:
+        for s in self.manifest["shards"]:
+            expected = {".tokens.bin": s["tokens"] * self.dtype.itemsize, ".words.bin": (s["tokens"] + 7) // 8}
+            for suffix in SUFFIXES:
+                path = self.dir / f"{s['name']}{suffix}"
+                if not path.is_file():
+                    raise DataError(f"missing shard file {path}; rebuild the shards")
+                if suffix in expected and path.stat().st_size != expected[suffix]:
+                    raise DataError(
+                        f"size mismatch in {path}: {path.stat().st_size} bytes, expected "
+                        f"{expected[suffix]} (file changed or truncated)"
+                    )
+                if verify and sha256_file(path) != s["sha256"][path.name]:
+                    raise DataError(f"checksum mismatch in {path} (file changed or truncated)")
+
+    # Memory maps open lazily and are not pickled, so a ShardSet travels cheaply to DataLoader workers.
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "_maps": None}
+
+    def _mapped(self) -> list[tuple[np.ndarray, np.ndarray]]:
+        if self._maps is None:
+            self._maps = [
+                (
+                    np.memmap(self.dir / f"{s['name']}.tokens.bin", self.dtype, "r", shape=(s["tokens"],)),
+                    np.memmap(self.dir / f"{s['name']}.words.bin", np.uint8, "r", shape=((s["tokens"] + 7) // 8,)),
+                )
+                for s in self.manifest["shards"]
+            ]
+        return self._maps
+
+    @property
+    def num_docs(self) -> int:
+        return len(self._doc_offsets) - 1
+
+    @property
+    def num_tokens(self) -> int:
+        return int(self._doc_offsets[-1])
+
+    def content_hash(self) -> str:
+        """sha256 of what the shards hold (each file's checksum, in order): equal for equal tokens and boundaries,
+        wherever and whenever they were built. A run records it to refuse resuming on other data. For a mixture,
+        of every source's name, weight and content (`mixture_hash`)."""
+        if not self.is_mixture:
+            return shards_hash(self.manifest["shards"])
+        return mixture_hash([(s["name"], s["weight"], h) for s, h in zip(self.manifest["sources"], self._hashes())])
+
+    @property
+    def is_mixture(self) -> bool:
+        """Whether this directory holds weighted sources (`write_mixture`), one shard directory per source."""
+        return MIXTURE_KEY in self.manifest
+
+    def _hashes(self) -> list[str]:
+        """Each source's content hash, from the shard records of this manifest (what was verified)."""
+        groups: dict[str, list[dict]] = {s["name"]: [] for s in self.manifest["sources"]}
+        for shard in self.manifest["shards"]:
+            source, _, name = shard["name"].partition("/")
+            groups[source].append({**shard, "name": name})
+        return [shards_hash(groups[s["name"]]) for s in self.manifest["sources"]]
+
+    def sources(self) -> list[tuple[str, float, ShardSet]]:
+        """(name, weight, shard set) of each source of a mixture, in order; their files were checked by this set."""
+        if not self.is_mixture:
+            raise ValueError(f"{self.dir} holds one corpus, not a mixture of sources")
+        out = []
+        for s, expected in zip(self.manifest["sources"], self._hashes()):
+            part = ShardSet(self.dir / s["name"], verify=False, expected_tokenizer_hash=self.manifest["tokenizer_hash"])
+            if part.content_hash() != expected:
+                raise DataError(f"{part.dir} changed since {self.dir / MANIFEST} was written; rebuild the shards")
+            out.append((s["name"], float(s["weight"]), part))
+        return out
+
+    def doc_offsets(self) -> np.ndarray:
+        """[D+1] int64 global token offsets of the documents (read-only view)."""
+        view = self._doc_offsets.view()
+        view.flags.writeable = False
+        return view
+
+    def sent_offsets(self) -> np.ndarray:
+        """[S+1] int64 global token offsets of the sentences (read-only view)."""
+        view = self._sent_offsets.view()
+        view.flags.writeable = False
+        return view
+
+    def doc_lengths(self) -> np.ndarray:
+        """[D] int64 tokens per document."""
+        return np.diff(self._doc_offsets)
+
+    def read_span(self, start: int, length: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens [length] (file dtype) and word-start flags [length] bool of a global token span.
+
+        The span may cross shard boundaries; the result is a copy, safe to modify.
+        """
+        end = start + length
+        if start < 0 or length < 0 or end > self.num_tokens:
+            raise IndexError(f"token span [{start}, {end}) outside [0, {self.num_tokens})")
+        first = int(np.searchsorted(self._shard_tok_start, start, "right")) - 1
+        last = int(np.searchsorted(self._shard_tok_start, end, "left"))  # exclusive shard bound
+        tokens, words = [], []
+        maps = self._mapped()
+        for k in range(first, max(first + 1, last)):
+            lo = max(start, self._shard_tok_start[k]) - self._shard_tok_start[k]
+            hi = min(end, self._shard_tok_start[k + 1]) - self._shard_tok_start[k]
+            ids, packed = maps[k]
+            tokens.append(np.array(ids[lo:hi]))
+            bits = np.unpackbits(packed[lo // 8 : (hi + 7) // 8])  # [8*bytes]
+            words.append(bits[lo % 8 : lo % 8 + (hi - lo)].astype(bool))
+        if len(tokens) == 1:
+            return tokens[0], words[0]
+        return np.concatenate(tokens), np.concatenate(words)
+
+    def _doc_span(self, doc_index: int) -> tuple[int, int]:
+        if not -self.num_docs <= doc_index < self.num_docs:
+            raise IndexError(f"document {doc_index} outside [0, {self.num_docs})")
+        doc_index %= self.num_docs
+        return int(self._doc_offsets[doc_index]), int(self._doc_offsets[doc_index + 1])
+
+    def doc_tokens(self, doc_index: int) -> np.ndarray:
+        """[n] token ids (file dtype) of one document."""
+        lo, hi = self._doc_span(doc_index)
+        return self.read_span(lo, hi - lo)[0]
+
+    def doc_word_starts(self, doc_index: int) -> np.ndarray:
+        """[n] bool: True where a token starts a word."""
+        lo, hi = self._doc_span(doc_index)
+        return self.read_span(lo, hi - lo)[1]
+
+    def doc_sentence_offsets(self, doc_index: int) -> np.ndarray:
+        """[s+1] int64 offsets of the document's sentences, relative to its first token."""
+        lo, hi = self._doc_span(doc_index)
+        a, b = np.searchsorted(self._sent_offsets, [lo, hi])
+        return self._sent_offsets[a : b + 1] - lo
+
+    def doc_sentences(self, doc_index: int) -> list[np.ndarray]:
+        """The document's sentences, each [n_i] token ids."""
+        offsets = self.doc_sentence_offsets(doc_index)
+        return np.split(self.doc_tokens(doc_index), offsets[1:-1])
+
+
+def unigram_entropy(shards, special_ids: tuple[int, ...] = (), max_tokens: int = 10_000_000) -> float:
+    """Entropy (nats) of the corpus's token frequencies, specials left out, over its first `max_tokens` tokens: the
+    masked-LM loss of a model that predicts every masked token from frequency alone, ignoring its context (the
+    'unigram plateau' a short run sits on before it learns to use context)."""
+    n = min(shards.num_tokens, max_tokens)
+    counts = np.bincount(shards.read_span(0, n)[0].astype(np.int64)).astype(np.float64)
+    counts[[i for i in special_ids if i < len(counts)]] = 0
+    p = counts[counts > 0] / counts.sum()
+    return float(-(p * np.log(p)).sum())

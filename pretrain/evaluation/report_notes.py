@@ -1,0 +1,197 @@
+"""What an ablation can and cannot show, as structured note records (kind, data) made from its numbers only.
+
+`notes` builds them in a fixed order (scale and cost, budget, method, per-task verdicts, the verdicts over all
+comparisons, the test across seeds, the detectable gaps, then pretraining caveats); `report_render.render_note`
+words them. Tests assert on these records, so a note's figures are checked, not its sentences."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from pretrain.evaluation.report_numbers import (
+    BASELINE,
+    SEED_TEST_MIN,
+    Comparison,
+    detectable,
+    families,
+    main_mode,
+)
+from pretrain.evaluation.stats import ALPHA, POWER, sign_flip_floor
+
+# BERT-base (Devlin et al. 2019): 1M steps of 256 sequences, 90% of the steps at 128 tokens and 10% at 512:
+# 256 x (900,000 x 128 + 100,000 x 512) = 256 x 1.664e8 = 4.26e10 token slots.
+BERT_BASE_TOKENS = 256 * (900_000 * 128 + 100_000 * 512)
+# ELECTRA-Small (Clark et al. 2020): 1M steps of 128 sequences of 128 tokens = 1.64e10.
+ELECTRA_SMALL_TOKENS = 1_000_000 * 128 * 128
+EARLY = 0.01  # below this share of ELECTRA-Small's tokens, a run is in the first phase of pretraining
+ENOUGH_SEEDS = 5  # below, the notes warn that run-to-run variance is poorly measured
+
+Note = tuple[str, dict]
+NOTE_KINDS = (
+    "scale",
+    "cost",
+    "budget",
+    "method",
+    "few_seeds",
+    "task",
+    "uncorrected",
+    "nothing_separates",
+    "none_above_random",
+    "pairs",
+    "seeds_untested",
+    "seed_level",
+    "detectable",
+    "rtd_auc",
+    "probe",
+    "loss_levels",
+)
+
+
+def _item(c: Comparison) -> dict:
+    return {"a": c.a, "b": c.b, "task": c.task, "mode": c.mode, "diff": c.diff, "low": c.low, "high": c.high}
+
+
+def notes(
+    ab, table: dict, found: list[Comparison], pre: dict, fams: dict | None = None, detect: list | None = None
+) -> list[Note]:
+    """What this ablation can and cannot show, as (kind, data) records made from its numbers only; `render_note`
+    words them. No two contradict: the notes that say nothing separates appear only where nothing is significant."""
+    main = main_mode(ab.eval["modes"])
+    fams = families(found, main) if fams is None else fams
+    detect = detectable(table, found, fams, main) if detect is None else detect
+    trained = {a: v for a, v in pre.items() if v["steps"]}
+    # The fewest pretraining seeds any comparison pairs up: what the tests across seeds can use.
+    seeds = min((len(c.seed_diffs) for c in found), default=len(ab.seeds)) or len(ab.seeds)
+    out = scale_notes(trained) + [budget_note(ab, trained)] + method_notes(ab, fams, main, seeds)
+    out += task_notes(table, found) + verdict_notes(found) + seed_notes(found, fams, seeds)
+    if detect:
+        out.append(("detectable", {"items": detect, "power": POWER, "alpha": ALPHA}))
+    return out + pretraining_notes(ab, table, pre, trained)
+
+
+def scale_notes(trained: dict) -> list[Note]:
+    """How far into pretraining the arms got (against BERT-base and ELECTRA-Small) and what a token costs each."""
+    out: list[Note] = []
+    tokens = max((v["tokens"] for v in trained.values()), default=0)
+    if tokens:
+        share = tokens / ELECTRA_SMALL_TOKENS
+        scale = {"tokens": tokens, "bert_base": tokens / BERT_BASE_TOKENS, "electra_small": share}
+        out.append(("scale", {**scale, "early": share < EARLY}))
+    ref = "mlm" if "mlm" in trained else next(iter(trained), None)
+    if ref and trained[ref]["flops_per_token"]:
+        relative = {
+            a: v["flops_per_token"] / trained[ref]["flops_per_token"]
+            for a, v in trained.items()
+            if v["flops_per_token"] and a != ref
+        }
+        if relative:
+            out.append(("cost", {"reference": ref, "relative": relative}))
+    return out
+
+
+def budget_note(ab, trained: dict) -> Note:
+    """The budget kind, and the quantity it leaves free per arm (tokens under FLOPs, FLOPs otherwise)."""
+    spent = {a: v["tokens" if ab.budget_kind == "flops" else "flops"] for a, v in trained.items()}
+    return ("budget", {"kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent})
+
+
+def method_notes(ab, fams: dict, main: str, seeds: int) -> list[Note]:
+    """How the comparisons were made, and a warning when too few pretraining seeds measure run-to-run variance."""
+    method = {
+        "seeds": len(ab.seeds),
+        "downstream_seeds": len(ab.eval["seeds"]),
+        "main": main,
+        "families": fams,
+        "alpha": ALPHA,
+    }
+    out: list[Note] = [("method", method)]
+    if seeds < ENOUGH_SEEDS:
+        floor = sign_flip_floor(seeds) if seeds >= SEED_TEST_MIN else None
+        out.append(("few_seeds", {"seeds": seeds, "seed_draws": math.comb(2 * seeds - 1, seeds), "seed_floor": floor}))
+    return out
+
+
+def task_notes(table: dict, found: list[Comparison]) -> list[Note]:
+    """Per task and mode: the arms above, below and within noise of the random encoder; then the comparisons an
+    uncorrected reading would call significant and Holm does not keep."""
+    out: list[Note] = []
+    versus = [c for c in found if c.b == BASELINE]
+    for mode, tasks in table.items():
+        for task, arms in tasks.items():
+            here = [c for c in versus if c.mode == mode and c.task == task]
+            if not here:
+                continue
+            verdict = {
+                "above": [_item(c) for c in here if c.significant and c.diff > 0],
+                "below": [_item(c) for c in here if c.significant and c.diff < 0],
+                "same": [c.a for c in here if not c.significant],
+            }
+            metric = next(iter(arms.values())).metric
+            out.append(("task", {"mode": mode, "task": task, "metric": metric, "family": here[0].family, **verdict}))
+    loose = [c for c in versus if c.p < ALPHA and not c.significant]
+    if loose:
+        out.append(("uncorrected", {"items": [_item(c) for c in loose], "total": len(versus), "alpha": ALPHA}))
+    return out
+
+
+def verdict_notes(found: list[Comparison]) -> list[Note]:
+    """Over all comparisons: nothing separates, or no arm beats random, and which pairs of arms differ. Each is
+    written only where the numbers allow it, so no two contradict."""
+    out: list[Note] = []
+    versus = [c for c in found if c.b == BASELINE]
+    between = [c for c in found if c.b != BASELINE]
+    anything = any(c.significant or c.holds_across_seeds for c in found)
+    if not anything and found:
+        out.append(("nothing_separates", {"comparisons": len(found)}))
+    elif versus and not any(c.significant and c.diff > 0 for c in versus):
+        below = sum(c.significant and c.diff < 0 for c in versus)
+        pairs = sum(c.significant for c in between)
+        out.append(("none_above_random", {"compared": len(versus), "below": below, "pairs": pairs}))
+    if between and anything:  # with nothing significant, "nothing_separates" already says it of the pairs
+        out.append(("pairs", {"significant": [_item(c) for c in between if c.significant], "total": len(between)}))
+    return out
+
+
+def seed_notes(found: list[Comparison], fams: dict, seeds: int) -> list[Note]:
+    """Whether the significant differences hold across pretraining seeds (or, with too few, their per-seed values)."""
+    significant = [c for c in found if c.significant]
+    if seeds < SEED_TEST_MIN:
+        if not significant:
+            return []
+        items = [{**_item(c), "seed_diffs": c.seed_diffs} for c in significant]
+        return [("seeds_untested", {"seeds": seeds, "items": items})]
+    if not any(c.significant or c.holds_across_seeds for c in found):
+        return []
+    level = {
+        "seeds": seeds,
+        "floor": sign_flip_floor(seeds),
+        "held": [_item(c) for c in significant if c.holds_across_seeds],
+        "not_held": [{**_item(c), "seed_p_holm": c.seed_p_holm} for c in significant if not c.holds_across_seeds],
+        "seeds_only": [_item(c) for c in found if c.holds_across_seeds and not c.significant],
+        "family_floors": {f: v["seed_floor"] for f, v in fams.items() if v["seed_floor"] is not None},
+    }
+    return [("seed_level", level)]
+
+
+def pretraining_notes(ab, table: dict, pre: dict, trained: dict) -> list[Note]:
+    """Caveats from pretraining itself: the ELECTRA discriminator's AUC, what probes measure against fine-tuning,
+    and that loss levels of different objectives do not compare."""
+    out: list[Note] = []
+    rtd = pre.get("rtd") or next((v for v in pre.values() if "rtd" in v["objectives"].split(" + ")), None)
+    if rtd and "rtd/disc_auc" in rtd["final"]:
+        out.append(("rtd_auc", {"auc": rtd["final"]["rtd/disc_auc"]}))
+    if "probe" in table:
+        gaps = [
+            table["full"][t][a].mean - cell.mean
+            for t, arms in table["probe"].items()
+            for a, cell in arms.items()
+            if a in table.get("full", {}).get(t, {})
+        ]
+        probe = {"pooling": ab.eval["pooling"], "full_above": sum(g > 0 for g in gaps), "cells": len(gaps)}
+        out.append(("probe", {**probe, "mean_gap": float(np.mean(gaps)) if gaps else None}))
+    kinds = sorted({v["objectives"] for v in trained.values()})
+    if len(kinds) > 1:
+        out.append(("loss_levels", {"objectives": kinds}))
+    return out

@@ -1,0 +1,282 @@
+"""The numbers an ablation report is made from: the downstream cells (arm x task x mode, with every dev prediction),
+the planned comparisons in their two families (paired bootstrap over dev examples and seeds, an exact sign-flip test
+across 3 or more pretraining seeds, Holm within each family), the smallest effect each task can detect, and each arm's
+pretraining totals. See `pretrain.evaluation.report` for the families and why."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from pretrain.evaluation.stats import (
+    ALPHA,
+    compare,
+    holm,
+    metric_batch,
+    minimum_detectable_effect,
+    p_floor,
+    replicates_for,
+    sign_flip_floor,
+    sign_flip_test,
+)
+
+BASELINE = "none"
+PRIMARY, SECONDARY = "primary", "secondary"
+SEED_TEST_MIN = 3  # a sign-flip test over fewer per-seed differences cannot go below p = 0.5
+
+
+def main_mode(modes) -> str:
+    """The mode of the primary family: full fine-tuning where it was run (BERT's own evaluation), else the first."""
+    modes = list(modes)
+    return "full" if "full" in modes else modes[0] if modes else "probe"
+
+
+@dataclass
+class Cell:
+    """One arm on one task in one downstream mode."""
+
+    metric: str
+    labels: np.ndarray  # [N] dev labels
+    preds: np.ndarray  # [S, P, N]: pretraining seeds x downstream seeds x dev examples
+    seeds: list[int] | None = None  # the pretraining seed of each of the S rows (default 0, 1, ...)
+
+    def __post_init__(self):
+        if self.seeds is None:
+            self.seeds = list(range(self.preds.shape[0]))
+
+    def seed_scores(self) -> np.ndarray:
+        """[S] the metric per pretraining seed, averaged over downstream seeds."""
+        return metric_batch(self.metric, self.labels, self.preds).mean(1)
+
+    @property
+    def mean(self) -> float:
+        return float(self.seed_scores().mean())
+
+    @property
+    def spread(self) -> float:
+        """Standard deviation over pretraining seeds; with one seed, over its downstream seeds."""
+        scores = (
+            self.seed_scores() if self.preds.shape[0] > 1 else metric_batch(self.metric, self.labels, self.preds[0])
+        )
+        return float(scores.std(ddof=1)) if len(scores) > 1 else 0.0
+
+
+@dataclass
+class Comparison:
+    mode: str
+    task: str
+    a: str
+    b: str
+    diff: float
+    low: float
+    high: float
+    p: float
+    p_holm: float = 1.0
+    family: str = PRIMARY
+    se: float = 0.0  # standard deviation of the bootstrap differences
+    replicates: int = 0
+    seed_diffs: list[float] = field(default_factory=list)  # a minus b per pretraining seed both have
+    seed_p: float | None = None  # exact sign-flip test over seed_diffs (3 or more of them)
+    seed_p_holm: float | None = None
+
+    @property
+    def significant(self) -> bool:
+        return self.p_holm < ALPHA
+
+    @property
+    def holds_across_seeds(self) -> bool:
+        return self.seed_p_holm is not None and self.seed_p_holm < ALPHA
+
+    def interval(self) -> str:
+        return f"{self.diff:+.3f} [{self.low:+.3f}, {self.high:+.3f}]"
+
+
+def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
+    """{mode: {task: {arm: Cell}}} from the runs' downstream results (runs that failed or lack a result are left out,
+    and an arm needs the same downstream seeds in all its runs)."""
+    out: dict = {}
+    order = {Path(t).name: i for i, t in enumerate(ab.eval["tasks"])}
+    for arm, runs in ab.groups().items():
+        states = [results.get(run.name, {}) for run in runs]
+        for mode in ab.eval["modes"]:
+            present = {t for s in states for t in s.get("downstream", {}).get(mode, {})}
+            for task in sorted(present, key=lambda t: (order.get(t, len(order)), t)):  # the config's order
+                found = [
+                    (run.seed, s["downstream"][mode][task])
+                    for run, s in zip(runs, states)
+                    if task in s.get("downstream", {}).get(mode, {})
+                ]
+                if len({len(r["dev_predictions"]) for _, r in found}) != 1:
+                    continue
+                preds = np.array([r["dev_predictions"] for _, r in found])  # [S, P, N]
+                first = found[0][1]
+                out.setdefault(mode, {}).setdefault(task, {})[arm] = Cell(
+                    first["main_metric"], np.array(first["dev_labels"]), preds, [seed for seed, _ in found]
+                )
+    return out
+
+
+def planned(table: dict, main: str) -> list[tuple[str, str, str, str, str]]:
+    """(family, mode, task, a, b) of every comparison: each arm against `none`, and every pair of pretrained arms."""
+    out = []
+    for mode, tasks in table.items():
+        for task, arms in tasks.items():
+            names = list(arms)
+            trained = [a for a in names if a != BASELINE]
+            if BASELINE in arms:
+                family = PRIMARY if mode == main else SECONDARY
+                out += [(family, mode, task, a, BASELINE) for a in trained]
+            out += [(SECONDARY, mode, task, a, b) for i, a in enumerate(trained) for b in trained[i + 1 :]]
+    return out
+
+
+def seed_differences(a: Cell, b: Cell) -> list[float]:
+    """a minus b per pretraining seed, for the seeds both arms have (arms paired by seed: the same data order)."""
+    sa, sb = dict(zip(a.seeds, a.seed_scores())), dict(zip(b.seeds, b.seed_scores()))
+    return [float(sa[s] - sb[s]) for s in a.seeds if s in sb]
+
+
+def comparisons(table: dict, main: str | None = None, replicates: int | None = None) -> list[Comparison]:
+    """Every planned comparison, tested over dev examples and seeds (and across seeds with 3 or more), Holm-adjusted
+    within its family. One replicate count for the report, enough for its largest family (`replicates_for`)."""
+    main = main or main_mode(list(table))
+    plan = planned(table, main)
+    sizes = {f: sum(1 for p in plan if p[0] == f) for f in (PRIMARY, SECONDARY)}
+    replicates = replicates or replicates_for(max(sizes.values(), default=1))
+    found = []
+    for mode, tasks in table.items():
+        for task, arms in tasks.items():
+            here = [p for p in plan if p[1] == mode and p[2] == task]
+            if not here:
+                continue
+            first = next(iter(arms.values()))
+            results = compare(
+                first.metric,
+                first.labels,
+                {a: c.preds for a, c in arms.items()},
+                [(a, b) for *_, a, b in here],
+                replicates,
+            )
+            for family, _, _, a, b in here:
+                r = results[(a, b)]
+                diffs = seed_differences(arms[a], arms[b])
+                found.append(
+                    Comparison(
+                        mode,
+                        task,
+                        a,
+                        b,
+                        r["diff"],
+                        r["low"],
+                        r["high"],
+                        r["p"],
+                        family=family,
+                        se=r["se"],
+                        replicates=replicates,
+                        seed_diffs=diffs,
+                        seed_p=sign_flip_test(diffs) if len(diffs) >= SEED_TEST_MIN else None,
+                    )
+                )
+    adjust(found)
+    return found
+
+
+def adjust(found: list[Comparison]) -> None:
+    """Holm within each family, for the bootstrap p-values and (apart) for the seed-level ones."""
+    for family in (PRIMARY, SECONDARY):
+        members = [c for c in found if c.family == family]
+        for c, adjusted in zip(members, holm([c.p for c in members])):
+            c.p_holm = adjusted
+        tested = [c for c in members if c.seed_p is not None]
+        for c, adjusted in zip(tested, holm([c.seed_p for c in tested])):
+            c.seed_p_holm = adjusted
+
+
+def families(found: list[Comparison], main: str) -> dict[str, dict]:
+    """Per family: its size, replicates, and the smallest adjusted p it can reach at all (the smallest p times m)."""
+    out = {}
+    others = any(c.family == SECONDARY and c.b == BASELINE for c in found)
+    for family, what in (
+        (PRIMARY, f"each arm vs {BASELINE}, per task, {main} mode"),
+        (SECONDARY, "pairs of arms, per task and mode" + (f"; vs {BASELINE} in the other mode" if others else "")),
+    ):
+        members = [c for c in found if c.family == family]
+        if not members:
+            continue
+        m = len(members)
+        replicates = min(c.replicates for c in members)
+        seeds = min(len(c.seed_diffs) for c in members)
+        out[family] = {
+            "what": what,
+            "comparisons": m,
+            "replicates": replicates,
+            "floor": min(1.0, m * p_floor(replicates)) if replicates else 1.0,
+            "seeds": seeds,
+            "seed_floor": min(1.0, m * sign_flip_floor(seeds)) if seeds >= SEED_TEST_MIN else None,
+        }
+    return out
+
+
+def detectable(table: dict, found: list[Comparison], fams: dict, main: str) -> list[dict]:
+    """Per task of the main mode: the minimum detectable effect of its comparisons (`minimum_detectable_effect` with
+    the root mean square of their bootstrap standard errors, at alpha / m of their family)."""
+    out = []
+    for task, arms in table.get(main, {}).items():
+        here = [c for c in found if c.mode == main and c.task == task]
+        family = PRIMARY if any(c.family == PRIMARY for c in here) else SECONDARY
+        here = [c for c in here if c.family == family]
+        if not here:
+            continue
+        se = math.sqrt(sum(c.se**2 for c in here) / len(here))
+        m = fams[family]["comparisons"]
+        first = next(iter(arms.values()))
+        out.append(
+            {
+                "mode": main,
+                "task": task,
+                "metric": first.metric,
+                "examples": len(first.labels),
+                "family": family,
+                "m": m,
+                "se": se,
+                "mde": minimum_detectable_effect(se, m),
+            }
+        )
+    return out
+
+
+def _mean(values) -> float:
+    values = [v for v in values if v is not None]
+    return sum(values) / len(values) if values else 0.0
+
+
+def pretraining(ab, results: dict) -> dict[str, dict]:
+    """Per arm: spent budget and final pretraining numbers, averaged over its runs."""
+    out = {}
+    for arm, runs in ab.groups().items():
+        states = [results.get(r.name, {}) for r in runs]
+        p = [s.get("pretraining", {}) for s in states]
+        plans = [s.get("plan", {}) for s in states]
+        losses: dict[str, list[float]] = {}
+        for q in p:
+            for key, value in (q.get("final_loss") or {}).items():
+                losses.setdefault(key, []).append(value)
+        out[arm] = {
+            "objectives": "none (random init)" if not runs[0].pretrain else " + ".join(runs[0].cfg.objectives),
+            "steps": _mean(q.get("steps", 0) for q in p),
+            "tokens": _mean(q.get("tokens_seen", 0) for q in p),
+            "flops": _mean(q.get("flops", 0) for q in p),
+            "wall_s": _mean(q.get("wall_s", 0.0) for q in p),
+            "final": {k: _mean(v) for k, v in losses.items()},
+            "flops_per_token": _mean(
+                pl["flops_per_step"] / pl["tokens_per_step"]
+                for pl in plans
+                if pl.get("flops_per_step") and pl.get("tokens_per_step")
+            ),
+            "failed": next((s["failed"] for s in states if s.get("failed")), None),
+            "runs": len(runs),
+        }
+    return out

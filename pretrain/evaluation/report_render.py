@@ -1,0 +1,280 @@
+"""Note records made into prose: one wording function per note kind, and `render_note`, the one place notes
+become sentences (so the numbers in a note are decided in `report_notes` and only formatted here)."""
+
+from __future__ import annotations
+
+import math
+
+from pretrain.evaluation.report_numbers import BASELINE, PRIMARY, SECONDARY, SEED_TEST_MIN
+from pretrain.evaluation.stats import ALPHA
+
+LISTED = 8  # comparisons named in one note at most; the rest are counted
+
+
+def _fmt_num(x: float) -> str:
+    if x == 0:
+        return "0"
+    exp = int(math.floor(math.log10(abs(x))))
+    return f"{x:,.0f}" if exp < 6 else f"{x / 10**exp:.2f}e{exp}"
+
+
+def _fmt_time(seconds: float) -> str:
+    return f"{seconds / 60:.1f} min" if seconds >= 60 else f"{seconds:.0f} s"
+
+
+def _names(items: list[dict], with_interval: bool = True, pair: bool = False) -> str:
+    shown = [
+        (f"{i['a']} vs {i['b']} on {i['task']} ({i['mode']})" if pair else i["a"])
+        + (f" {i['diff']:+.3f} [{i['low']:+.3f}, {i['high']:+.3f}]" if with_interval else "")
+        for i in items[:LISTED]
+    ]
+    more = len(items) - len(shown)
+    return ", ".join(shown) + (f" and {more} more (results.json)" if more > 0 else "")
+
+
+def _scale(d: dict) -> str:
+    return (
+        f"Each pretrained arm saw up to {_fmt_num(d['tokens'])} tokens: {d['bert_base']:.1e} of BERT-base's "
+        f"~4.3e10 (1M steps of 256 sequences, 90% of them of 128 tokens and 10% of 512) and "
+        f"{d['electra_small']:.1e} of ELECTRA-Small's ~1.6e10 (1M steps of 128 x 128 tokens)."
+        + (
+            " These are results about the first phase of pretraining; rankings there need not hold at full scale."
+            if d["early"]
+            else ""
+        )
+    )
+
+
+def _cost(d: dict) -> str:
+    costs = ", ".join(f"{a} {x:.2f}x" for a, x in d["relative"].items())
+    return f"Training FLOPs per token relative to {d['reference']} (counted on a real step of each arm): {costs}."
+
+
+def _budget(d: dict) -> str:
+    if d["kind"] == "flops":
+        seen = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
+        return (
+            f"The budget is FLOPs ({d['amount']:.3g} per arm): an arm that costs less per token trains on more "
+            f"tokens ({seen}). That is the comparison that holds compute equal."
+        )
+    if d["kind"] == "tokens":
+        spent = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
+        return (
+            f"The budget is tokens: arms that cost more per token also used more compute (FLOPs: {spent}); for "
+            "claims across objectives, a FLOPs budget (budget.kind=flops) holds compute equal."
+        )
+    return (
+        "The budget is wall-clock time, on a machine shared with other work: the steps each arm got carry that noise."
+    )
+
+
+def _method(d: dict) -> str:
+    fams = d["families"]
+    parts = []
+    for family in (PRIMARY, SECONDARY):
+        f = fams.get(family)
+        if f:
+            parts.append(
+                f"the {family} family ({f['what']}: {f['comparisons']} comparison(s), {f['replicates']:,} "
+                f"replicates; the smallest adjusted p it can reach is {f['floor']:.2g}"
+                + (", so nothing in it can be significant" if f["floor"] >= d["alpha"] else "")
+                + ")"
+            )
+    head = (
+        f"Intervals are 95% paired-bootstrap intervals over dev examples and the {d['seeds']} pretraining "
+        f"seed(s) of each arm, averaged over {d['downstream_seeds']} downstream seed(s). 'Significant' means a "
+        f"Holm-adjusted p below {d['alpha']} within its family: "
+    )
+    if not parts:
+        return head + "there is nothing to compare."
+    return (
+        head
+        + "; ".join(parts)
+        + "."
+        + ("" if PRIMARY in fams else f" There is no random-encoder arm ('{BASELINE}'), so no primary family.")
+    )
+
+
+def _few_seeds(d: dict) -> str:
+    if d["seeds"] <= 1:
+        return (
+            "With one pretraining seed per arm the intervals leave out the run-to-run variance of pretraining "
+            "itself, so they are too narrow, and no test across seeds is possible: set `seeds:` to 5 or more "
+            "for claims about the objectives."
+        )
+    seed_test = (
+        f"a test across seeds cannot give p below {d['seed_floor']:.3g} (2/2^{d['seeds']})"
+        if d["seed_floor"] is not None
+        else f"a test across seeds needs at least {SEED_TEST_MIN}"
+    )
+    return (
+        f"With {d['seeds']} pretraining seeds per arm the run-to-run variance of pretraining is poorly measured: "
+        f"the bootstrap can draw only {d['seed_draws']} distinct sets of seeds per arm, and {seed_test}. "
+        "Significant differences hold for these pretraining runs; for claims about the objectives, use 5 or "
+        "more seeds (`seeds:`)."
+    )
+
+
+def _task(d: dict) -> str:
+    parts = []  # the first part names the random encoder, the later ones say "it"
+    for group, words in ((d["above"], "above"), (d["below"], "below")):
+        if group:
+            what = "a random encoder" if not parts else "it"
+            parts.append(f"{words} {what}: " + _names(group))
+    if d["same"] and parts:
+        parts.append("within noise of it: " + ", ".join(d["same"]))
+    elif d["same"]:
+        parts.append("every arm within noise of a random encoder (" + ", ".join(d["same"]) + ")")
+    return f"{d['task']} ({d['mode']}, {d['metric']}; {d['family']}): " + "; ".join(parts) + "."
+
+
+def _uncorrected(d: dict) -> str:
+    items = ", ".join(f"{i['a']} on {i['task']} ({i['mode']}) {i['diff']:+.3f}" for i in d["items"][:LISTED])
+    return (
+        f"Before correction, {len(d['items'])} of the {d['total']} comparisons with the random encoder have a p "
+        f"below {d['alpha']} ({items}); about {d['total'] * d['alpha']:.1f} would by chance alone, and Holm's "
+        "correction within their family does not keep them."
+    )
+
+
+def _nothing_separates(d: dict) -> str:
+    return (
+        f"None of the {d['comparisons']} comparisons is significant: at this budget these numbers cannot tell "
+        "the arms apart, nor any arm from the random encoder."
+    )
+
+
+def _none_above_random(d: dict) -> str:
+    also = []
+    if d["below"]:
+        also.append(f"{d['below']} comparison(s) put an arm below it")
+    if d["pairs"]:
+        also.append(f"{d['pairs']} pair(s) of arms differ (next note)")
+    return (
+        f"No pretrained arm is significantly above the random encoder ({d['compared']} comparisons)"
+        + (": " + " and ".join(also) + ", among features that have not yet beaten random ones" if also else "")
+        + "."
+    )
+
+
+def _pairs(d: dict) -> str:
+    sig, rest = d["significant"], d["total"] - len(d["significant"])
+    if not sig:
+        return f"No pair of pretrained arms differs significantly ({d['total']} pair(s) compared)."
+    return (
+        "Pairs of pretrained arms that differ: "
+        + _names(sig, pair=True)
+        + "."
+        + (f" The other {rest} pair(s) are within noise." if rest else "")
+    )
+
+
+def _seeds_untested(d: dict) -> str:
+    shown = "; ".join(
+        f"{i['a']} vs {i['b']} on {i['task']} ({i['mode']}) " + ", ".join(f"{x:+.3f}" for x in i["seed_diffs"])
+        for i in d["items"][:LISTED]
+    )
+    return (
+        f"The significant differences are tested over dev examples; with {d['seeds']} pretraining seed(s) none "
+        f"is tested across seeds (that needs {SEED_TEST_MIN}). Their differences seed by seed: {shown}."
+    )
+
+
+def _seed_level(d: dict) -> str:
+    parts = []
+    if d["held"]:
+        parts.append("these hold: " + _names(d["held"], False, pair=True))
+    if d["not_held"]:
+        parts.append(
+            "these do not: "
+            + ", ".join(
+                f"{i['a']} vs {i['b']} on {i['task']} ({i['mode']}, p {i['seed_p_holm']:.2g})"
+                for i in d["not_held"][:LISTED]
+            )
+        )
+    if d["seeds_only"]:
+        parts.append("significant across seeds only: " + _names(d["seeds_only"], False, pair=True))
+    closed = [f"{f} ({x:.3g})" for f, x in d["family_floors"].items() if x >= ALPHA]
+    return (
+        f"Across the {d['seeds']} pretraining seeds (exact sign-flip test over the per-seed differences, Holm "
+        f"within each family; it cannot give p below {d['floor']:.3g}): "
+        + "; ".join(parts)
+        + "."
+        + (
+            f" The smallest adjusted p across seeds is not below {ALPHA} in the {' and '.join(closed)} "
+            f"family: no comparison there can hold across {d['seeds']} seeds."
+            if closed
+            else ""
+        )
+    )
+
+
+def _detectable(d: dict) -> str:
+    items = ", ".join(f"{i['task']} {i['mde']:.3f} ({i['metric']}, {i['examples']:,} dev examples)" for i in d["items"])
+    first = d["items"][0]
+    return (
+        f"Smallest gap a comparison with the random encoder can find with {d['power']:.0%} power in the "
+        f"{first['mode']} mode, at alpha/m = {d['alpha']}/{first['m']}, from each task's dev set and bootstrap "
+        f"variance: {items}. Smaller gaps may be real and still not show."
+    )
+
+
+def _rtd_auc(d: dict) -> str:
+    auc = d["auc"]
+    state = (
+        "it detects replaced tokens"
+        if auc >= 0.7
+        else "it has barely begun to tell replaced tokens from real ones"
+        if auc >= 0.55
+        else "it is near its base rate (below 0.55), so it has not yet learned to detect replaced tokens; "
+        "ELECTRA's discriminator can sit there for thousands of steps (benchmarks/RESULTS.md)"
+    )
+    return f"The ELECTRA discriminator ended pretraining at AUC {auc:.3f} (0.5 = chance): {state}."
+
+
+def _probe(d: dict) -> str:
+    text = (
+        f"Probe scores are linear probes on frozen, {d['pooling']}-pooled features: they measure what the "
+        "features already encode."
+    )
+    if d["cells"]:
+        text += (
+            f" Fine-tuning scored above the probe in {d['full_above']} of {d['cells']} arm-task cells "
+            f"(mean gap {d['mean_gap']:+.3f})."
+        )
+    return text
+
+
+def _loss_levels(d: dict) -> str:
+    return (
+        f"Pretraining losses of different objectives ({', '.join(d['objectives'])}) are different quantities: "
+        "compare an arm's curve with itself, not levels across arms."
+    )
+
+
+# Kind -> its wording; every kind in report_notes.NOTE_KINDS has one (a test checks).
+WORDING = {
+    "scale": _scale,
+    "cost": _cost,
+    "budget": _budget,
+    "method": _method,
+    "few_seeds": _few_seeds,
+    "task": _task,
+    "uncorrected": _uncorrected,
+    "nothing_separates": _nothing_separates,
+    "none_above_random": _none_above_random,
+    "pairs": _pairs,
+    "seeds_untested": _seeds_untested,
+    "seed_level": _seed_level,
+    "detectable": _detectable,
+    "rtd_auc": _rtd_auc,
+    "probe": _probe,
+    "loss_levels": _loss_levels,
+}
+
+
+def render_note(kind: str, d: dict) -> str:
+    """The one place notes become prose."""
+    if kind not in WORDING:
+        raise ValueError(f"no wording for a note of kind '{kind}'")
+    return WORDING[kind](d)
