@@ -7,18 +7,122 @@ culprit and exit with status 2; nothing already built is lost.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import errno
+import importlib
+import inspect
 import os
 import sys
 import textwrap
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
+from pretrain.core.config import CHOICES, DataConfig, RunConfig, field_default, field_doc, field_type
 from pretrain.core.errors import UserError
 
 CONFIG_HELP = "a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); see `pretrain presets`"
 OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
+
+
+# ----------------------------------------------------------------------------------------------
+# Options that mirror a config field or a library parameter: the default is declared there, once
+
+
+class Mirrored:
+    """The default of field (or parameter) `name` of `owner`: a dataclass, a function, or "module:attribute" for one
+    imported only when the value is wanted (building every parser must not import torch for `finetune`'s)."""
+
+    def __init__(self, owner: Any, name: str):
+        self.owner, self.name = owner, name
+
+    def target(self) -> Any:
+        if not isinstance(self.owner, str):
+            return self.owner
+        module, _, attr = self.owner.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def value(self) -> Any:
+        target = self.target()
+        if dataclasses.is_dataclass(target):
+            return field_default(target, self.name)
+        default = inspect.signature(target).parameters[self.name].default
+        assert default is not inspect.Parameter.empty, f"{self.owner}: parameter {self.name} has no default"
+        return default
+
+    def __str__(self) -> str:  # what --help shows as the default
+        return str(self.value())
+
+
+class ArchChoices:
+    """--arch's choices: the registered HF architectures (`pretrain.hf.architectures`), imported only when the
+    choices are wanted (building the parser must not import torch)."""
+
+    def names(self) -> tuple[str, ...]:
+        return importlib.import_module("pretrain.hf.architectures").names()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def __iter__(self):
+        return iter(self.names())
+
+
+def config_key(owner: Any, name: str) -> str | None:
+    """'data.num_workers' for DataConfig's num_workers: the dotted key of a RunConfig section's field."""
+    for f in dataclasses.fields(RunConfig):
+        if field_type(RunConfig, f.name) is owner:
+            return f"{f.name}.{name}"
+    return None
+
+
+def add_field_option(p: argparse.ArgumentParser, flag: str, owner: Any, name: str, **kwargs) -> argparse.Action:
+    """`--flag`, its default taken from `owner`'s field or parameter `name` (see `Mirrored`), so it is declared once.
+
+    A dataclass field also gives the help (its `doc`), type, choices (`CHOICES`, or a Literal) and, for a bool, the
+    action: a flag that turns the default off or on. The action records `mirrors`, which tests/test_cli_defaults.py
+    checks."""
+    source = Mirrored(owner, name)
+    key = config_key(owner, name)
+    if dataclasses.is_dataclass(owner):
+        default, tp = source.value(), field_type(owner, name)
+        kwargs.setdefault("help", field_doc(owner, name).replace("%", "%%"))  # argparse formats help
+        if tp is bool:  # args.<field>, whichever way the flag turns it (--cased: args.lowercase = False)
+            kwargs.setdefault("action", "store_false" if default else "store_true")
+            kwargs.setdefault("dest", name)
+        elif tp in (int, float):
+            kwargs.setdefault("type", tp)
+        choices = CHOICES.get(key or "") or (typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None)
+        if choices and "action" not in kwargs:
+            kwargs.setdefault("choices", list(choices))
+    else:
+        default = source  # resolved after parsing (`resolve_mirrored`) or when --help prints it
+    if kwargs.get("action") in ("store_true", "store_false"):
+        said = f"sets {key}={str(kwargs['action'] == 'store_true').lower()}" if key else "default: off"
+    else:
+        said = f"default: %(default)s{f'; config key {key}' if key else ''}"
+    kwargs["help"] = f"{kwargs.get('help', '').rstrip('.')} ({said})".lstrip()
+    action = p.add_argument(flag, default=default, **kwargs)
+    action.mirrors = source  # type: ignore[attr-defined]
+    return action
+
+
+def resolve_mirrored(args: argparse.Namespace) -> argparse.Namespace:
+    """Replace the defaults left lazy by `add_field_option` by their values (importing their module only now)."""
+    for key, value in vars(args).items():
+        if isinstance(value, Mirrored):
+            setattr(args, key, value.value())
+    return args
+
+
+class Parser(argparse.ArgumentParser):
+    """Parses to plain values: the lazy defaults of `add_field_option` resolved (its subparsers are of this class)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        return resolve_mirrored(parsed), extra
 
 
 def _config_epilog() -> str:
@@ -35,7 +139,7 @@ def _config_epilog() -> str:
     )
 
 
-def _load(args) -> RunConfig:  # noqa: F821
+def _load(args) -> RunConfig:
     from pretrain.train.setup import load_config
 
     return load_config(args.config, args.overrides)
@@ -51,8 +155,8 @@ def cmd_tokenizer(args) -> int:
         out,
         kind=args.type,
         vocab_size=args.vocab_size,
-        lowercase=not args.cased,
-        strip_accents=not args.keep_accents,
+        lowercase=args.lowercase,
+        strip_accents=args.strip_accents,
         min_frequency=args.min_frequency,
         text_field=args.text_field,
         sample_docs=args.sample_docs,
@@ -202,12 +306,9 @@ def cmd_presets(args) -> int:
 
 def cmd_objectives(args) -> int:
     from objectives import REGISTRY
-    from pretrain.core.config import describe_fields
 
-    for name, cls in sorted(REGISTRY.items()):
-        print(f"{name}: {(cls.__module__ and sys.modules[cls.__module__].__doc__ or '').strip().splitlines()[0]}")
-        for key, default, doc in describe_fields(cls.Options, f"objectives.{name}."):
-            print(f"    {key} = {default}   {doc}")
+    for _, cls in sorted(REGISTRY.items()):
+        print("\n".join(cls.describe()))  # each option with its default, the values it admits and its doc
     return 0
 
 
@@ -245,6 +346,8 @@ def cmd_finetune(args) -> int:
         args.pooling,
         args.max_train,
         args.random_init,
+        args.lrs,
+        args.heldout_fraction,
     )
     print(format_finetune(result))
     if args.json:
@@ -279,25 +382,28 @@ def cmd_compare(args) -> int:
 # Each command's arguments
 
 
+# The library functions whose parameters the evaluation commands mirror (imported lazily: they import torch)
+INSPECT = "pretrain.evaluation.inspect:inspect_data"
+EVALUATE = "pretrain.evaluation.evaluate:evaluate_mlm"
+FINETUNE = "pretrain.evaluation.configs:FinetuneConfig"
+ST_EXPORT = "pretrain.hf.sentence_transformers:export_sentence_transformers"
+
+
 def _config_args(p: argparse.ArgumentParser, what: str = CONFIG_HELP) -> None:
     p.add_argument("config", help=what)
     p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
 
 
 def _bad_input_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument(
+    add_field_option(
+        p,
         "--on-bad",
-        default="skip",
-        choices=["skip", "error"],
+        DataConfig,
+        "on_bad_document",
         help="bad documents (invalid UTF-8, bad JSON, missing field, too long): skip and count, or stop "
-        "naming file and line (default: skip)",
+        "naming file and line",
     )
-    p.add_argument(
-        "--max-document-bytes",
-        type=int,
-        default=16 << 20,
-        help="longer documents (e.g. a huge line with no newline) count as bad (default: 16 MiB)",
-    )
+    add_field_option(p, "--max-document-bytes", DataConfig, "max_document_bytes")
 
 
 def _run_args(p):
@@ -322,23 +428,23 @@ def _train_args(p):
 def _tokenizer_args(p):
     p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
     p.add_argument("--out", required=True, help="output directory")
-    p.add_argument(
+    add_field_option(
+        p,
         "--type",
-        default="wordpiece",
-        choices=["wordpiece", "bpe", "unigram"],
-        help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram (default: wordpiece)",
+        DataConfig,
+        "tokenizer_type",
+        help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram",
     )
-    p.add_argument(
-        "--vocab-size", type=int, default=8192, help="vocabulary size, padded to a multiple of 64 (default: 8192)"
-    )
-    p.add_argument("--min-frequency", type=int, default=2, help="minimum frequency of a merge/token (default: 2)")
-    p.add_argument("--cased", action="store_true", help="keep case (default: lowercase)")
-    p.add_argument("--keep-accents", action="store_true", help="keep accents (default: strip them)")
-    p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
-    p.add_argument(
+    add_field_option(p, "--vocab-size", DataConfig, "vocab_size")
+    add_field_option(p, "--min-frequency", DataConfig, "min_frequency")
+    add_field_option(p, "--cased", DataConfig, "lowercase", help="keep case")
+    add_field_option(p, "--keep-accents", DataConfig, "strip_accents", help="keep accents")
+    add_field_option(p, "--text-field", DataConfig, "text_field")
+    add_field_option(
+        p,
         "--sample-docs",
-        type=int,
-        default=0,
+        DataConfig,
+        "tokenizer_sample_docs",
         help="train on about N documents, an equal share from the start of each input file (0 = all)",
     )
     _bad_input_args(p)
@@ -348,9 +454,9 @@ def _shards_args(p):
     p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (from `pretrain tokenizer`)")
     p.add_argument("--out", required=True, help="output shard directory")
-    p.add_argument("--workers", type=int, default=os.cpu_count() or 1, help="tokenizing processes (default: all cores)")
-    p.add_argument("--docs-per-shard", type=int, default=2000, help="documents per shard (default: 2000)")
-    p.add_argument("--text-field", default="text", help="JSON Lines field holding the text (default: text)")
+    add_field_option(p, "--workers", DataConfig, "num_workers")
+    add_field_option(p, "--docs-per-shard", DataConfig, "docs_per_shard")
+    add_field_option(p, "--text-field", DataConfig, "text_field")
     _bad_input_args(p)
 
 
@@ -360,7 +466,7 @@ def _data_inspect_args(p):
         "--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, tokenizer/ beside it)"
     )
     p.add_argument("--out", help="histogram PNG path (default: inspect/doc_lengths.png beside the shard directory)")
-    p.add_argument("--samples", type=int, default=3, help="decoded samples to show (default: 3)")
+    add_field_option(p, "--samples", INSPECT, "num_samples", type=int, help="decoded samples to show")
 
 
 def _export_args(p):
@@ -380,7 +486,8 @@ def _export_args(p):
     p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
     p.add_argument(
         "--arch",
-        choices=["bert", "roberta", "albert", "modernbert", "electra"],
+        choices=ArchChoices(),
+        metavar="ARCH",  # argparse would list the choices now, importing the registry (and torch) for every command
         help="HF architecture to write (default: the one the model options match: bert, or albert with "
         "embedding_size/share_layers, modernbert with pre-LN+rope+geglu+no bias, electra for rtd; "
         "roberta only on request). Options with no HF equivalent are an error",
@@ -402,7 +509,9 @@ def _export_args(p):
         default="transformers",
         help="sentence-transformers: also write the encoder with a pooling layer for SentenceTransformer(dir)",
     )
-    p.add_argument("--pooling", choices=["mean", "cls"], default="mean", help="sentence-transformers pooling")
+    add_field_option(
+        p, "--pooling", ST_EXPORT, "pooling", choices=["mean", "cls"], help="sentence-transformers pooling"
+    )
     p.add_argument("--normalize", action="store_true", help="sentence-transformers: unit-length embeddings")
     p.add_argument(
         "--st-out", help="sentence-transformers directory (default: <export>-sentence-transformers beside the export)"
@@ -412,7 +521,7 @@ def _export_args(p):
 def _average_args(p):
     p.add_argument("checkpoints", nargs="+", help="checkpoint directories (or run directories: their latest)")
     p.add_argument("--out", required=True, help="output directory of the averaged export")
-    p.add_argument("--arch", choices=["bert", "roberta", "albert", "modernbert", "electra"], help="as for export")
+    p.add_argument("--arch", choices=ArchChoices(), metavar="ARCH", help="as for export")
     p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
 
 
@@ -424,36 +533,61 @@ def _eval_args(p):
         nargs="+",
         help="held-out corpus file(s): shards are built with the model's tokenizer (cached beside the target)",
     )
-    p.add_argument("--max-samples", type=int, default=0, help="evaluate at most N sequences (default: all)")
-    p.add_argument("--max-seq-len", type=int, default=128, help="tokens per sequence (default: 128)")
-    p.add_argument("--batch-size", type=int, default=32, help="sequences per batch (default: 32)")
+    add_field_option(
+        p, "--max-samples", EVALUATE, "max_samples", type=int, help="evaluate at most N sequences (0 = all)"
+    )
+    add_field_option(p, "--max-seq-len", EVALUATE, "max_seq_len", type=int, help="tokens per sequence")
+    add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=int, help="sequences per batch")
     p.add_argument("--json", help="also write the result to this JSON file")
 
 
 def _finetune_args(p):
     p.add_argument("model_dir", help="exported HuggingFace directory (BERT, ELECTRA, any *ForSequenceClassification)")
-    p.add_argument("task_dir", help="directory with train.tsv and dev.tsv")
+    p.add_argument(
+        "task_dir",
+        help="directory with train.tsv and dev.tsv, or with train.txt and dev.txt in CoNLL columns (token-level: "
+        "BIO tags, scored by chunk F1)",
+    )
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 1..N (default: 3)")
     p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
-    p.add_argument(
+    add_field_option(
+        p,
         "--mode",
-        default="full",
-        choices=["full", "probe"],
-        help="full fine-tuning, or a linear probe on frozen features (default: full)",
+        FINETUNE,
+        "mode",
+        help="full fine-tuning, or a linear probe on frozen features",
     )
     p.add_argument("--epochs", type=int, help="epochs (default: 3 full, 20 probe)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
     p.add_argument("--batch-size", type=int, help="batch size (default: 32 full, 64 probe)")
-    p.add_argument("--max-seq-len", type=int, default=128, help="truncate inputs to this many tokens (default: 128)")
-    p.add_argument(
+    add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len", type=int, help="truncate inputs to this many tokens")
+    add_field_option(
+        p,
         "--task-type",
-        default="auto",
-        choices=["auto", "classification", "regression"],
-        help="default: inferred from the labels",
+        FINETUNE,
+        "task_type",
+        help="auto: inferred from the labels (CoNLL columns are token-level)",
     )
-    p.add_argument("--pooling", default="mean", choices=["mean", "cls"], help="probe features (default: mean)")
-    p.add_argument("--max-train", type=int, default=0, help="use a fixed subset of N training examples (0 = all)")
-    p.add_argument("--random-init", action="store_true", help="same config, random weights (a no-pretraining baseline)")
+    add_field_option(p, "--pooling", FINETUNE, "pooling", help="probe features")
+    add_field_option(
+        p, "--max-train", FINETUNE, "max_train", type=int, help="use a fixed subset of N training examples (0 = all)"
+    )
+    add_field_option(
+        p,
+        "--random-init",
+        FINETUNE,
+        "random_init",
+        action="store_true",
+        help="same config, random weights (a no-pretraining baseline)",
+    )
+    p.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        help="learning rates to sweep: each trained on train minus a held-out part and scored there (never on dev); "
+        "the best is trained on all of train and scored on dev",
+    )
+    add_field_option(p, "--heldout-fraction", FINETUNE, "heldout_fraction", type=float, help="with --lrs")
     p.add_argument("--json", help="also write the result to this JSON file")
 
 
@@ -591,13 +725,15 @@ COMMANDS = (
     Command(
         "finetune",
         cmd_finetune,
-        "downstream scores on a GLUE-format TSV task, over several seeds",
+        "downstream scores on a GLUE-format TSV task or a CoNLL token-level task, over several seeds",
         _finetune_args,
         """\
         Fine-tune (--mode full) or linearly probe a frozen encoder (--mode probe) from a HF directory on
         TASK_DIR/train.tsv, score on TASK_DIR/dev.tsv. Columns: sentence, or sentence1 and sentence2; and label
         (ints/strings: classification; floats: regression). Reports accuracy (and MCC for two classes) or
-        Pearson/Spearman, mean +- std over seeds.""",
+        Pearson/Spearman, mean +- std over seeds. TASK_DIR/train.txt and dev.txt in CoNLL columns (token first,
+        BIO tag last, blank line between sentences) make a token classification task, labels on each word's first
+        sub-token: reports conlleval's chunk F1 (main), precision, recall and token accuracy.""",
     ),
     Command(
         "ablate",
@@ -631,7 +767,7 @@ GROUPS = {"data": "look at the data a run will train on (`pretrain data inspect`
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="pretrain",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description="Pretrain BERT-family encoders: tokenizer -> shards -> DeepSpeed training -> HuggingFace export.",

@@ -208,7 +208,7 @@ def stage_export(
 ) -> Path:
     """Export the checkpoint to `out` (default <run>/hf, for the run `checkpoint.run_of` finds, however it was
     renamed or copied since training; a checkpoint outside a run needs `out`) as the HF architecture its options
-    match (`arch` forces one: bert, roberta, albert, modernbert, electra; see
+    match (`arch` forces one of the registered architectures, `pretrain.hf.architectures`; see
     `pretrain.hf.interop.select_architecture`); optionally upload it to the Hub repo `push_to_hub`. The parity
     check (`verify`) runs on the new export before it replaces the previous one. The checkpoint is read under
     `reading_checkpoints`, so a trainer saving into the run meanwhile does not rotate it away. A run that kept a
@@ -266,8 +266,8 @@ def export_model(model, tokens, tokenizer_dir: Path, out: Path, card: dict, arch
     """Export `model` as the HF architecture its options match into `out`, checked (`verify`) against ours on a
     probe batch and through the exported tokenizer's own call on a sentence pair before it replaces anything;
     returns (out, the directory a fill-mask demo loads)."""
-    from pretrain.hf.electra import GENERATOR_DIR, export_electra, verify_electra_export
-    from pretrain.hf.export import export_pretrained, verify_export
+    from pretrain.hf.architectures import get
+    from pretrain.hf.export import export_hf, verify_parts
     from pretrain.hf.interop import select_architecture
     from pretrain.hf.tokenizer_check import check_pair_encoding
 
@@ -277,23 +277,14 @@ def export_model(model, tokens, tokenizer_dir: Path, out: Path, card: dict, arch
     found: dict[str, float] = {}  # the parity check's max differences, filled in by `check`
 
     def check(directory: Path) -> None:
-        if target.arch == "electra":
-            found.update(verify_electra_export(model, directory))
-        else:
-            found.update(logits=verify_export(model, directory))
+        found.update(verify_parts(model, directory, target.arch))
         check_pair_encoding(directory)
 
-    if target.arch == "electra":
-        out = export_electra(model, tokens, tokenizer_dir, out, card, inputs, check=check if verify else None)
-        demo, what = (
-            out / GENERATOR_DIR,
-            f"{out} (ElectraForPreTraining) and {out / GENERATOR_DIR} (ElectraForMaskedLM)",
-        )
-    else:
-        out = export_pretrained(
-            model, tokens, tokenizer_dir, out, card, target.arch, inputs, check=check if verify else None
-        )
-        demo, what = out, f"{out} ({target.hf_class})"
+    out, parts = export_hf(
+        model, tokens, tokenizer_dir, out, card, target.arch, inputs, check=check if verify else None, target=target
+    )
+    demo = out / get(target.arch).demo  # ELECTRA: the generator, the fill-mask model of its two
+    what = " and ".join(f"{out / part.subdir} ({part.hf_class})" for part in parts)
     if verify:
         what += (
             f"; transformers loads it, max |logit diff| vs ours {max(found.values()):.2e} (hidden states included), "

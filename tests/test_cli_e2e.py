@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"

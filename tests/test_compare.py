@@ -8,7 +8,7 @@ import math
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from pretrain.core.errors import UserError
 from pretrain.evaluation.compare import compare_runs, wall_times

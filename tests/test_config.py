@@ -139,3 +139,53 @@ def test_resume_fingerprint_names_each_fixed_difference_and_the_override():
         {"train": {"lr": 1.0, "allow_changes": []}, "name": "a"},
         {"train": {"lr": 2.0, "allow_changes": ["x"]}, "name": "b"},
     ) == ["train.lr: 1.0 -> 2.0"]
+
+
+# ----------------------------------------------------------------------------------------------
+# The typed-parsing API, for any config kind
+
+
+def test_public_api_types_any_dataclass_tree(tmp_path):
+    from dataclasses import dataclass, field
+    from typing import Literal
+
+    from pretrain.core.config import apply_overrides, doc, field_default, field_doc, from_dict, load_typed
+
+    @dataclass(frozen=True)
+    class Probe:
+        mode: Literal["probe", "full"] = doc("probe", "What to train.")
+        seeds: list[int] = doc(factory=lambda: [1, 2, 3], text="Seeds.")
+
+    @dataclass(frozen=True)
+    class Study:
+        out: str = doc("", "Where.")
+        probe: Probe = field(default_factory=Probe)
+
+    assert from_dict(Study, {"probe": {"seeds": ["4"]}}) == Study(probe=Probe(seeds=[4]))
+    with pytest.raises(ConfigError, match=r"^s\.yaml: unknown config key 'probe\.mdoe' \(did you mean 'mode'\?\)"):
+        from_dict(Study, {"probe": {"mdoe": "full"}}, source="s.yaml")
+    with pytest.raises(ConfigError, match=r"probe\.mode: value 'ful' is not one of probe, full \(did you mean 'full'"):
+        from_dict(Study, {"probe": {"mode": "ful"}})
+    with pytest.raises(ConfigError, match=r"probe: expected a mapping of Probe options"):
+        from_dict(Study, {"probe": [1]})
+    (tmp_path / "base.yaml").write_text("out: here\nprobe: {mode: full}\n")
+    (tmp_path / "s.yaml").write_text("base: base.yaml\nprobe: {seeds: [7]}\n")
+    assert load_typed(Study, tmp_path / "s.yaml", ["probe.seeds=[8, 9]"]) == Study("here", Probe("full", [8, 9]))
+    assert apply_overrides({"a": {"b": 1}}, ["a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+    assert field_default(Probe, "seeds") == [1, 2, 3] and field_doc(Probe, "mode") == "What to train."
+    with pytest.raises(KeyError, match="did you mean 'seeds'"):
+        field_default(Probe, "seed")
+
+
+def test_base_resolution_is_shared_by_every_config_kind(tmp_path):
+    from pretrain.core.config import deep_merge, load_yaml_with_base, merge_base, nearest
+
+    (tmp_path / "a.yaml").write_text("x: {p: 1, q: 2}\n")
+    (tmp_path / "b.yaml").write_text("base: a.yaml\nx: {q: 3}\n")
+    assert load_yaml_with_base(tmp_path / "b.yaml") == {"x": {"p": 1, "q": 3}}
+    assert load_yaml_with_base(tmp_path / "b.yaml", replace=("x",)) == {"x": {"q": 3}}
+    # a section of a file (an ablation's `run:` block) inheriting from a run preset
+    run = merge_base({"base": "tiny", "train": {"lr": 1.0}}, tmp_path / "ablation.yaml")
+    assert run["train"]["lr"] == 1.0 and run["model"]["num_layers"] == 2
+    assert deep_merge({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
+    assert nearest("hiden", ["hidden", "heads"]) == " (did you mean 'hidden'?)"

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from data_pipeline.loader import PretrainDataset, build_loader
 from data_pipeline.mixing import Interleave, MixedSamples, apportion, iter_documents_weighted

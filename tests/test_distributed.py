@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from conftest import requires_fp16
+from helpers import requires_fp16
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"

@@ -7,8 +7,8 @@ import shutil
 
 import pytest
 import torch
-from conftest import run_args, small_corpus
-from conftest import run_cli as pretrain
+from helpers import run_args, small_corpus
+from helpers import run_cli as pretrain
 from safetensors.torch import load_file
 
 from pretrain.core.errors import UserError

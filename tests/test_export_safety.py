@@ -9,8 +9,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import one_line_error, run_args, small_corpus, snapshot
-from conftest import run_cli as pretrain
+from helpers import one_line_error, run_args, small_corpus, snapshot
+from helpers import run_cli as pretrain
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"

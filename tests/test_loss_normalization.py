@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from test_model_variants import BASE, TOKENS, make_batch
+from helpers import BASE, TOKENS, make_batch
 
 from objectives import build_objectives
 from pretrain.model.pretraining import PretrainingModel

@@ -5,22 +5,14 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
 import torch
+from helpers import BASE, TOKENS, V, make_batch
 
-from data_pipeline.loader import Collator
 from objectives import build_objectives
-from pretrain.core.config import ModelConfig
-from pretrain.core.tokens import SpecialTokens
 from pretrain.model.encoder import SelfAttention, rope_tables, rotate
 from pretrain.model.pretraining import Forward, PretrainingModel
 
-V = 96
-TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
-BASE = ModelConfig(
-    vocab_size=V, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64, max_position_embeddings=64
-)
 MODERN = dict(norm_placement="pre", position_embedding="rope", activation="geglu", use_bias=False)
 VARIANTS = {
     "pre": dict(norm_placement="pre"),
@@ -33,31 +25,6 @@ VARIANTS = {
     "albert": dict(embedding_size=16, share_layers=True),
     "everything": dict(MODERN, embedding_size=16, share_layers=True),
 }
-
-
-def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None):
-    """A padded MLM batch (rows of different lengths, two segments) through the real collator; with `split` (a row
-    index), the two batches of the rows before and after it, from the same samples."""
-    rng = np.random.default_rng(seed)
-    objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
-    samples = []
-    for n in lengths:
-        ids = rng.integers(5, V, size=n)
-        ids[0], ids[n // 2], ids[-1] = TOKENS.cls, TOKENS.sep, TOKENS.sep
-        types = np.zeros(n, np.int64)
-        types[n // 2 + 1 :] = 1
-        special = np.isin(ids, [TOKENS.cls, TOKENS.sep])
-        sample = {
-            "input_ids": ids,
-            "token_type_ids": types,
-            "special_mask": special,
-            "word_starts": special | (rng.random(n) < 0.6),
-        }  # words of 1-3 tokens, for word-level masking
-        for objective in objectives:
-            sample = objective.prepare(sample, rng)
-        samples.append(sample)
-    collate = Collator(TOKENS.pad, objectives)
-    return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
 
 
 def build(seed=0, objectives=("mlm",), **options):

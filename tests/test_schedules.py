@@ -8,8 +8,8 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from conftest import run_args, small_corpus, snapshot
-from conftest import run_cli as pretrain
+from helpers import run_args, small_corpus, snapshot
+from helpers import run_cli as pretrain
 
 from pretrain.core.config import TrainConfig, read_config
 from pretrain.core.errors import ConfigError

@@ -186,7 +186,7 @@ def test_refusals(tokens, tokenizer_dir, tmp_path):
 def test_export_format_flag_through_the_cli(tmp_path):
     """`pretrain export RUN --format sentence-transformers`: beside the HF export, truncating at the run's length,
     and the same embeddings as the HF export's encoder under the chosen pooling."""
-    from conftest import run_args, run_cli, small_corpus
+    from helpers import run_args, run_cli, small_corpus
 
     run_cli("run", *run_args(tmp_path, small_corpus(tmp_path)), "--no-demo", cwd=tmp_path)
     proc = run_cli("export", tmp_path / "r", "--format", "sentence-transformers", "--pooling", "cls", cwd=tmp_path)

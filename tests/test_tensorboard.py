@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from helpers import run_cli
 
 from pretrain.core.errors import ConfigError
 from pretrain.train.metrics import MetricsLogger, read_metrics

@@ -2,6 +2,10 @@
 
 One source of truth: the DeepSpeed config, the HF export config and the data settings are all derived
 from a `RunConfig`. Unknown keys and wrong types fail with the key, the value and the nearest valid key.
+
+The parsing is generic (see "The typed-parsing API" below, with an example): `from_dict`, `load_yaml_with_base`,
+`apply_overrides`, `deep_merge`, `nearest`, `doc` and `field_default`/`field_doc` serve every config kind (ablations,
+fine-tuning, evaluation, objectives' options) and the command line's defaults.
 """
 
 from __future__ import annotations
@@ -201,6 +205,11 @@ class TrainConfig:
         "skip", "A step with a NaN/inf loss or gradient: skip (count it; stop after max_skipped_steps) or stop at once."
     )
     max_skipped_steps: int = doc(20, "With nan_policy=skip, stop when this many steps have been skipped in a row.")
+    collective_timeout_minutes: float = doc(
+        30.0,
+        "Longest wait of any collective (all-reduce, barrier) before the rank gives up with an error: a host lost "
+        "without closing its connections ends the run after this long instead of hanging.",
+    )
     seed: int = doc(1234, "Seed of initialisation, sample order and masking.")
     peak_tflops: float = doc(
         0.0, "Peak TFLOP/s of one device for MFU; 0 = look the device up in a table (unknown on CPUs)."
@@ -217,6 +226,11 @@ class TrainConfig:
         "by key or prefix, e.g. [model.num_heads] or [objectives]: for "
         "users who mean it.",
     )
+
+    def global_batch(self, world: int) -> int:
+        """Sequences per optimizer step over `world` data-parallel ranks: the one place this product is formed
+        (tests/test_architecture.py holds every other to it)."""
+        return self.micro_batch_size * self.grad_accum_steps * world
 
 
 @dataclass(frozen=True)
@@ -266,11 +280,26 @@ class RunConfig:
 
 
 # ----------------------------------------------------------------------------------------------
-# Building typed dataclasses from plain dicts
+# The typed-parsing API: any tree of (frozen) dataclasses, not only RunConfig.
+#
+#     @dataclass(frozen=True)
+#     class ProbeConfig:
+#         mode: Literal["probe", "full"] = doc("probe", "What to train.")
+#         seeds: list[int] = doc(factory=lambda: [1, 2, 3], text="Fine-tuning seeds.")
+#
+#     data = load_yaml_with_base(Path("probe.yaml"))  # `base: other.yaml` (or a preset name) resolved
+#     data = apply_overrides(data, ["mode=full", "seeds=[1, 2]"])
+#     cfg = from_dict(ProbeConfig, data, source="probe.yaml")
+#     # unknown key: "probe.yaml: unknown config key 'mdoe' (did you mean 'mode'?)"
+#     # wrong value: "probe.yaml: mode: value 'ful' is not one of probe, full (did you mean 'full'?)"
+#
+# `field_default(cls, name)` and `field_doc(cls, name)` let a command-line option take its default and help from
+# the field it mirrors, so a default is declared once.
 
 
-def _nearest(key: str, options: typing.Iterable[str]) -> str:
-    match = difflib.get_close_matches(key, list(options), n=1, cutoff=0.0)
+def nearest(key: str, options: typing.Iterable[str]) -> str:
+    """ " (did you mean 'x'?)" for the option closest to `key`, to append to an error; "" when there are none."""
+    match = difflib.get_close_matches(str(key), [str(o) for o in options], n=1, cutoff=0.0)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
@@ -279,7 +308,7 @@ def _type_name(tp: Any) -> str:
 
 
 def _coerce(value: Any, tp: Any, where: str) -> Any:
-    """Check `value` against the annotation `tp`; allow int -> float and str -> scalar (from overrides)."""
+    """Check `value` against the annotation `tp` (containers here, scalars in `_coerce_scalar`)."""
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
         if isinstance(value, tp):
@@ -287,13 +316,18 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping of {tp.__name__} options, got {value!r}")
         return from_dict(tp, value, where)
-    if origin is list:
-        (item_tp,) = typing.get_args(tp)
-        if isinstance(value, str):
+    if origin in (list, tuple):
+        args = typing.get_args(tp)
+        if isinstance(value, str):  # `a.b=x` for a one-item list
             value = [value]
         if not isinstance(value, (list, tuple)):
             raise ConfigError(f"{where}: expected a list, got {value!r}")
-        return [_coerce(v, item_tp, f"{where}[{i}]") for i, v in enumerate(value)]
+        if origin is tuple and not (len(args) == 2 and args[1] is Ellipsis):
+            if len(value) != len(args):
+                raise ConfigError(f"{where}: expected {len(args)} items, got {value!r}")
+            return tuple(_coerce(v, t, f"{where}[{i}]") for i, (v, t) in enumerate(zip(value, args)))
+        items = [_coerce(v, args[0], f"{where}[{i}]") for i, v in enumerate(value)] if args else list(value)
+        return tuple(items) if origin is tuple else items
     if origin is dict or tp is Any:
         if origin is dict and not isinstance(value, dict):
             raise ConfigError(f"{where}: expected a mapping, got {value!r}")
@@ -303,6 +337,17 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
         if value is None:
             return None
         return _coerce(value, args[0], where)
+    if origin is typing.Literal:
+        allowed = typing.get_args(tp)
+        if value not in allowed:
+            names = [str(a) for a in allowed]
+            raise ConfigError(f"{where}: value '{value}' is not one of {', '.join(names)}{nearest(value, names)}")
+        return value
+    return _coerce_scalar(value, tp, where)
+
+
+def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
+    """bool, int, float and str, allowing int -> float and str -> scalar (what an override gives)."""
     if tp is bool:
         if isinstance(value, bool):
             return value
@@ -341,18 +386,55 @@ def _coerce(value: Any, tp: Any, where: str) -> Any:
     raise ConfigError(f"{where}: value {value!r} is not a valid {_type_name(tp)}")
 
 
-def from_dict(cls: type, data: dict, where: str = "") -> Any:
-    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types with a clear message."""
+def from_dict(cls: type, data: dict | None, where: str = "", *, source: str | os.PathLike | None = None) -> Any:
+    """Build dataclass `cls` from `data`, rejecting unknown keys and wrong types with a clear message.
+
+    `where` is the dotted key path of `data` inside a larger config ("objectives.mlm"); `source` (a file name)
+    prefixes every error, so it names the file and the key: "ablation.yaml: eval.mode: value 'ful' ..."."""
+    if source is not None:
+        try:
+            return from_dict(cls, data, where)
+        except ConfigError as err:
+            raise ConfigError(f"{source}: {err}") from None
+    if data is not None and not isinstance(data, dict):
+        raise ConfigError(f"{where or 'config'}: expected a mapping of {cls.__name__} options, got {data!r}")
     hints = typing.get_type_hints(cls)
     names = {f.name for f in dataclasses.fields(cls)}
     kwargs = {}
     for key, value in (data or {}).items():
         path = f"{where}.{key}" if where else str(key)
         if key not in names:
-            raise ConfigError(f"unknown config key '{path}'{_nearest(str(key), names)}")
+            raise ConfigError(f"unknown config key '{path}'{nearest(str(key), names)}")
         kwargs[key] = _coerce(value, hints[key], path)
-    obj = cls(**kwargs)
-    return obj
+    return cls(**kwargs)
+
+
+def field_default(cls: type, name: str) -> Any:
+    """The default of dataclass field `name` (its factory called); KeyError naming the nearest field if absent."""
+    f = _field(cls, name)
+    if f.default is not dataclasses.MISSING:
+        return f.default
+    if f.default_factory is not dataclasses.MISSING:
+        return f.default_factory()
+    raise KeyError(f"{cls.__name__}.{name} has no default")
+
+
+def field_doc(cls: type, name: str) -> str:
+    """The one-line documentation `doc(...)` gave field `name` ("" if none)."""
+    return _field(cls, name).metadata.get("doc", "")
+
+
+def field_type(cls: type, name: str) -> Any:
+    """The resolved annotation of field `name` (strings of `from __future__ import annotations` evaluated)."""
+    _field(cls, name)
+    return typing.get_type_hints(cls)[name]
+
+
+def _field(cls: type, name: str) -> dataclasses.Field:
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    if name not in fields:
+        raise KeyError(f"{cls.__name__} has no field '{name}'{nearest(name, fields)}")
+    return fields[name]
 
 
 def to_dict(obj: Any) -> Any:
@@ -381,11 +463,13 @@ def _parse_scalar(text: str) -> Any:
 REPLACED_BY_PRESET = ("objectives",)
 
 
-def _deep_merge(base: dict, extra: dict, replace: tuple[str, ...] = ()) -> dict:
+def deep_merge(base: dict, extra: dict, replace: tuple[str, ...] = ()) -> dict:
+    """`extra` over `base`, mappings merged key by key (new dicts; the inputs are not changed). A key in `replace`
+    takes `extra`'s mapping whole, e.g. a preset's objectives."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in replace:
-            out[key] = _deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value)
         else:
             out[key] = value
     return out
@@ -401,7 +485,7 @@ def resolve_preset(name_or_path: str) -> Path:
             return candidate
     presets = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
     raise ConfigError(
-        f"config '{name_or_path}' not found: not a file, nor a preset{_nearest(name_or_path, presets)}; "
+        f"config '{name_or_path}' not found: not a file, nor a preset{nearest(name_or_path, presets)}; "
         f"presets: {', '.join(presets)}"
     )
 
@@ -424,8 +508,10 @@ def _read_text(path: Path) -> str:
         ) from None
 
 
-def load_yaml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
-    """Read a YAML preset; `base: other.yaml` inherits from another preset (relative to this file)."""
+def load_yaml_with_base(path: Path, replace: tuple[str, ...] = (), _chain: tuple[Path, ...] = ()) -> dict:
+    """A YAML mapping, any kind of config; `base: other.yaml` inherits from another file (relative to this one) or a
+    preset, recursively, the file's keys merged over its base's (`deep_merge`, `replace` as there)."""
+    path = Path(path)
     if path.resolve() in _chain:
         loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
         raise ConfigError(f"{path}: base: presets inherit from each other in a loop ({loop})")
@@ -437,18 +523,30 @@ def load_yaml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
         raise ConfigError(f"{path}{line}: invalid YAML ({getattr(err, 'problem', err)})") from None
     if not isinstance(data, dict):
         raise ConfigError(f"{path}: expected a mapping at the top level")
-    base = data.pop("base", None)
-    if base:
-        base_path = (path.parent / base) if not Path(base).is_absolute() else Path(base)
-        if not base_path.is_file():
-            base_path = resolve_preset(base)
-        data = _deep_merge(load_yaml(base_path, (*_chain, path.resolve())), data, replace=REPLACED_BY_PRESET)
-    return data
+    return merge_base(data, path, replace, (*_chain, path.resolve()))
 
 
-def apply_overrides(data: dict, overrides: list[str]) -> dict:
-    """Apply `a.b.c=value` overrides to a nested dict."""
-    data = _deep_merge({}, data)
+def merge_base(block: dict, path: Path, replace: tuple[str, ...] = (), _chain: tuple[Path, ...] = ()) -> dict:
+    """`block` (a mapping read from file `path`, or a section of it) over the config its `base:` names, if any: a
+    file relative to `path`, or a preset. The base's own `base:` is followed with the same `replace`."""
+    block = dict(block)
+    base = block.pop("base", None)
+    if not base:
+        return block
+    base_path = (Path(path).parent / base) if not Path(base).is_absolute() else Path(base)
+    if not base_path.is_file():
+        base_path = resolve_preset(str(base))
+    return deep_merge(load_yaml_with_base(base_path, replace, _chain), block, replace=replace)
+
+
+def load_yaml(path: Path, _chain: tuple[Path, ...] = ()) -> dict:
+    """Read a run config preset: `load_yaml_with_base`, where a preset that names objectives replaces its base's."""
+    return load_yaml_with_base(path, REPLACED_BY_PRESET, _chain)
+
+
+def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
+    """`data` with dotted `a.b.c=value` overrides applied (a new dict); values are YAML: `0.1`, `true`, `[a, b]`."""
+    data = deep_merge({}, data)
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. model.hidden_size=128)")
@@ -463,6 +561,17 @@ def apply_overrides(data: dict, overrides: list[str]) -> dict:
     return data
 
 
+def load_typed(cls: type, path: Path | None, overrides: typing.Iterable[str] = (), replace: tuple[str, ...] = ()):
+    """The whole API in one call: file (with `base:`) + dotted overrides -> a typed `cls`, errors naming the file."""
+    data = load_yaml_with_base(Path(path), replace) if path else {}
+    return from_dict(cls, apply_overrides(data, overrides), source=path)
+
+
+# Old private names, kept while callers move to the public ones.
+_nearest = nearest
+_deep_merge = deep_merge
+
+
 def build_config(data: dict) -> RunConfig:
     """A typed, checked RunConfig from a dict. Its objectives are still the mapping given: the run's config is
     finished, once, by `pretrain.train.setup.resolve_config` (objectives typed, `model.init_from` applied)."""
@@ -471,27 +580,34 @@ def build_config(data: dict) -> RunConfig:
     return cfg
 
 
+CHOICES: dict[str, tuple[str, ...]] = {
+    "train.precision": ("auto", "bf16", "fp16", "fp32"),
+    "data.tokenizer_type": ("wordpiece", "bpe", "unigram"),
+    "data.on_bad_document": ("skip", "error"),
+    "data.packing": ("full_sentences", "doc_bounded"),
+    "wandb.mode": ("offline", "online", "disabled"),
+    "train.optimizer": ("adamw", "lamb"),
+    "model.norm_placement": ("post", "pre"),
+    "model.position_embedding": ("learned", "rope"),
+    "model.activation": ("gelu", "geglu"),
+    "train.nan_policy": ("skip", "stop"),
+    "train.loss_normalization": ("step", "micro_batch"),
+    "train.lr_schedule": ("linear", "cosine", "wsd", "inverse_sqrt"),
+    "train.decay_shape": ("linear", "cosine", "1-sqrt"),
+}
+"""The allowed values of RunConfig's string options, by dotted key (checked here, offered by the command line)."""
+
+
 def _check_values(cfg: RunConfig) -> None:
-    choices = {
-        "train.precision": (cfg.train.precision, ("auto", "bf16", "fp16", "fp32")),
-        "data.tokenizer_type": (cfg.data.tokenizer_type, ("wordpiece", "bpe", "unigram")),
-        "data.on_bad_document": (cfg.data.on_bad_document, ("skip", "error")),
-        "data.packing": (cfg.data.packing, ("full_sentences", "doc_bounded")),
-        "wandb.mode": (cfg.wandb.mode, ("offline", "online", "disabled")),
-        "train.optimizer": (cfg.train.optimizer, ("adamw", "lamb")),
-        "model.norm_placement": (cfg.model.norm_placement, ("post", "pre")),
-        "model.position_embedding": (cfg.model.position_embedding, ("learned", "rope")),
-        "model.activation": (cfg.model.activation, ("gelu", "geglu")),
-        "train.nan_policy": (cfg.train.nan_policy, ("skip", "stop")),
-        "train.loss_normalization": (cfg.train.loss_normalization, ("step", "micro_batch")),
-        "train.lr_schedule": (cfg.train.lr_schedule, ("linear", "cosine", "wsd", "inverse_sqrt")),
-        "train.decay_shape": (cfg.train.decay_shape, ("linear", "cosine", "1-sqrt")),
-    }
-    for key, (value, allowed) in choices.items():
+    for key, allowed in CHOICES.items():
+        section, _, name = key.partition(".")
+        value = getattr(getattr(cfg, section), name)
         if value not in allowed:
-            raise ConfigError(f"{key}: value '{value}' is not one of {', '.join(allowed)}{_nearest(value, allowed)}")
+            raise ConfigError(f"{key}: value '{value}' is not one of {', '.join(allowed)}{nearest(value, allowed)}")
     if cfg.train.zero_stage not in (0, 1, 2, 3):
         raise ConfigError(f"train.zero_stage: value {cfg.train.zero_stage} is not one of 0, 1, 2, 3")
+    if cfg.train.collective_timeout_minutes <= 0:
+        raise ConfigError(f"train.collective_timeout_minutes: must be > 0, got {cfg.train.collective_timeout_minutes}")
     if cfg.model.hidden_size % cfg.model.num_heads:
         raise ConfigError(
             f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.num_heads ({cfg.model.num_heads})"

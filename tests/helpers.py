@@ -1,0 +1,213 @@
+"""Helpers shared by the test modules, in one place: test modules import them from here (`from helpers import
+...`), never from each other or from conftest.py (which sets the environment up and holds the fixtures)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from data_pipeline.loader import Collator
+from objectives import build_objectives
+from pretrain.core.config import ModelConfig
+from pretrain.core.tokens import SpecialTokens
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+# ----------------------------------------------------------------------------------------------
+# The command line, as a user runs it
+
+
+def run_cli(*args, cwd, rc=0, wait=True, wandb_mode="disabled"):
+    """`python -m pretrain.cli ARGS` in a fresh process, as a user runs it (no rank variables of a launcher around
+    it); asserts the exit status `rc` (None: any). wait=False returns the running Popen."""
+    import subprocess
+
+    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": wandb_mode, "PYTHONPATH": str(ROOT)}
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
+        env.pop(key, None)
+    cmd = [sys.executable, "-m", "pretrain.cli", *map(str, args)]
+    if not wait:
+        return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.run(cmd, cwd=cwd, env=env, capture_output=True, text=True, timeout=600)
+    if rc is not None:
+        tails = f"stdout:{proc.stdout[-3000:]}\nstderr:{proc.stderr[-4000:]}"
+        assert proc.returncode == rc, f"rc={proc.returncode}\n{tails}"
+    return proc
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny runs through the CLI, as a user makes them
+
+CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"  # the embedded corpus
+
+
+def small_corpus(directory: Path, lines: slice = slice(0, 20), name: str = "speeches.jsonl") -> Path:
+    """A corpus file of a few documents of the embedded corpus (20 by default): enough for the tiny preset."""
+    path = Path(directory) / name
+    path.write_text("\n".join(CORPUS.read_text().splitlines()[lines]) + "\n")
+    return path
+
+
+def run_args(out, corpus, *extra) -> list[str]:
+    """A `tiny` run of 3 steps with 1 layer named r in `out` on `corpus` (a checkpoint at step 3, a metrics line per
+    step); `extra` overrides come last and win (e.g. "name=other")."""
+    return [
+        "tiny",
+        f"output_dir={out}",
+        "name=r",
+        f"data.corpus=[{corpus}]",
+        "data.vocab_size=512",
+        "data.num_workers=0",
+        "model.num_layers=1",
+        "train.max_steps=3",
+        "train.save_every=3",
+        "train.log_every=1",
+        "train.warmup_steps=1",
+        *extra,
+    ]
+
+
+def snapshot(path: Path) -> dict[str, bytes]:
+    """Every file under `path` with its bytes (what 'left untouched' means; the lock records its last holder)."""
+    return {
+        str(p.relative_to(path)): p.read_bytes() for p in sorted(path.rglob("*")) if p.is_file() and p.name != ".lock"
+    }
+
+
+def one_line_error(proc, *needles):
+    """The command failed with one `error:` line (no traceback) holding every needle."""
+    err = proc.stderr.strip()
+    assert err.splitlines()[-1].startswith("error:") and "Traceback" not in err, err[-3000:]
+    for needle in needles:
+        assert needle in err, (needle, err[-3000:])
+
+
+# ----------------------------------------------------------------------------------------------
+# Made-up corpora
+
+SUBJECTS = [
+    "The committee",
+    "Our nation",
+    "The senator",
+    "Every citizen",
+    "The government",
+    "This council",
+    "The people",
+    "Mr. Smith",
+    "The army",
+    "Congress",
+]
+VERBS = [
+    "will review",
+    "has approved",
+    "cannot ignore",
+    "must defend",
+    "rejected",
+    "considered",
+    "supports",
+    "questioned",
+    "welcomed",
+    "debated",
+]
+OBJECTS = [
+    "the budget",
+    "the new treaty",
+    "our liberty",
+    "the public debt",
+    "the western territories",
+    "an ambitious proposal",
+    "the trade agreement",
+    "the common defense",
+    "the courts",
+    "the harbor",
+]
+TAILS = [
+    "on Monday",
+    "without delay",
+    "with great care",
+    "in the spring",
+    "for the second time",
+    "today",
+    "after a long debate",
+    "in 1789",
+    "at the request of the states",
+    "despite protests",
+]
+
+
+def make_docs(n: int, seed: int = 0) -> list[str]:
+    """`n` short English-like documents of 2-8 sentences, some with two paragraphs."""
+    rng = random.Random(seed)
+    docs = []
+    for _ in range(n):
+        sents = [
+            f"{rng.choice(SUBJECTS)} {rng.choice(VERBS)} {rng.choice(OBJECTS)} {rng.choice(TAILS)}{rng.choice('..!?')}"
+            for _ in range(rng.randint(2, 8))
+        ]
+        cut = rng.randint(1, len(sents))
+        docs.append(" ".join(sents[:cut]) + ("\n\n" + " ".join(sents[cut:]) if cut < len(sents) else ""))
+    return docs
+
+
+def write_jsonl(path, docs, field="text"):
+    path.write_text("".join(json.dumps({field: d, "id": i}) + "\n" for i, d in enumerate(docs)))
+    return path
+
+
+# ----------------------------------------------------------------------------------------------
+# Tiny random-weight models and their batches
+
+V = 96
+TOKENS = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=V, replaceable=np.arange(5, V))
+BASE = ModelConfig(
+    vocab_size=V, hidden_size=32, num_layers=3, num_heads=4, intermediate_size=64, max_position_embeddings=64
+)
+
+
+def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None):
+    """A padded MLM batch (rows of different lengths, two segments) through the real collator; with `split` (a row
+    index), the two batches of the rows before and after it, from the same samples."""
+    rng = np.random.default_rng(seed)
+    objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
+    samples = []
+    for n in lengths:
+        ids = rng.integers(5, V, size=n)
+        ids[0], ids[n // 2], ids[-1] = TOKENS.cls, TOKENS.sep, TOKENS.sep
+        types = np.zeros(n, np.int64)
+        types[n // 2 + 1 :] = 1
+        special = np.isin(ids, [TOKENS.cls, TOKENS.sep])
+        sample = {
+            "input_ids": ids,
+            "token_type_ids": types,
+            "special_mask": special,
+            "word_starts": special | (rng.random(n) < 0.6),
+        }  # words of 1-3 tokens, for word-level masking
+        for objective in objectives:
+            sample = objective.prepare(sample, rng)
+        samples.append(sample)
+    collate = Collator(TOKENS.pad, objectives)
+    return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
+
+
+# ----------------------------------------------------------------------------------------------
+# What the machine can do
+
+
+def _deepspeed_fp16_here() -> bool:
+    from deepspeed.accelerator import get_accelerator
+
+    return bool(get_accelerator().is_fp16_supported())
+
+
+# DeepSpeed trains fp16 on a CPU only where oneDNN has fp16 kernels (AVX512-FP16 / AMX-FP16, e.g. Sapphire Rapids);
+# elsewhere it refuses ("Type fp16 is not supported on your device"). GPUs and such CPUs run these tests.
+requires_fp16 = pytest.mark.skipif(
+    not _deepspeed_fp16_here(), reason="DeepSpeed refuses fp16 on this CPU (oneDNN without fp16 kernels)"
+)
