@@ -111,7 +111,7 @@ stage() {
     finetune)
       need_demo || return $?
       local start; start=$(now)
-      $PY -m pretrain.cli finetune "$(demo_dir)/hf" "$DATA/tasks/mr" "${finetune[@]}" --json "$RES/finetune.json" \
+      $PY -m pretrain.cli finetune "$(demo_dir)/hf" "$DATA/tasks/mr" --mode full "${finetune[@]}" --json "$RES/finetune.json" \
         || return $?
       $PY benchmarks/gpu_suite.py add-seconds "$RES/finetune.json" "$(since "$start")" ;;
     report) $PY benchmarks/gpu_suite.py report "$RES" ;;

@@ -11,7 +11,7 @@ import random
 from pathlib import Path
 
 import pytest
-from conftest import run_cli as pretrain
+from helpers import run_cli as pretrain
 
 from pretrain.core.errors import UserError
 
@@ -174,7 +174,7 @@ def test_finetune_pair_task_two_seeds(ablation, capsys):
     result = finetune(model, ablation["task"], [1, 2], mode="full", epochs=1, batch_size=16, max_seq_len=32)
     assert result["pair"] and result["kind"] == "classification" and len(result["per_seed"]) == 2
     for metric in ("accuracy", "mcc"):
-        assert set(result["summary"][metric]) == {"mean", "std"} and result["summary"][metric]["std"] >= 0
+        assert set(result["summary"][metric]) == {"mean", "std", "median"} and result["summary"][metric]["std"] >= 0
     assert (
         main(["finetune", str(model), str(ablation["task"]), "--seeds", "2", "--mode", "probe", "--epochs", "2"]) == 0
     )
@@ -357,7 +357,38 @@ def test_report_notes_follow_the_numbers(tmp_path):
     notes = _notes_of(worse)
     assert [i["a"] for i in notes["task"][0]["below"]] == ["span"] and notes["task"][0]["same"] == ["mlm"]
     assert notes["none_above_random"][0]["below"] == 1 and "nothing_separates" not in notes
-    assert "Run on: CPU: test (2 cores); torch 2.x, DeepSpeed 0.y; 2026-11-22." in worse.read_text()
+    run_on = next(line for line in worse.read_text().splitlines() if line.startswith("Run on: "))
+    assert all(part in run_on for part in ("CPU: test (2 cores)", "torch 2.x", "DeepSpeed 0.y", "2026-11-22"))
+
+
+def test_report_scores_a_token_task_by_chunk_f1_beside_a_sentence_task(tmp_path):
+    """A CoNLL task in an ablation: its cells are chunk F1 over sentences (pooled counts, as conlleval), compared and
+    tested like any other task."""
+    import numpy as np
+
+    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.report import write_report
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
+    )
+    ab.out.mkdir(parents=True)
+    results = _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})
+    rng = np.random.default_rng(2)
+    gold = rng.integers(1, 5, 300)
+    recall = {"mlm": 0.95, "span": 0.6, "none": 0.6}
+    for name, state in results.items():
+        arm = next(a for a in ab.arms if a.name == name)
+        found = [rng.binomial(gold, recall[arm.group]) for _ in ab.eval["seeds"]]
+        preds = [np.stack([f, f + rng.integers(0, 2, len(gold))], -1).tolist() for f in found]
+        chunk = {"task": "chunks", "main_metric": "chunk_f1", "dev_labels": gold.tolist(), "dev_predictions": preds}
+        state["downstream"]["probe"]["chunks"] = chunk
+    out = json.loads((write_report(ab, results).parent / "results.json").read_text())
+    by_task = {(c["task"], c["a"], c["b"]): c for c in out["comparisons"]}
+    assert by_task[("chunks", "mlm", "none")]["p_holm"] < 0.05 and by_task[("chunks", "mlm", "none")]["diff"] > 0.2
+    assert by_task[("chunks", "span", "none")]["p"] > 0.05
+    assert {d["metric"] for d in out["detectable"]} == {"accuracy", "chunk_f1"}
 
 
 def test_report_tasks_follow_the_configs_order(tmp_path):
@@ -577,8 +608,9 @@ SITUATIONS = {
 
 def test_every_kind_of_note_is_tested():
     from pretrain.evaluation.report import NOTE_KINDS
+    from pretrain.evaluation.report_render import WORDING
 
-    assert set(SITUATIONS) == set(NOTE_KINDS)
+    assert set(SITUATIONS) == set(NOTE_KINDS) == set(WORDING)
 
 
 @pytest.mark.parametrize("kind", list(SITUATIONS))
@@ -632,5 +664,6 @@ def test_notes_never_contradict_each_other():
         assert ("few_seeds" in kinds) == (seeds < 5)
         assert not ("seeds_untested" in kinds and "seed_level" in kinds)
         text = " ".join(render_note(kind, d) for kind, ds in kinds.items() for d in ds)
-        if modes == ("probe",):
-            assert "fine-tun" not in text.lower()
+        if modes == ("probe",):  # no note counts or names a fine-tuning cell, nor words one
+            assert kinds["probe"][0]["cells"] == 0 and kinds["method"][0]["main"] == "probe"
+            assert all(t["mode"] == "probe" for t in kinds["task"]) and "fine-tun" not in text.lower()

@@ -49,6 +49,32 @@ def test_summed_features_give_the_metric_of_a_resample(metric):
     assert summed == pytest.approx(metric_batch(metric, labels[rows], preds[..., rows]), abs=1e-9)
 
 
+def chunk_counts(rng, gold, recall, shape):
+    """Per-sentence [correct, predicted] chunk counts [*shape, N, 2]: each gold chunk found with probability `recall`,
+    plus up to two spurious ones."""
+    correct = rng.binomial(np.broadcast_to(gold, (*shape, len(gold))), recall)
+    return np.stack([correct, correct + rng.integers(0, 3, (*shape, len(gold)))], -1)
+
+
+def test_chunk_f1_is_resampled_by_sentence():
+    """Chunk F1 pools chunks over the dev set (conlleval): a resample of sentences gives the F1 of their pooled
+    counts, and a clearly better tagger is significant while a tagger against itself is not."""
+    rng = np.random.default_rng(5)
+    gold = rng.integers(0, 6, 80)
+    preds = chunk_counts(rng, gold, 0.7, (2, 3))
+    rows = rng.integers(0, len(gold), len(gold))
+    summed = _from_sums(
+        "chunk_f1",
+        np.tensordot(np.bincount(rows, minlength=len(gold)), _features("chunk_f1", gold, preds), (0, 0)),
+        len(gold),
+    )
+    c, p = preds[..., rows, 0].sum(-1), preds[..., rows, 1].sum(-1)
+    assert summed == pytest.approx(2 * c / (p + gold[rows].sum()))
+    better = chunk_counts(rng, gold, 0.95, (3, 3))
+    assert paired_bootstrap("chunk_f1", gold, better, preds, replicates=2000)["p"] < 0.01
+    assert paired_bootstrap("chunk_f1", gold, preds, preds, replicates=2000)["p"] == 1.0
+
+
 def test_replicates_scale_with_the_family_and_keep_its_floor_at_a_tenth_of_alpha():
     assert replicates_for(1) == 2000  # never fewer than before
     for m in (45, 51, 90, 300):

@@ -1,17 +1,21 @@
 """`pretrain ablate CONFIG`: pretraining objectives compared at an equal budget, then downstream.
 
-An ablation config (YAML; see configs/ablation-tiny.yaml):
+An ablation config (YAML, typed as `pretrain.evaluation.configs.AblationConfig`; see configs/ablation-tiny.yaml;
+`base:` inherits from another ablation file, whose arms a file naming its own replaces):
 
     output_dir: runs/ablation-tiny      # the ablation directory
     run: {base: tiny.yaml, ...}         # the run config every arm shares (encoder, data, seed, optimizer)
-    arms:                               # name -> overrides of `run` (objectives replace the shared ones)
-      mlm: {objectives: {mlm: {}}}
+    arms:                               # name -> overrides of `run` (objectives replace the shared ones;
+      mlm: {objectives: {mlm: {}}}      # train options may differ, e.g. rtd: {..., train: {lr: 5e-4}})
       none: {pretrain: false}           # baseline: random init, same config and tokenizer, no training
     seeds: [1234, 1235, 1236]           # pretraining seeds: every arm is pretrained (or, `none`, initialised)
                                         # once per seed (default: run.train.seed alone)
     budget: {kind: flops, amount: 2e15} # flops | tokens | time (minutes); the same for every arm
     eval: {tasks: [dir, ...], seeds: [1, 2, 3], mode: [probe, full], pooling: mean, epochs: 0, lr: 0,
-           batch_size: 0, max_seq_len: 128, max_train_examples: 0}
+           batch_size: 0, max_seq_len: 128, max_train_examples: 0,
+           lrs: [1e-4, 3e-4], probe_lrs: [], heldout_fraction: 0.1}
+                                        # lrs (full) / probe_lrs: a learning-rate sweep per arm, task and mode,
+                                        # chosen on heldout_fraction of train (never dev), then all of train
     launch: {procs: 8, scheduler: single_node, threads: 0}
                                         # procs, scheduler (single_node | slurm): for --print-commands;
                                         # threads: torch threads here and per arm (0 = torch's default;
@@ -44,35 +48,25 @@ from typing import Any
 import yaml
 
 from pretrain.core.config import (
+    REPLACED_BY_PRESET,
     RunConfig,
-    _deep_merge,
-    _nearest,
     apply_overrides,
+    deep_merge,
+    from_dict,
     load_yaml,
+    load_yaml_with_base,
+    merge_base,
     resolve_preset,
     save_config,
 )
 from pretrain.core.errors import ConfigError, UserError
 from pretrain.core.outputs import claim_output, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
+from pretrain.evaluation.configs import AblationConfig, EvalConfig, LaunchConfig, missing_task_hint
+from pretrain.evaluation.token_tasks import is_conll_dir
 from pretrain.train.setup import config_from_dict
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/, for the arms' processes
-TOP_KEYS = ("output_dir", "run", "arms", "seeds", "budget", "eval", "launch")
-MODES = ("probe", "full")
-BUDGET_KINDS = ("tokens", "flops", "time")
-EVAL_DEFAULTS = {
-    "tasks": [],
-    "seeds": [1, 2, 3],
-    "mode": "probe",
-    "pooling": "mean",
-    "epochs": 0,
-    "lr": 0.0,
-    "batch_size": 0,
-    "max_seq_len": 128,
-    "max_train_examples": 0,
-}
-LAUNCH_DEFAULTS = {"procs": 8, "scheduler": "single_node", "threads": 0}
 
 
 def say(message: str) -> None:
@@ -88,6 +82,7 @@ class Arm:
     pretrain: bool = True
     group: str = ""  # the arm this run belongs to
     seed: int = 0
+    overrides: dict = field(default_factory=dict)  # what the arm changes of the shared run, as written
 
 
 @dataclass
@@ -96,12 +91,25 @@ class Ablation:
     out: Path
     base: RunConfig
     arms: list[Arm]
-    budget_kind: str
-    budget_amount: float
-    eval: dict
-    launch: dict
+    config: AblationConfig  # the file as typed (budget, eval, launch)
     raw: dict = field(default_factory=dict)
     seeds: list[int] = field(default_factory=list)
+
+    @property
+    def eval(self) -> EvalConfig:
+        return self.config.eval
+
+    @property
+    def launch(self) -> LaunchConfig:
+        return self.config.launch
+
+    @property
+    def budget_kind(self) -> str:
+        return self.config.budget.kind
+
+    @property
+    def budget_amount(self) -> float:
+        return self.config.budget.amount
 
     def groups(self) -> dict[str, list[Arm]]:
         """Arm name -> its runs (one per pretraining seed), in config order."""
@@ -118,130 +126,89 @@ class Ablation:
 # Config
 
 
-def _run_block(block: Any, path: Path) -> dict:
-    """The shared run config: a mapping that may inherit from a preset with `base:` (relative to this file)."""
-    if block is None:
-        return {}
-    if not isinstance(block, dict):
-        raise ConfigError(f"{path}: run: expected a mapping of run config keys, got {block!r}")
-    block = dict(block)
-    base = block.pop("base", None)
-    if base:
-        base_path = path.parent / base
-        data = load_yaml(base_path if base_path.is_file() else resolve_preset(base))
-        block = _deep_merge(data, block)
-    return block
-
-
-def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
+def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig]:
+    """The file (a path or a preset; its own `base:` followed, whose arms it replaces), overrides applied, typed."""
     path = Path(config)
     if not path.is_file():
         path = resolve_preset(config)
-    raw = load_yaml(path)
-    raw = apply_overrides(raw, overrides or [])
-    for key in raw:
-        if key not in TOP_KEYS:
+    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides)
+    if isinstance(raw.get("seeds"), int):  # `seeds: 7` for one seed
+        raw["seeds"] = [raw["seeds"]]
+    return path, raw, from_dict(AblationConfig, raw, source=path).check(str(path))
+
+
+def _check_tasks(tasks: list[str], path: Path) -> None:
+    """Each task is a directory with train.tsv (GLUE format) or CoNLL train.txt/dev.txt; a missing one says where the
+    presets' tasks come from."""
+    for task in tasks:
+        if not ((Path(task) / "train.tsv").is_file() or is_conll_dir(Path(task))):
             raise ConfigError(
-                f"{path}: unknown ablation key '{key}'{_nearest(key, TOP_KEYS)}; keys: {', '.join(TOP_KEYS)}"
+                f"{path}: eval.tasks: '{task}' has no train.tsv nor CoNLL train.txt/dev.txt (paths are relative to "
+                f"the directory you run from, {Path.cwd()}){missing_task_hint(task)}"
             )
-    if not raw.get("output_dir"):
-        raise ConfigError(f"{path}: output_dir: the ablation directory is required")
-    out = Path(str(raw["output_dir"]))
 
-    budget = raw.get("budget") or {}
-    if not isinstance(budget, dict) or set(budget) - {"kind", "amount"}:
-        raise ConfigError(f"{path}: budget: expected {{kind: tokens|flops|time, amount: N}}, got {budget!r}")
-    kind = budget.get("kind")
-    if kind not in BUDGET_KINDS:
-        raise ConfigError(f"{path}: budget.kind: '{kind}' is not one of {', '.join(BUDGET_KINDS)}")
+
+def _shared_run(run: dict, out: Path, path: Path) -> tuple[dict, RunConfig]:
+    """The run config every arm starts from (as a mapping, and typed): the tokenizer and shards are built once, in the
+    ablation directory."""
+    data = deep_merge(
+        run,
+        {"output_dir": str(out / "arms"), "data": {"tokenizer": str(out / "tokenizer"), "shards": str(out / "shards")}},
+    )
     try:
-        amount = float(budget.get("amount"))
-    except (TypeError, ValueError):
-        raise ConfigError(f"{path}: budget.amount: '{budget.get('amount')}' is not a number") from None
-    if not amount > 0:
-        raise ConfigError(f"{path}: budget.amount: must be > 0, got {amount}")
-
-    ev = dict(EVAL_DEFAULTS)
-    for key, value in (raw.get("eval") or {}).items():
-        if key not in EVAL_DEFAULTS:
-            raise ConfigError(f"{path}: unknown key 'eval.{key}'{_nearest(key, EVAL_DEFAULTS)}")
-        ev[key] = value
-    if isinstance(ev["tasks"], str):
-        ev["tasks"] = [ev["tasks"]]
-    ev["modes"] = [ev["mode"]] if isinstance(ev["mode"], str) else list(ev["mode"] or [])
-    for mode in ev["modes"] or [None]:
-        if mode not in MODES:
-            raise ConfigError(f"{path}: eval.mode: '{mode}' is not one of {', '.join(MODES)} (or a list of them)")
-    for task in ev["tasks"]:
-        if not (Path(task) / "train.tsv").is_file():
-            raise ConfigError(
-                f"{path}: eval.tasks: '{task}' has no train.tsv (paths are relative to the "
-                f"directory you run from, {Path.cwd()})"
-            )
-    launch = {**LAUNCH_DEFAULTS, **(raw.get("launch") or {})}
-
-    run = _run_block(raw.get("run"), path)
-    # every arm shares the tokenizer and shards, built once in the ablation directory
-    shared = {
-        "output_dir": str(out / "arms"),
-        "data": {"tokenizer": str(out / "tokenizer"), "shards": str(out / "shards")},
-    }
-    base_data = _deep_merge(run, shared)
-    try:
-        base = config_from_dict({**base_data, "name": "base"})
+        return data, config_from_dict({**data, "name": "base"})
     except ConfigError as err:
         raise ConfigError(f"{path}: run: {err}") from None
 
-    arms_raw = raw.get("arms")
-    if not isinstance(arms_raw, dict) or not arms_raw:
-        raise ConfigError(f"{path}: arms: expected a mapping of arm name -> overrides, e.g. arms: {{mlm: {{}}}}")
-    seeds = raw.get("seeds", [base.train.seed])
-    if isinstance(seeds, int):
-        seeds = [seeds]
-    if (
-        not isinstance(seeds, list)
-        or not seeds
-        or not all(isinstance(x, int) for x in seeds)
-        or len(set(seeds)) < len(seeds)
-    ):
-        raise ConfigError(f"{path}: seeds: expected a list of distinct integers (pretraining seeds), got {seeds!r}")
-    arms = []
-    for name, spec in arms_raw.items():
-        spec = dict(spec or {})
-        pretrain = bool(spec.pop("pretrain", name != "none"))
-        data = dict(base_data)
-        if "objectives" in spec:  # an arm's objectives replace the shared ones instead of merging with them
-            data = {**data, "objectives": spec.pop("objectives")}
-        if not pretrain:  # the baseline exports an mlm model: the same encoder and tokenizer, untrained
-            data = {**data, "objectives": {"mlm": {}}}
-        data = _deep_merge(data, spec)
-        for seed in seeds:
-            run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
-            seeded = _deep_merge(data, {"train": {"seed": seed}})
-            seeded = {
-                **seeded,
-                "name": run_name,
-                "output_dir": str(out / "arms"),
-                "data": {**seeded.get("data", {}), **shared["data"]},
-            }
-            try:
-                cfg = config_from_dict(seeded)
-            except ConfigError as err:
-                raise ConfigError(f"{path}: arms.{name}: {err}") from None
-            if (
-                cfg.model != base.model
-                or cfg.data.max_seq_len != base.data.max_seq_len
-                or ("seed" in (spec.get("train") or {}))
-            ):
-                raise ConfigError(
-                    f"{path}: arms.{name}: an arm may change objectives and training options, not the "
-                    "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
-                    "pretraining seeds of every arm)"
-                )
-            arms.append(Arm(run_name, cfg, pretrain, str(name), seed))
+
+def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[int], path: Path) -> list[Arm]:
+    """One Arm per pretraining seed: the shared run with the arm's overrides (its objectives replace the shared
+    ones; train options such as its learning rate may differ; the encoder, sequence length and seed may not)."""
+    spec = dict(spec or {})
+    pretrain = bool(spec.pop("pretrain", name != "none"))
+    overrides = deep_merge({}, spec)  # as written, for the results: what this arm changes
+    data = dict(shared)
+    if "objectives" in spec:
+        data["objectives"] = spec.pop("objectives")
+    if not pretrain:  # the baseline exports an mlm model: the same encoder and tokenizer, untrained
+        data["objectives"] = {"mlm": {}}
+    data = deep_merge(data, spec)
+    runs = []
+    for seed in seeds:
+        run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
+        seeded = deep_merge(data, {"train": {"seed": seed}, "data": shared["data"]})
+        try:
+            cfg = config_from_dict({**seeded, "name": run_name, "output_dir": shared["output_dir"]})
+        except ConfigError as err:
+            raise ConfigError(f"{path}: arms.{name}: {err}") from None
+        if (
+            cfg.model != base.model
+            or cfg.data.max_seq_len != base.data.max_seq_len
+            or "seed" in (spec.get("train") or {})
+        ):
+            raise ConfigError(
+                f"{path}: arms.{name}: an arm may change objectives and training options, not the "
+                "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
+                "pretraining seeds of every arm)"
+            )
+        runs.append(Arm(run_name, cfg, pretrain, str(name), seed, overrides))
+    return runs
+
+
+def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
+    """An ablation config (a file or preset name, with dotted overrides), typed and checked, its arms resolved."""
+    path, raw, cfg = _read(config, overrides or [])
+    _check_tasks(cfg.eval.tasks, path)
+    out = Path(cfg.output_dir)
+    run = merge_base(cfg.run, path, REPLACED_BY_PRESET)  # `run.base:`: a preset, or a file relative to this one
+    shared, base = _shared_run(run, out, path)
+    seeds = list(cfg.seeds) or [base.train.seed]
+    if "full" in cfg.eval.modes and len(cfg.eval.seeds) < 5:
+        say(f"note: {len(cfg.eval.seeds)} fine-tuning seed(s): a median over seeds, as GLUE papers report, wants 5+")
+    arms = [arm for name, spec in cfg.arms.items() for arm in _arm_runs(str(name), spec, shared, base, seeds, path)]
     # saved as <dir>/ablation.yaml: self-contained (the `run.base` preset merged in, overrides applied)
     resolved = {**raw, "run": run}
-    return Ablation(path, out, base, arms, kind, amount, ev, launch, resolved, seeds)
+    return Ablation(path, out, base, arms, cfg, resolved, seeds)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -277,7 +244,7 @@ def apply_budget(ab: Ablation, arm: Arm, flops_per_step: int, world: int = 1) ->
     """Give the arm its budget (a new config: max_steps for tokens and flops, max_minutes for time); returns the plan
     for the report."""
     t = arm.cfg.train
-    global_batch = t.micro_batch_size * t.grad_accum_steps * world
+    global_batch = t.global_batch(world)
     tokens_per_step = global_batch * arm.cfg.data.max_seq_len  # token slots: padding counts, as the budget
     minutes = t.max_minutes
     if ab.budget_kind == "tokens":
@@ -331,9 +298,10 @@ def write_state(arm: Arm, state: dict) -> None:
 
 def _trainer_state(cfg: RunConfig) -> dict:
     from pretrain.train import checkpoint as ckpt
+    from pretrain.train.state import TrainState
 
     latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
-    return json.loads((latest / "trainer_state.json").read_text()) if latest else {}
+    return TrainState.load(latest).to_dict() if latest else {}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -368,8 +336,8 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
 
     if not torch.cuda.is_available():
         env.setdefault("DS_ACCELERATOR", "cpu")
-    if int(ab.launch["threads"]) > 0:
-        env["OMP_NUM_THREADS"] = str(int(ab.launch["threads"]))
+    if ab.launch.threads > 0:
+        env["OMP_NUM_THREADS"] = str(ab.launch.threads)
     say(
         f"arm {arm.name}: training ({t.max_steps} steps"
         + (f", at most {t.max_minutes:.1f} min" if ab.budget_kind == "time" else "")
@@ -422,28 +390,20 @@ def export_baseline(arm: Arm) -> Path:
 def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=None) -> dict[str, dict[str, dict]]:
     """{mode: {task: finetune result}} for every eval mode and task. `done` holds results already computed (kept:
     an interrupted evaluation resumes per mode and task); `save(results)` is called after each new one."""
-    from pretrain.evaluation.finetune import finetune
+    from pretrain.evaluation.finetune import run_finetune
 
     ev = ab.eval
-    results = {mode: dict((done or {}).get(mode, {})) for mode in ev["modes"]}
-    for mode in ev["modes"]:
-        for task in ev["tasks"]:
+    results = {mode: dict((done or {}).get(mode, {})) for mode in ev.modes}
+    for mode in ev.modes:
+        for task in ev.tasks:
             if Path(task).name in results[mode]:
                 continue
-            result = finetune(
-                model_dir,
-                Path(task),
-                [int(s) for s in ev["seeds"]],
-                mode,
-                ev["epochs"] or None,
-                ev["lr"] or None,
-                ev["batch_size"] or None,
-                ev["max_seq_len"],
-                pooling=ev["pooling"],
-                max_train=ev["max_train_examples"],
-            )
+            result = run_finetune(model_dir, Path(task), list(ev.seeds), ev.finetune(mode))
             s = result["summary"][result["main_metric"]]
-            say(f"  {mode} {result['task']}: {result['main_metric']} {s['mean']:.4f} +- {s['std']:.4f}")
+            say(
+                f"  {mode} {result['task']}: {result['main_metric']} median {s['median']:.4f}, "
+                f"{s['mean']:.4f} +- {s['std']:.4f} (lr {result['lr']:g})"
+            )
             results[mode][result["task"]] = result
             if save is not None:
                 save(results)
@@ -453,7 +413,7 @@ def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=Non
 def evaluated(ab: Ablation, state: dict) -> bool:
     """Whether a run has a downstream result for every eval mode and task of this ablation."""
     done = state.get("downstream") or {}
-    return all(Path(task).name in done.get(mode, {}) for mode in ab.eval["modes"] for task in ab.eval["tasks"])
+    return all(Path(task).name in done.get(mode, {}) for mode in ab.eval.modes for task in ab.eval.tasks)
 
 
 def _final_losses(cfg: RunConfig) -> dict[str, float]:
@@ -482,60 +442,72 @@ def host_record() -> dict:
     }
 
 
+def hyperparameters(arm: Arm) -> dict:
+    """What the report shows of an arm's pretraining: its objectives, learning rate and what it overrides."""
+    t = arm.cfg.train
+    return {
+        "objectives": sorted(arm.cfg.objectives) if arm.pretrain else [],
+        "lr": t.lr if arm.pretrain else None,
+        "warmup_steps": t.warmup_steps if arm.pretrain else None,
+        "overrides": arm.overrides,
+    }
+
+
+def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
+    """Plan (once), train and export a pretrained arm, each stage recorded in `state` as it finishes."""
+    if "plan" not in state:
+        flops = measure_step_flops(arm.cfg)
+        state["plan"] = apply_budget(ab, arm, flops)
+        save_config(arm.cfg, cfg_path)
+        write_state(arm, state)
+    else:  # resumed: the same plan, so a resumed arm never gets a different budget
+        arm.cfg = config_from_dict(load_yaml(cfg_path), apply_init_from=False)
+    if not state.get("trained"):
+        trainer_state = train_arm(ab, arm, cfg_path)
+        plan = state["plan"]
+        state["pretraining"] = {
+            "steps": trainer_state["step"],
+            "tokens_seen": trainer_state.get("tokens_seen", 0),
+            "token_slots": trainer_state["step"] * plan["tokens_per_step"],
+            "flops": trainer_state["step"] * plan["flops_per_step"],
+            "wall_s": trainer_state.get("elapsed_s", 0.0),
+            "final_loss": _final_losses(arm.cfg),
+        }
+        state["trained"] = True
+        write_state(arm, state)
+    if not state.get("exported"):
+        from pretrain.pipeline import stage_export
+
+        stage_export(arm.cfg.run_dir, arm.cfg.hf_dir)
+        state["exported"] = True
+        write_state(arm, state)
+
+
+def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
+    """The random encoder: no training, exported (once) as the trained arms are."""
+    state.setdefault("plan", {"kind": ab.budget_kind, "amount": 0, "max_steps": 0})
+    state["pretraining"] = {"steps": 0, "tokens_seen": 0, "token_slots": 0, "flops": 0, "wall_s": 0.0, "final_loss": {}}
+    save_config(arm.cfg, cfg_path)
+    if not state.get("exported"):
+        export_baseline(arm)
+        # no trainer runs for this arm, so its record (which the trainer writes for the others) is written here
+        write_provenance(arm.cfg.run_dir / "provenance.json", run_provenance(arm.cfg))
+        state["exported"] = True
+        write_state(arm, state)
+
+
 def run_arm(ab: Ablation, arm: Arm) -> dict:
     state = read_state(arm)
+    state["hyperparameters"] = hyperparameters(arm)  # (re)written: a resumed arm's record matches its config
     if state.get("evaluated") and evaluated(ab, state):
         say(f"arm {arm.name}: finished earlier, skipped ({arm.cfg.run_dir / 'state.json'})")
         return state
     cfg_path = ab.arm_config_path(arm)
     started = time.time()
-    if arm.pretrain:
-        if "plan" not in state:
-            flops = measure_step_flops(arm.cfg)
-            state["plan"] = apply_budget(ab, arm, flops)
-            save_config(arm.cfg, cfg_path)
-            write_state(arm, state)
-        else:  # resumed: the same plan, so a resumed arm never gets a different budget
-            arm.cfg = config_from_dict(load_yaml(cfg_path), apply_init_from=False)
-        if not state.get("trained"):
-            trainer_state = train_arm(ab, arm, cfg_path)
-            plan = state["plan"]
-            state["pretraining"] = {
-                "steps": trainer_state["step"],
-                "tokens_seen": trainer_state.get("tokens_seen", 0),
-                "token_slots": trainer_state["step"] * plan["tokens_per_step"],
-                "flops": trainer_state["step"] * plan["flops_per_step"],
-                "wall_s": trainer_state.get("elapsed_s", 0.0),
-                "final_loss": _final_losses(arm.cfg),
-            }
-            state["trained"] = True
-            write_state(arm, state)
-        if not state.get("exported"):
-            from pretrain.pipeline import stage_export
-
-            stage_export(arm.cfg.run_dir, arm.cfg.hf_dir)
-            state["exported"] = True
-            write_state(arm, state)
-    else:
-        state.setdefault("plan", {"kind": ab.budget_kind, "amount": 0, "max_steps": 0})
-        state["pretraining"] = {
-            "steps": 0,
-            "tokens_seen": 0,
-            "token_slots": 0,
-            "flops": 0,
-            "wall_s": 0.0,
-            "final_loss": {},
-        }
-        save_config(arm.cfg, cfg_path)
-        if not state.get("exported"):
-            export_baseline(arm)
-            # no trainer runs for this arm, so its record (which the trainer writes for the others) is written here
-            write_provenance(arm.cfg.run_dir / "provenance.json", run_provenance(arm.cfg))
-            state["exported"] = True
-            write_state(arm, state)
+    (_pretrain_arm if arm.pretrain else _baseline_arm)(ab, arm, state, cfg_path)
     say(
-        f"arm {arm.name}: downstream ({', '.join(ab.eval['modes'])}, seeds {ab.eval['seeds']}) on "
-        f"{len(ab.eval['tasks'])} task(s)"
+        f"arm {arm.name}: downstream ({', '.join(ab.eval.modes)}, seeds {ab.eval.seeds}) on "
+        f"{len(ab.eval.tasks)} task(s)"
     )
 
     def save(results):
@@ -555,8 +527,8 @@ def run_ablation(ab: Ablation, command: str | None = None) -> Path:
 
     from pretrain.evaluation.report import write_report
 
-    if int(ab.launch["threads"]) > 0:
-        torch.set_num_threads(int(ab.launch["threads"]))
+    if ab.launch.threads > 0:
+        torch.set_num_threads(ab.launch.threads)
     claim_output(ab.out, "ablation", "output_dir")
     mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
@@ -593,7 +565,7 @@ def run_ablation(ab: Ablation, command: str | None = None) -> Path:
 def print_commands(ab: Ablation) -> list[str]:
     """Write each arm's config (budget applied) and return one launch command per arm."""
     claim_output(ab.out, "ablation", "output_dir")
-    procs = int(ab.launch["procs"])
+    procs = ab.launch.procs
     d = ab.base.data
     corpus = " ".join(shlex.quote(c) for c in d.corpus)
     lines = [
@@ -621,7 +593,7 @@ def print_commands(ab: Ablation) -> list[str]:
         save_config(arm.cfg, cfg_path)
         # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
         write_state(arm, {**read_state(arm), "plan": plan})
-        if ab.launch["scheduler"] == "slurm":
+        if ab.launch.scheduler == "slurm":
             lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
         else:
             lines.append(f"launch/single_node.sh {procs} {cfg_path}")

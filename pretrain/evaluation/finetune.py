@@ -2,7 +2,12 @@
 
 A task directory holds train.tsv and dev.tsv with a header row: `sentence` (single sentence) or `sentence1`
 and `sentence2` (pairs), and `label`. Integer or string labels make a classification task, non-integer
-numbers a regression task. Scores are reported per seed and as mean and (sample) standard deviation.
+numbers a regression task. Scores are reported per seed and as mean, (sample) standard deviation and median.
+The options are a `pretrain.evaluation.configs.FinetuneConfig` (`run_finetune`; `finetune` takes them as arguments).
+
+The protocol, with `lrs`: each learning rate is trained on train minus a held-out part (heldout_fraction, a split
+fixed by heldout_seed) and scored there; the best is re-trained on all of train with every seed and scored on dev.
+Dev never chooses anything. The result records the chosen `lr` and the sweep (`lr_sweep`).
 
 Modes:
 - full: fine-tune encoder and head (AdamW, linear warmup then decay, dropout on).
@@ -16,7 +21,7 @@ from __future__ import annotations
 import csv
 import math
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -25,9 +30,14 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
+from pretrain.core.config import from_dict
 from pretrain.core.errors import UserError
+from pretrain.evaluation.configs import FinetuneConfig
+from pretrain.evaluation.fit import autocast, batches, device, fit
+from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task
 
 csv.field_size_limit(1 << 24)
+DEFAULTS = FinetuneConfig()  # the options' defaults, declared once there (the command line reads them too)
 
 
 @dataclass
@@ -97,8 +107,10 @@ def _is_float(s: str) -> bool:
         return False
 
 
-def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Task:
+def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Task | TokenTask:
     task_dir = Path(task_dir)
+    if is_conll_dir(task_dir):  # train.txt/dev.txt in CoNLL columns: token classification (kind 'token')
+        return load_token_task(task_dir, task_type, max_train)
     train_1, train_2, train_y = read_tsv(task_dir / "train.tsv")
     dev_1, dev_2, dev_y = read_tsv(task_dir / "dev.tsv")
     if (train_2 is None) != (dev_2 is None):
@@ -187,9 +199,12 @@ def task_metrics(task: Task, predictions: np.ndarray, labels: np.ndarray) -> dic
 
 
 def main_metric(task_name: str, kind: str, num_labels: int) -> str:
-    """The headline metric: GLUE's choice (MCC for CoLA, Pearson for regression), else accuracy."""
+    """The headline metric: GLUE's choice (MCC for CoLA, Pearson for regression), chunk F1 for token tasks (as
+    CoNLL-2000), else accuracy."""
     if kind == "regression":
         return "pearson"
+    if kind == "token":
+        return "chunk_f1"
     return "mcc" if "cola" in task_name.lower() and num_labels == 2 else "accuracy"
 
 
@@ -219,19 +234,6 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
     return tokenizer, model
 
 
-def device() -> torch.device:
-    """The GPU when there is one (bf16 autocast there, as transformers' Trainer with bf16), else the CPU in fp32."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
-def _autocast():
-    return (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if torch.cuda.is_available()
-        else torch.autocast("cpu", enabled=False)
-    )
-
-
 def _token_types(config) -> bool | None:
     """Whether to ask the tokenizer for token_type_ids: yes for a model with segment embeddings, which would otherwise
     read a pair's B as type 0 (exports from before tokenizer_config.json said so, and transformers 5's ALBERT
@@ -252,12 +254,6 @@ def _encode(tokenizer, split, max_seq_len: int, config) -> dict[str, torch.Tenso
         return_tensors="pt",
         return_token_type_ids=_token_types(config),
     )
-
-
-def _batches(n: int, batch_size: int, generator: torch.Generator | None = None):
-    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
-    for i in range(0, n, batch_size):
-        yield order[i : i + batch_size]
 
 
 def _trim(enc: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -288,7 +284,7 @@ def encoder_features(
         enc = _encode(tokenizer, split, max_seq_len, cls_model.config)
         feats = []
         for idx in tqdm(
-            list(_batches(len(split[0]), batch_size)),
+            list(batches(len(split[0]), batch_size)),
             desc=f"features {task.name}/{split_name}",
             unit="batch",
             file=sys.stderr,
@@ -296,7 +292,7 @@ def encoder_features(
             leave=False,
         ):
             b = _trim(enc, idx)
-            with _autocast():
+            with autocast():
                 hidden = encoder(**b).last_hidden_state.float()  # [B, L, H]
             if pooling == "cls":
                 feats.append(hidden[:, 0])
@@ -328,7 +324,7 @@ def train_probe(
     total = epochs * math.ceil(len(xs) / batch_size)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: max(0.0, 1 - s / total))
     for _ in range(epochs):
-        for idx in _batches(len(xs), batch_size, gen):
+        for idx in batches(len(xs), batch_size, gen):
             out = head(xs[idx])
             loss = (
                 F.mse_loss(out.squeeze(-1), y[idx].float())
@@ -362,84 +358,91 @@ def train_full(
     warmup_frac: float = 0.1,
     random_init: bool = False,
 ) -> tuple[dict[str, float], list]:
-    """Fine-tune the whole model: AdamW, linear warmup then linear decay to 0."""
+    """Fine-tune the whole model (`fit`: AdamW, linear warmup then linear decay to 0) and score dev."""
     torch.manual_seed(seed)  # the head's initialisation and dropout
-    gen = torch.Generator().manual_seed(seed)
     tokenizer, model = load_model(model_dir, task.num_labels, task.kind, random_init)
     model.to(device())
     train_enc, dev_enc = (_encode(tokenizer, split, max_seq_len, model.config) for split in (task.train, task.dev))
     y = torch.tensor(task.train[2])
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
-    total = max(1, epochs * math.ceil(len(y) / batch_size))
-    warmup = max(1, int(warmup_frac * total))
-    sched = torch.optim.lr_scheduler.LambdaLR(
-        opt, lambda s: min((s + 1) / warmup, max(0.0, (total - s) / (total - warmup + 1e-9)))
-    )
-    model.train()
-    bar = tqdm(
-        total=total,
-        desc=f"finetune {task.name} seed {seed}",
-        unit="step",
-        file=sys.stderr,
-        mininterval=1.0,
-        leave=False,
-    )
-    for _ in range(epochs):
-        for idx in _batches(len(y), batch_size, gen):
-            labels = (y[idx].float() if task.kind == "regression" else y[idx]).to(device())
-            with _autocast():
-                loss = model(**_trim(train_enc, idx), labels=labels).loss
-            opt.zero_grad()
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-            opt.step()
-            sched.step()
-            bar.update(1)
-            if bar.n % 50 == 0:  # reading the loss makes the host wait for the GPU: now and then
-                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
-    bar.close()
-    model.eval()
-    with torch.no_grad(), _autocast():
-        out = torch.cat([model(**_trim(dev_enc, idx)).logits.float() for idx in _batches(len(task.dev[2]), 128)])
+
+    def loss_of(idx):
+        labels = (y[idx].float() if task.kind == "regression" else y[idx]).to(device())
+        return model(**_trim(train_enc, idx), labels=labels).loss
+
+    fit(model, loss_of, len(y), seed, epochs, lr, batch_size, warmup_frac, f"finetune {task.name} seed {seed}")
+    with torch.no_grad(), autocast():
+        out = torch.cat([model(**_trim(dev_enc, idx)).logits.float() for idx in batches(len(task.dev[2]), 128)])
     return _score(task, out.cpu())
 
 
 def summarize(per_seed: list[dict[str, float]]) -> dict[str, dict[str, float]]:
-    """{metric: {mean, std}} over seeds; std is the sample std (ddof=1), 0 for one seed."""
+    """{metric: {mean, std, median}} over seeds; std is the sample std (ddof=1), 0 for one seed. The median is what
+    GLUE papers report over fine-tuning seeds (one diverged seed moves the mean, not the median)."""
     out = {}
     for key in per_seed[0]:
         values = np.array([r[key] for r in per_seed])
-        out[key] = {"mean": float(values.mean()), "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0}
+        out[key] = {
+            "mean": float(values.mean()),
+            "std": float(values.std(ddof=1)) if len(values) > 1 else 0.0,
+            "median": float(np.median(values)),
+        }
     return out
 
 
-def finetune(
-    model_dir: Path,
-    task_dir: Path,
-    seeds: list[int],
-    mode: str = "probe",
-    epochs: int | None = None,
-    lr: float | None = None,
-    batch_size: int | None = None,
-    max_seq_len: int = 128,
-    task_type: str = "auto",
-    pooling: str = "mean",
-    max_train: int = 0,
-    random_init: bool = False,
-) -> dict:
-    """Scores of one model on one task over `seeds`: per seed, and mean/std per metric."""
-    if mode not in ("full", "probe"):
-        raise UserError(f"mode '{mode}' is not one of full, probe")
-    if pooling not in ("mean", "cls"):
-        raise UserError(f"pooling '{pooling}' is not one of mean, cls")
-    if not seeds:
-        raise UserError("at least one seed is needed")
-    task = load_task(Path(task_dir), task_type, max_train)
+# ----------------------------------------------------------------------------------------------
+# The protocol: a learning rate chosen on a part of train held out (never dev), then all of train, scored on dev
+
+
+def heldout_split(n: int, fraction: float, seed: int) -> tuple[np.ndarray, np.ndarray]:
+    """(fit, held-out) indices of train's `n` examples, each sorted: the same split for every model, given the seed."""
+    held = max(1, round(n * fraction))
+    if held >= n:
+        raise UserError(f"{n} training example(s) are too few to hold out {fraction:g} of them to choose the lr")
+    order = np.random.default_rng(seed).permutation(n)
+    return np.sort(order[held:]), np.sort(order[:held])
+
+
+def _take(split: tuple, idx: np.ndarray) -> tuple:
+    first, second, labels = split
+    return [first[i] for i in idx], (None if second is None else [second[i] for i in idx]), [labels[i] for i in idx]
+
+
+def heldout_task(task: Task | TokenTask, fit: np.ndarray, held: np.ndarray) -> Task | TokenTask:
+    """The task as the sweep sees it: train is train's fit part, dev its held-out part; the real dev is not in it."""
+    return replace(task, train=_take(task.train, fit), dev=_take(task.train, held))
+
+
+def sweep_lr(task: Task | TokenTask, cfg: FinetuneConfig, score) -> dict:
+    """Each of cfg.lrs scored by `score(view, fit, held, lr)` (the main metric on the held-out part, trained on the
+    rest of train); the best is chosen, the first of equal scores. Returns the record the results keep."""
+    fit, held = heldout_split(len(task.train[2]), cfg.heldout_fraction, cfg.heldout_seed)
+    view = heldout_task(task, fit, held)
+    scores = [float(score(view, fit, held, lr)) for lr in cfg.lrs]
+    best = int(np.argmax([s if math.isfinite(s) else -math.inf for s in scores]))
+    return {
+        "lrs": list(cfg.lrs),
+        "heldout_scores": scores,
+        "chosen": cfg.lrs[best],
+        "metric": main_metric(task.name, task.kind, task.num_labels),
+        "fit_examples": len(fit),
+        "heldout_examples": len(held),
+        "heldout_fraction": cfg.heldout_fraction,
+        "heldout_seed": cfg.heldout_seed,
+        "sweep_seeds": cfg.sweep_seeds,
+    }
+
+
+def _scores(model_dir: Path, task: Task | TokenTask, cfg: FinetuneConfig, seeds: list[int], features=None) -> dict:
+    """One model on one task at cfg's (resolved) options, per seed; `features`: the probe's (train, dev) features."""
+    if task.kind == "token":  # scored by chunk F1: see token_tasks
+        return finetune_tokens(
+            Path(model_dir), task, seeds, cfg.mode, cfg.epochs, cfg.lr, cfg.batch_size, cfg.max_seq_len, cfg.random_init
+        )
     runs = []
-    if mode == "probe":
-        train_x, dev_x = encoder_features(Path(model_dir), task, pooling, max_seq_len, random_init=random_init)
+    if cfg.mode == "probe":
+        train_x, dev_x = features
         for seed in tqdm(seeds, desc=f"probe {task.name}", unit="seed", file=sys.stderr, leave=False):
-            runs.append(train_probe(task, train_x, dev_x, seed, epochs or 20, lr or 1e-2, batch_size or 64))
+            runs.append(train_probe(task, train_x, dev_x, seed, cfg.epochs, cfg.lr, cfg.batch_size))
     else:
         for seed in seeds:
             runs.append(
@@ -447,41 +450,101 @@ def finetune(
                     Path(model_dir),
                     task,
                     seed,
-                    epochs or 3,
-                    lr or 5e-5,
-                    batch_size or 32,
-                    max_seq_len,
-                    random_init=random_init,
+                    cfg.epochs,
+                    cfg.lr,
+                    cfg.batch_size,
+                    cfg.max_seq_len,
+                    random_init=cfg.random_init,
                 )
             )
-    per_seed = [metrics for metrics, _ in runs]
     return {
         "task": task.name,
-        "task_dir": str(task_dir),
         "kind": task.kind,
         "pair": task.pair,
         "num_labels": task.num_labels,
         "train_examples": len(task.train[2]),
         "dev_examples": len(task.dev[2]),
-        "mode": mode,
+        "mode": cfg.mode,
         "seeds": list(seeds),
         "main_metric": main_metric(task.name, task.kind, task.num_labels),
-        "per_seed": per_seed,
-        "summary": summarize(per_seed),
+        "per_seed": [metrics for metrics, _ in runs],
         "dev_labels": list(task.dev[2]),
         "dev_predictions": [predictions for _, predictions in runs],
     }
 
 
+def run_finetune(model_dir: Path, task_dir: Path, seeds: list[int], cfg: FinetuneConfig) -> dict:
+    """Scores of one model on one task over `seeds`: per seed, and mean/std/median per metric. With cfg.lrs, the
+    learning rate is first chosen on a held-out part of train (`sweep_lr`, recorded as lr_sweep)."""
+    if not seeds:
+        raise UserError("at least one seed is needed")
+    cfg = cfg.check().resolved()
+    task = load_task(Path(task_dir), cfg.task_type, cfg.max_train)
+    features = None
+    if cfg.mode == "probe" and task.kind != "token":  # computed once: they do not depend on the seed or the lr
+        features = encoder_features(Path(model_dir), task, cfg.pooling, cfg.max_seq_len, random_init=cfg.random_init)
+
+    def score(view, fit, held, lr) -> float:
+        part = None if features is None else (features[0][torch.as_tensor(fit)], features[0][torch.as_tensor(held)])
+        result = _scores(model_dir, view, replace(cfg, lr=lr), list(seeds)[: cfg.sweep_seeds], part)
+        return float(np.mean([r[result["main_metric"]] for r in result["per_seed"]]))
+
+    sweep = sweep_lr(task, cfg, score) if cfg.lrs else None
+    if sweep is not None:
+        cfg = replace(cfg, lr=sweep["chosen"])
+    result = _scores(model_dir, task, cfg, list(seeds), features)
+    return {
+        **result,
+        "task_dir": str(task_dir),
+        "summary": summarize(result["per_seed"]),
+        "lr": cfg.lr,
+        "epochs": cfg.epochs,
+        "batch_size": cfg.batch_size,
+        "lr_sweep": sweep,
+    }
+
+
+def finetune(
+    model_dir: Path,
+    task_dir: Path,
+    seeds: list[int],
+    mode: str = DEFAULTS.mode,
+    epochs: int | None = None,
+    lr: float | None = None,
+    batch_size: int | None = None,
+    max_seq_len: int = DEFAULTS.max_seq_len,
+    task_type: str = DEFAULTS.task_type,
+    pooling: str = DEFAULTS.pooling,
+    max_train: int = DEFAULTS.max_train,
+    random_init: bool = DEFAULTS.random_init,
+    lrs: list[float] | None = None,
+    heldout_fraction: float = DEFAULTS.heldout_fraction,
+    heldout_seed: int = DEFAULTS.heldout_seed,
+    sweep_seeds: int = DEFAULTS.sweep_seeds,
+) -> dict:
+    """`run_finetune` with the options as arguments (the defaults are FinetuneConfig's; None = the mode's), typed and
+    checked as a config file's."""
+    options = dict(locals())
+    options = {k: v for k, v in options.items() if k not in ("model_dir", "task_dir", "seeds") and v is not None}
+    return run_finetune(Path(model_dir), Path(task_dir), seeds, from_dict(FinetuneConfig, options))
+
+
 def format_finetune(result: dict) -> str:
+    sweep = result.get("lr_sweep")
+    chosen = (
+        f", lr {result['lr']:g} chosen on {sweep['heldout_examples']} held-out train examples from "
+        f"{', '.join(f'{lr:g}' for lr in sweep['lrs'])}"
+        if sweep
+        else (f", lr {result['lr']:g}" if "lr" in result else "")
+    )
     lines = [
         f"{result['task']} ({result['kind']}, {'sentence pairs' if result['pair'] else 'single sentences'}, "
-        f"{result['train_examples']} train / {result['dev_examples']} dev, {result['mode']}, "
+        f"{result['train_examples']} train / {result['dev_examples']} dev, {result['mode']}{chosen}, "
         f"seeds {result['seeds']}):"
     ]
     for key, s in result["summary"].items():
         lines.append(
-            f"  {key:<9} {s['mean']:.4f} +- {s['std']:.4f}"
+            f"  {key:<9} {s['mean']:.4f} +- {s['std']:.4f}   median {s['median']:.4f}"
             + ("   <- main metric" if key == result["main_metric"] else "")
         )
     return "\n".join(lines)

@@ -28,7 +28,7 @@ import math
 
 import numpy as np
 
-METRICS = ("accuracy", "mcc", "pearson")
+METRICS = ("accuracy", "mcc", "pearson", "chunk_f1")
 ALPHA = 0.05
 POWER = 0.8
 MIN_REPLICATES = 2000
@@ -36,8 +36,17 @@ EXACT_SIGN_FLIPS = 16  # up to 2^16 sign assignments enumerated; beyond, Monte C
 SIGN_FLIP_DRAWS = 200_000
 
 
+def chunk_f1_from_sums(correct, predicted, gold):
+    """Chunk F1 (CoNLL) from summed counts (numpy arrays or numbers): 2 c / (predicted + gold), 0 where both are 0."""
+    correct, total = np.asarray(correct, float), np.asarray(predicted, float) + np.asarray(gold, float)
+    return np.divide(2 * correct, total, out=np.zeros_like(total), where=total > 0)
+
+
 def metric_batch(name: str, labels: np.ndarray, preds: np.ndarray) -> np.ndarray:
-    """The metric of each row: labels [..., N], preds [..., N] -> [...]."""
+    """The metric of each row: labels [..., N], preds [..., N] -> [...]. chunk_f1 is over sentences: labels [N] hold
+    each sentence's gold chunks, preds [..., N, 2] its correct and predicted chunks."""
+    if name == "chunk_f1":
+        return chunk_f1_from_sums(preds[..., 0].sum(-1), preds[..., 1].sum(-1), np.asarray(labels).sum(-1))
     if name == "accuracy":
         return (preds == labels).mean(-1)
     if name == "mcc":  # binary, 0 where a row or column of the confusion matrix is empty (as sklearn)
@@ -78,6 +87,11 @@ def p_floor(replicates: int) -> float:
 def _features(metric: str, labels: np.ndarray, preds: np.ndarray) -> np.ndarray:
     """Per-example terms [N, S, P, K] whose weighted sums over examples give the metric (`_from_sums`): resampling
     examples is then one matrix product of example counts with them, and needs no copy of the predictions."""
+    if metric == "chunk_f1":  # preds [S, P, N, 2] -> correct, predicted, gold per sentence: [N, S, P, 3]
+        counts = np.moveaxis(np.asarray(preds, float), -2, 0)
+        gold = np.asarray(labels, float).reshape((-1,) + (1,) * (counts.ndim - 1))
+        gold = np.broadcast_to(gold, counts[..., :1].shape)
+        return np.concatenate([counts, gold], -1)
     preds = np.moveaxis(np.asarray(preds), -1, 0)  # [N, S, P]
     y = np.asarray(labels).reshape((-1,) + (1,) * (preds.ndim - 1))
     if metric == "accuracy":
@@ -97,6 +111,8 @@ def _from_sums(metric: str, sums: np.ndarray, n: int) -> np.ndarray:
     """The metric from the summed `_features` [..., K] of n (resampled) examples -> [...]."""
     if metric == "accuracy":
         return sums[..., 0] / n
+    if metric == "chunk_f1":
+        return chunk_f1_from_sums(sums[..., 0], sums[..., 1], sums[..., 2])
     if metric == "mcc":
         return _mcc(*(sums[..., k] for k in range(4)))
     sx, sy, sxx, syy, sxy = (sums[..., k] for k in range(5))

@@ -1,0 +1,73 @@
+"""What every downstream fit shares (sequence and token tasks, full fine-tuning): the device, bf16 autocast on the GPU,
+shuffled batches of row indices, and the training loop (AdamW, linear warmup then linear decay to 0, clipping), as
+transformers' Trainer does it by default."""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Iterator
+
+import torch
+from tqdm import tqdm
+
+
+def device() -> torch.device:
+    """The GPU when there is one (this process's), else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def autocast():
+    """bf16 on the GPU (as transformers' Trainer with bf16), fp32 on the CPU."""
+    if torch.cuda.is_available():
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return torch.autocast("cpu", enabled=False)
+
+
+def batches(n: int, size: int, generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:
+    """Row indices [<= size] covering 0..n-1: shuffled by `generator`, in order without one."""
+    order = torch.randperm(n, generator=generator) if generator is not None else torch.arange(n)
+    yield from (order[i : i + size] for i in range(0, n, size))
+
+
+def linear_schedule(opt: torch.optim.Optimizer, total: int, warmup_frac: float):
+    """Linear warmup over warmup_frac of `total` steps, then linear decay to 0."""
+    warmup = max(1, int(warmup_frac * total)) if warmup_frac else 0
+    return torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min((s + 1) / warmup if warmup else 1.0, max(0.0, (total - s) / (total - warmup + 1e-9)))
+    )
+
+
+def fit(
+    model: torch.nn.Module,
+    loss_of: Callable[[torch.Tensor], torch.Tensor],
+    n: int,
+    seed: int,
+    epochs: int,
+    lr: float,
+    batch_size: int,
+    warmup_frac: float,
+    desc: str,
+) -> torch.nn.Module:
+    """Train `model` on `n` rows for `epochs`: `loss_of(row indices)` is a batch's loss (run under `autocast`). The
+    batch order is a function of `seed`; the caller seeds the head's initialisation before building the model."""
+    gen = torch.Generator().manual_seed(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    total = max(1, epochs * math.ceil(n / batch_size))
+    sched = linear_schedule(opt, total, warmup_frac)
+    model.train()
+    bar = tqdm(total=total, desc=desc, unit="step", file=sys.stderr, mininterval=1.0, leave=False)
+    for _ in range(epochs):
+        for idx in batches(n, batch_size, gen):
+            with autocast():
+                loss = loss_of(idx)
+            opt.zero_grad()
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            bar.update(1)
+            if bar.n % 50 == 0:  # reading the loss makes the host wait for the GPU: now and then
+                bar.set_postfix(loss=f"{loss.item():.3f}", refresh=False)
+    bar.close()
+    return model.eval()

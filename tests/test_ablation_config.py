@@ -1,0 +1,194 @@
+"""Typed ablation and fine-tuning configs (pretrain/evaluation/configs.py) and the fine-tuning protocol: a learning
+rate chosen on a part of train held out (never dev), then re-trained on all of train and scored on dev, with the
+median over seeds beside mean and std."""
+
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pretrain.core.errors import ConfigError
+
+ROOT = Path(__file__).resolve().parent.parent
+TINY = str(ROOT / "configs" / "ablation-tiny.yaml")
+WORDS = "river stone cloud apple night music paper window garden silver engine forest letter market bridge".split()
+
+
+def make_task(directory: Path, n_train: int = 40, n_dev: int = 16, seed: int = 0) -> Path:
+    """Single sentences; label 1 when 'river' is in it. Dev sentences end in 'dev' so a leak would be visible."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        rows = ["sentence\tlabel"]
+        for i in range(n):
+            words = rng.sample(WORDS[1:], 3) + (["river"] if i % 2 else [])
+            rows.append(f"the {' '.join(words)} {split}\t{i % 2}")
+        (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return directory
+
+
+def tiny_model(directory: Path) -> Path:
+    """A random BERT of 1 layer x 16, with a word-level vocabulary: a real HF directory, seconds to probe."""
+    from transformers import BertConfig, BertForMaskedLM, BertTokenizerFast
+
+    directory.mkdir(parents=True)
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "dev", "train", *WORDS]
+    (directory / "vocab.txt").write_text("\n".join(vocab) + "\n")
+    BertTokenizerFast(vocab_file=str(directory / "vocab.txt")).save_pretrained(str(directory))
+    config = BertConfig(
+        vocab_size=len(vocab), hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32
+    )
+    BertForMaskedLM(config).save_pretrained(str(directory))
+    return directory
+
+
+# ---------------------------------------------------------------------------------------------- typed configs
+
+
+@pytest.mark.parametrize(
+    "override, message",
+    [
+        ("eval.mdoe=full", r"ablation-tiny\.yaml: unknown config key 'eval\.mdoe' \(did you mean 'mode'\?\)"),
+        ("launch.schedular=slurm", r"unknown config key 'launch\.schedular' \(did you mean 'scheduler'\?\)"),
+        ("budget.kind=flop", r"budget\.kind: value 'flop' is not one of tokens, flops, time \(did you mean 'flops'"),
+        ("eval.pooling=mena", r"eval\.pooling: value 'mena' is not one of mean, cls \(did you mean 'mean'"),
+        ("eval.seeds=[1, x]", r"eval\.seeds\[1\]: value 'x' is not a valid int"),
+        ("eval.lrs=[1e-4, 1e-4]", r"eval\.lrs: .* names a learning rate twice"),
+        ("eval.heldout_fraction=1.5", r"heldout_fraction: must be in \(0, 1\)"),
+        ("budget.amount=0", r"budget\.amount: must be > 0"),
+        ("ouput_dir=x", r"unknown config key 'ouput_dir' \(did you mean 'output_dir'\?\)"),
+    ],
+)
+def test_ablation_errors_name_file_key_and_nearest(override, message, monkeypatch):
+    from pretrain.evaluation.ablate import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match=message):
+        load_ablation(TINY, [override])
+
+
+def test_ablation_file_with_a_bad_key_is_named(tmp_path):
+    from pretrain.evaluation.ablate import load_ablation
+
+    cfg = tmp_path / "mine.yaml"
+    cfg.write_text(f"base: {TINY}\neval: {{tasks: [{make_task(tmp_path / 't')}], epocs: 3}}\n")
+    with pytest.raises(ConfigError, match=r"mine\.yaml: unknown config key 'eval\.epocs' \(did you mean 'epochs'\?\)"):
+        load_ablation(str(cfg))
+
+
+def test_an_ablation_inherits_another_with_base(tmp_path):
+    """`base:` at the top of an ablation file: its keys over the base's, and arms it names replace the base's."""
+    from pretrain.evaluation.ablate import load_ablation
+
+    cfg = tmp_path / "mine.yaml"
+    task = make_task(tmp_path / "t")
+    cfg.write_text(f"base: {TINY}\narms: {{mlm: {{}}, none: {{pretrain: false}}}}\neval: {{tasks: [{task}]}}\n")
+    ab = load_ablation(str(cfg))
+    assert list(ab.groups()) == ["mlm", "none"] and ab.eval.tasks == [str(task)] and ab.eval.max_seq_len == 64
+
+
+def test_missing_task_says_where_to_get_it(tmp_path):
+    from pretrain.evaluation.ablate import load_ablation
+
+    with pytest.raises(ConfigError, match=r"eval\.tasks: '.*/rte' has no train\.tsv.*nltk_data's `rte` corpus"):
+        load_ablation(TINY, [f"eval.tasks=[{tmp_path / 'rte'}]"])
+
+
+@pytest.mark.parametrize("preset", ["ablation-tiny", "ablation", "ablation-gpu"])
+def test_presets_parse_and_arms_carry_their_own_lr(preset, monkeypatch):
+    """Every ablation preset is a valid typed config (its tasks replaced by the shipped ones, which a clean clone
+    has); an arm's train options (rtd's learning rate) reach its runs and its recorded hyper-parameters."""
+    from pretrain.evaluation.ablate import hyperparameters, load_ablation
+
+    monkeypatch.chdir(ROOT)
+    ab = load_ablation(preset, ["eval.tasks=[data/tasks/mr]"] if preset != "ablation-tiny" else [])
+    assert ab.eval.tasks == ["data/tasks/mr"] and ab.budget_amount > 0
+    for arm in ab.arms:
+        expected = 5e-4 if arm.group == "rtd" else ab.base.train.lr
+        assert arm.cfg.train.lr == expected
+        if arm.pretrain:
+            assert hyperparameters(arm)["lr"] == expected
+    if preset == "ablation-gpu":
+        assert len(ab.seeds) >= 4 and len(ab.eval.seeds) >= 5 and "full" in ab.eval.modes
+        assert {"mlm", "mlm+sop", "span", "rtd", "none"} == set(ab.groups())
+        assert hyperparameters(ab.groups()["rtd"][0])["overrides"] == {"objectives": {"rtd": {}}, "train": {"lr": 5e-4}}
+
+
+def test_shipped_tasks_are_small_and_load():
+    from pretrain.evaluation.finetune import load_task
+
+    for name in ("mr", "subj"):
+        for split in ("train.tsv", "dev.tsv"):
+            assert (ROOT / "data" / "tasks" / name / split).stat().st_size < 300_000
+        task = load_task(ROOT / "data" / "tasks" / name)
+        assert task.labels == ["0", "1"] and len(task.dev[2]) == 1000
+
+
+def test_finetune_mode_default_is_declared_once():
+    """Full fine-tuning is what `pretrain finetune` does unless told (probes are what ablations use)."""
+    import inspect
+
+    from pretrain.evaluation.configs import EvalConfig, FinetuneConfig
+    from pretrain.evaluation.finetune import finetune
+
+    assert FinetuneConfig().mode == "full" == inspect.signature(finetune).parameters["mode"].default
+    assert EvalConfig().modes == ["probe"]
+    ev = EvalConfig(lrs=[1e-4], probe_lrs=[1e-2, 3e-2], max_train_examples=7, epochs=2)
+    assert ev.finetune("full").lrs == [1e-4] and ev.finetune("probe").lrs == [1e-2, 3e-2]
+    assert ev.finetune("probe").max_train == 7 and ev["modes"] == ["probe"]
+    assert FinetuneConfig(mode="probe", epochs=2).resolved() == FinetuneConfig(
+        mode="probe", epochs=2, lr=1e-2, batch_size=64
+    )
+
+
+# ---------------------------------------------------------------------------------------------- the protocol
+
+
+def test_heldout_split_is_deterministic_disjoint_and_from_train_only(tmp_path):
+    from pretrain.evaluation.configs import FinetuneConfig
+    from pretrain.evaluation.finetune import heldout_split, load_task, sweep_lr
+
+    fit, held = heldout_split(50, 0.1, seed=3)
+    again = heldout_split(50, 0.1, seed=3)
+    assert np.array_equal(fit, again[0]) and np.array_equal(held, again[1]) and len(held) == 5
+    assert sorted([*fit, *held]) == list(range(50))
+    assert not np.array_equal(held, heldout_split(50, 0.1, seed=4)[1])
+
+    task = load_task(make_task(tmp_path / "t"))
+    seen = []
+
+    def score(view, fit, held, lr):  # a stand-in for training: best at lr 0.01, and it records what it was given
+        seen.append((view, lr))
+        return {0.001: 0.5, 0.01: 0.8, 0.1: 0.8}[lr]
+
+    sweep = sweep_lr(task, FinetuneConfig(mode="probe", lrs=[0.001, 0.01, 0.1]), score)
+    assert sweep["chosen"] == 0.01 and sweep["heldout_scores"] == [0.5, 0.8, 0.8]  # ties: the first
+    assert sweep["heldout_examples"] == 4 and sweep["fit_examples"] == 36
+    for view, _ in seen:  # never a dev sentence, in either part
+        sentences = view.train[0] + view.dev[0]
+        assert all(s.endswith(" train") for s in sentences) and len(set(sentences)) == len(sentences) == 40
+
+
+def test_summary_has_the_median():
+    from pretrain.evaluation.finetune import summarize
+
+    s = summarize([{"accuracy": a} for a in (0.5, 0.9, 0.6, 0.7, 0.1)])["accuracy"]
+    assert s["median"] == 0.6 and s["mean"] == pytest.approx(0.56) and s["std"] > 0
+
+
+def test_sweep_then_full_train_on_a_real_model(tmp_path, capsys):
+    """The chosen lr is the best on held-out, re-trained on all of train and scored on dev over 5 seeds."""
+    from pretrain.evaluation.finetune import finetune, format_finetune
+
+    model, task = tiny_model(tmp_path / "model"), make_task(tmp_path / "t")
+    result = finetune(model, task, [1, 2, 3, 4, 5], mode="probe", epochs=3, lrs=[1e-4, 3e-1], heldout_fraction=0.25)
+    sweep = result["lr_sweep"]
+    assert sweep["heldout_examples"] == 10 and sweep["fit_examples"] == 30 and sweep["metric"] == "accuracy"
+    assert result["lr"] == sweep["chosen"] == sweep["lrs"][int(np.argmax(sweep["heldout_scores"]))]
+    assert result["train_examples"] == 40 and result["dev_examples"] == 16 and len(result["per_seed"]) == 5
+    accuracy = [r["accuracy"] for r in result["per_seed"]]
+    assert result["summary"]["accuracy"]["median"] == pytest.approx(float(np.median(accuracy)))
+    assert "median" in format_finetune(result) and "chosen on 10 held-out" in format_finetune(result)
+    plain = finetune(model, task, [1], mode="probe", epochs=1)
+    assert plain["lr_sweep"] is None and plain["lr"] == 1e-2  # no sweep: the mode's default lr
