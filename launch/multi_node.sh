@@ -1,10 +1,21 @@
 #!/usr/bin/env bash
-# Several nodes from a hostfile (one line per node: "hostname slots=8"), through the DeepSpeed launcher,
-# which starts the ranks over passwordless ssh. Run it on the first node of the hostfile.
+# Several nodes from a hostfile (one line per node: "hostname slots=8"), through the DeepSpeed launcher.
+# Over ssh (the default): run it on the first node of the hostfile; it starts the ranks on every node over
+# passwordless ssh.
 #   launch/multi_node.sh HOSTFILE CONFIG [key=value ...]
+# Without ssh: run it on every node yourself (or from a scheduler) with NODE_RANK set, 0 on the first node of the
+# hostfile, 1 on the next, ...; every node reads the same hostfile.
+#   NODE_RANK=1 launch/multi_node.sh HOSTFILE CONFIG [key=value ...]
+# MASTER_ADDR (default: the first host of the hostfile) and MASTER_PORT (default 29500) must be reachable from
+# every node; where a node has several network interfaces, name the one to use with GLOO_SOCKET_IFNAME (CPU ranks)
+# or NCCL_SOCKET_IFNAME (GPUs). README.md, "Several processes, nodes, clusters", says how to check them.
 # Build the tokenizer and shards first (`pretrain tokenizer`, `pretrain shards`) on a shared file system,
 # and point data.tokenizer / data.shards at them.
 set -euo pipefail
-hostfile=${1:?usage: $0 HOSTFILE CONFIG [key=value ...]}; shift
-exec deepspeed --hostfile "$hostfile" --master_addr "${MASTER_ADDR:-$(head -n1 "$hostfile" | cut -d' ' -f1)}" \
+hostfile=${1:?usage: [NODE_RANK=N] $0 HOSTFILE CONFIG [key=value ...]}; shift
+if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
+first_host=$(awk '!/^[[:space:]]*(#|$)/ {print $1; exit}' "$hostfile")
+per_node=()
+if [ -n "${NODE_RANK:-}" ]; then per_node=(--no_ssh --node_rank "$NODE_RANK"); fi
+exec deepspeed --hostfile "$hostfile" "${per_node[@]}" --master_addr "${MASTER_ADDR:-$first_host}" \
   --master_port "${MASTER_PORT:-29500}" --module pretrain.cli train "$@"

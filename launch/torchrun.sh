@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
-# torchrun, one node or several (set NNODES, NODE_RANK and MASTER_ADDR on each node).
+# torchrun, one node or several: on each node set NNODES, NODE_RANK (0 on the node at MASTER_ADDR) and
+# MASTER_ADDR (an address of node 0 every node reaches), the same MASTER_PORT everywhere, and where a node has
+# several network interfaces GLOO_SOCKET_IFNAME (CPU ranks) or NCCL_SOCKET_IFNAME (GPUs).
 #   launch/torchrun.sh NUM_PROCS CONFIG [key=value ...]
+#   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 GLOO_SOCKET_IFNAME=eth0 launch/torchrun.sh 1 tiny data.shards=... data.tokenizer=...
 set -euo pipefail
 nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
