@@ -7,6 +7,7 @@ culprit and exit with status 2; nothing already built is lost.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import errno
 import importlib
@@ -232,17 +233,29 @@ def cmd_decay(args) -> int:
     return result["exit_code"]
 
 
+@contextlib.contextmanager
+def export_failures_in_one_line():
+    """A failed parity or tokenizer check (ExportError) is a bug to report, but said in one line like the rest, by
+    `pretrain run` as by `pretrain export`."""
+    from pretrain.hf.export import ExportError
+
+    try:
+        yield
+    except ExportError as err:
+        raise UserError(f"{err} (the export does not reproduce the model: please report this)") from None
+
+
 def cmd_run(args) -> int:
     from pretrain.pipeline import run_all
 
-    return run_all(_load(args), demo=not args.no_demo)["exit_code"]
+    with export_failures_in_one_line():
+        return run_all(_load(args), demo=not args.no_demo)["exit_code"]
 
 
 def cmd_export(args) -> int:
-    from pretrain.hf.export import ExportError
     from pretrain.pipeline import fill_mask_demo, stage_export
 
-    try:
+    with export_failures_in_one_line():
         out = stage_export(
             Path(args.run_or_checkpoint),
             Path(args.out) if args.out else None,
@@ -251,8 +264,6 @@ def cmd_export(args) -> int:
             push_to_hub=args.push_to_hub,
             raw_weights=args.raw_weights,
         )
-    except ExportError as err:  # the parity check failed: a bug to report, but said in one line like the rest
-        raise UserError(f"{err} (the export does not reproduce the model: please report this)") from None
     if args.format == "sentence-transformers":
         _sentence_transformers(out, args)
     if args.demo:

@@ -209,3 +209,24 @@ def test_export_while_the_run_saves_every_step(trained, corpus, tmp_path):
     assert trainer.returncode == 75, err[-3000:]
     # what was put off while an export read is caught up by the next save: keep_checkpoints holds again
     assert len(list((run / "checkpoints").glob("step_*"))) == 1
+
+
+@pytest.mark.parametrize("command", ["run", "export"])
+def test_a_failed_export_check_is_one_line_in_run_as_in_export(command, monkeypatch, capsys, tmp_path):
+    """A parity or tokenizer check that fails inside `pretrain run` ends like `pretrain export`'s: one error line
+    asking for a report, exit status 2, no traceback."""
+    import pretrain.pipeline
+    from pretrain.cli import main
+    from pretrain.hf.export import ExportError
+
+    def fails(*args, **kwargs):
+        raise ExportError("max |logit diff| 0.5 vs transformers")
+
+    monkeypatch.setattr(pretrain.pipeline, "run_all" if command == "run" else "stage_export", fails)
+    argv = ["run", "tiny", f"output_dir={tmp_path}"] if command == "run" else ["export", str(tmp_path)]
+    assert main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert (
+        err[-1]
+        == "error: max |logit diff| 0.5 vs transformers (the export does not reproduce the model: please report this)"
+    )
