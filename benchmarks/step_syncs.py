@@ -268,12 +268,12 @@ def run(work: Path, names: list[str], sync_debug: str) -> dict:
                 torch.cuda.set_sync_debug_mode("default")
             active[0] = False
 
-    def train_step(self, micro_batches):
+    def train_step(self, micro_batches, *args):
         if logs_at(self, self.state.step + 1):
-            return original_step(self, micro_batches)
+            return original_step(self, micro_batches, *args)
         counted["steps"] += 1
         with counting():
-            return original_step(self, micro_batches)
+            return original_step(self, micro_batches, *args)
 
     def after_step(self, stopping):
         if logs_at(self, self.state.step):

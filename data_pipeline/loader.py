@@ -4,13 +4,19 @@ The training stream is an endless sequence of *positions*. Position p belongs to
 sample `order(seed, epoch)[p % n]`; its corruption rng is derived from (seed, epoch, sample index).
 Nothing depends on rank, world size or worker count, so resuming is "skip to position consumed_samples":
 O(1), no batches replayed, and any world size continues the same global order.
+
+A run with schedule phases (`pretrain.core.schedule`) has one such stream per phase, its positions counted from
+the phase's start; phase 0's is the stream above, phase k > 0 adds k to every seed. A phase's sampler
+(`PhaseBatchSampler`) tags each position with its optimizer step, so a scheduled rate (a masking rate) is that
+step's value in every worker.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
-from collections.abc import Iterator
-from typing import Protocol
+from collections.abc import Callable, Iterator
+from typing import Any, Protocol
 
 import numpy as np
 import torch
@@ -24,9 +30,11 @@ from pretrain.core.tokens import IGNORE_INDEX
 
 class Transform(Protocol):
     """What the loader needs of an objective (`objectives.base.Objective` has it; the data layer imports none):
-    its per-sample `prepare`, and for the collator the padding of the arrays it adds, its `collate` arrays and its
-    targets' counts."""
+    its per-sample `prepare` (which reads `options`, replaced by a schedule's values at each step), and for the
+    collator the padding of the arrays it adds, its `collate` arrays and its targets' counts."""
 
+    name: str
+    options: Any
     pad_values: dict[str, int]
 
     def prepare(self, sample: dict[str, np.ndarray], rng: np.random.Generator) -> dict[str, np.ndarray]: ...
@@ -38,33 +46,49 @@ class Transform(Protocol):
 
 _ORDER_STREAM = 0  # distinct SeedSequence streams: sample order vs. per-sample corruption
 _SAMPLE_STREAM = 1
+_PHASE_STREAM = 3  # (data_pipeline.mixing has 2)
 
 
-def _source_key(source: int | None) -> list[int]:
-    return [] if source is None else [source]  # one corpus keeps the streams it always had
+def _stream_key(source: int | None, phase: int = 0) -> list[int]:
+    # one corpus in one phase keeps the streams it always had
+    return ([] if source is None else [source]) + ([] if not phase else [_PHASE_STREAM, phase])
 
 
-def epoch_order(num_samples: int, seed: int, epoch: int, source: int | None = None) -> np.ndarray:
-    """A permutation of range(num_samples), a pure function of (seed, epoch) and, in a mixture, the source."""
-    return np.random.default_rng([seed, _ORDER_STREAM, epoch, *_source_key(source)]).permutation(num_samples)
+def epoch_order(num_samples: int, seed: int, epoch: int, source: int | None = None, phase: int = 0) -> np.ndarray:
+    """A permutation of range(num_samples), a pure function of (seed, epoch), in a mixture the source, and with a
+    schedule the phase."""
+    return np.random.default_rng([seed, _ORDER_STREAM, epoch, *_stream_key(source, phase)]).permutation(num_samples)
 
 
-def sample_rng(seed: int, epoch: int, index: int, source: int | None = None) -> np.random.Generator:
-    """The rng that corrupts sample `index` (of `source` in a mixture) when it is seen in `epoch`: new masks every
-    epoch."""
-    return np.random.default_rng([seed, _SAMPLE_STREAM, epoch, index, *_source_key(source)])
+def sample_rng(seed: int, epoch: int, index: int, source: int | None = None, phase: int = 0) -> np.random.Generator:
+    """The rng that corrupts sample `index` (of `source` in a mixture, in `phase` of a schedule) when it is seen in
+    `epoch`: new masks every epoch."""
+    return np.random.default_rng([seed, _SAMPLE_STREAM, epoch, index, *_stream_key(source, phase)])
 
 
 class PretrainDataset(torch.utils.data.Dataset):
     """Maps a stream position to a prepared sample (the builder's sample, then each objective's prepare). A
     `MixedSamples` builder picks the source of each position (`data_pipeline.mixing`); each source then has epochs
-    and orders of its own."""
+    and orders of its own.
 
-    def __init__(self, builder: SampleBuilder, objectives: list[Transform], seed: int):
+    An index is a position, or (step, position) from `PhaseBatchSampler`: `rates(step)` then gives the scheduled
+    options ({objective name: {option: value}}) that the objectives prepare that sample with."""
+
+    def __init__(
+        self,
+        builder: SampleBuilder,
+        objectives: list[Transform],
+        seed: int,
+        phase: int = 0,
+        rates: Callable[[int], dict[str, dict[str, float]]] | None = None,
+    ):
         self.builder = builder
         self.objectives = objectives
         self.seed = seed
+        self.phase = phase
+        self.rates = rates
         self._orders: dict = {}  # epoch (mixture: (source, epoch)) -> permutation, cached per worker
+        self._options: tuple[int, list] | None = None  # (step, each objective's options at that step)
 
     def __len__(self) -> int:
         return len(self.builder)
@@ -80,22 +104,42 @@ class PretrainDataset(torch.utils.data.Dataset):
             if (source, epoch) not in self._orders:  # keep one epoch per source
                 self._orders = {k: v for k, v in self._orders.items() if k[0] != source}
                 n = self.builder.lengths[source]
-                self._orders[(source, epoch)] = epoch_order(n, self.seed, epoch, source)
+                self._orders[(source, epoch)] = epoch_order(n, self.seed, epoch, source, self.phase)
             return source, epoch, int(self._orders[(source, epoch)][offset])
         epoch, offset = divmod(position, len(self.builder))
         if epoch not in self._orders:
-            self._orders = {epoch: epoch_order(len(self.builder), self.seed, epoch)}
+            self._orders = {epoch: epoch_order(len(self.builder), self.seed, epoch, phase=self.phase)}
         return None, epoch, int(self._orders[epoch][offset])
 
-    def __getitem__(self, position: int) -> dict[str, np.ndarray]:
+    def __getitem__(self, key: int | tuple[int, int]) -> dict[str, np.ndarray]:
+        step, position = key if isinstance(key, tuple) else (None, key)
         source, epoch, index = self.place(position)
-        rng = sample_rng(self.seed, epoch, index, source)
+        rng = sample_rng(self.seed, epoch, index, source, self.phase)
         builder = self.builder if source is None else self.builder.builders[source]
         # builders whose samples are themselves random (segment pairs) draw from the same per-sample rng
         sample = builder.sample(index, rng)
-        for objective in self.objectives:
-            sample = objective.prepare(sample, rng)
+        for objective, options in zip(self.objectives, self.options_at(step)):
+            configured, objective.options = objective.options, options
+            try:
+                sample = objective.prepare(sample, rng)
+            finally:
+                objective.options = configured
         return sample
+
+    def options_at(self, step: int | None) -> list:
+        """Each objective's options at optimizer step `step`: the configured ones with `rates(step)` in place."""
+        if step is None or self.rates is None:
+            return [getattr(o, "options", None) for o in self.objectives]
+        if self._options is None or self._options[0] != step:
+            values = self.rates(step)
+            self._options = (
+                step,
+                [
+                    dataclasses.replace(o.options, **values[o.name]) if o.name in values else o.options
+                    for o in self.objectives
+                ],
+            )
+        return self._options[1]
 
 
 class StreamBatchSampler(torch.utils.data.Sampler):
@@ -130,6 +174,38 @@ class StreamBatchSampler(torch.utils.data.Sampler):
             step += 1
 
     def __len__(self) -> int:  # endless; DataLoader only needs this for its length hints
+        return 2**62
+
+
+class PhaseBatchSampler(torch.utils.data.Sampler):
+    """This rank's micro-batches of one schedule phase, as lists of (step, position): from optimizer step `start`,
+    at `position` of the phase's stream, until step `end` (None: endless). Step s takes the next
+    `global_batch(s)` positions, split as `StreamBatchSampler` splits a global batch, in micro-batches of `micro`."""
+
+    def __init__(
+        self,
+        start: int,
+        position: int,
+        end: int | None,
+        micro: int,
+        global_batch: Callable[[int], int],
+        rank: int,
+        world_size: int,
+    ):
+        self.start, self.position, self.end = start, position, end
+        self.micro, self.global_batch, self.rank, self.world = micro, global_batch, rank, world_size
+
+    def __iter__(self) -> Iterator[list[tuple[int, int]]]:
+        step, base = self.start, self.position
+        while self.end is None or step < self.end:
+            size = self.global_batch(step)
+            for a in range(size // (self.micro * self.world)):
+                first = base + (a * self.world + self.rank) * self.micro
+                yield [(step, p) for p in range(first, first + self.micro)]
+            base += size
+            step += 1
+
+    def __len__(self) -> int:
         return 2**62
 
 
@@ -195,9 +271,16 @@ def build_loader(
 ) -> torch.utils.data.DataLoader:
     """This rank's micro-batches from `consumed_samples` on. num_workers < 0: `auto_workers`. Batches are prepared
     ahead in the workers (4 each) and, on a GPU, collated into pinned memory so copies to it do not block."""
+    sampler = StreamBatchSampler(consumed_samples, micro_batch_size, grad_accum_steps, rank, world_size)
+    return sampler_loader(dataset, pad_id, sampler, num_workers)
+
+
+def sampler_loader(
+    dataset: PretrainDataset, pad_id: int, sampler: torch.utils.data.Sampler, num_workers: int = 0
+) -> torch.utils.data.DataLoader:
+    """The DataLoader of `build_loader` over any batch sampler (a schedule phase's: `PhaseBatchSampler`)."""
     if num_workers < 0:
         num_workers = auto_workers(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1"))))
-    sampler = StreamBatchSampler(consumed_samples, micro_batch_size, grad_accum_steps, rank, world_size)
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,

@@ -37,7 +37,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from pretrain.core.config import doc
+from pretrain.core.config import doc, nearest
 from pretrain.core.errors import ConfigError
 from pretrain.core.measures import BinaryAUC, Mean
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
@@ -97,12 +97,15 @@ def option(
     le: float | None = None,
     lt: float | None = None,
     choices: tuple = (),
+    schedulable: bool = False,
 ) -> Any:
     """An objective's option: `pretrain.core.config.doc`'s one-line documentation plus the values it admits, which
-    `ObjectiveOptions` checks for every objective alike and `pretrain objectives` shows."""
+    `ObjectiveOptions` checks for every objective alike and `pretrain objectives` shows. `schedulable`: the option
+    may follow `schedule.values` (`pretrain.core.schedule`); it must then be read by `prepare` at every call, never
+    kept in the objective at construction."""
     bounds = Range(ge, gt, le, lt, tuple(choices))
     admitted = bounds if bounds != Range() else None
-    return dataclasses.field(default=default, metadata={"doc": text, "range": admitted})
+    return dataclasses.field(default=default, metadata={"doc": text, "range": admitted, "schedulable": schedulable})
 
 
 def objective_names(options_cls: type) -> str:
@@ -181,7 +184,10 @@ class Objective:
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             bounds = f.metadata.get("range")
             admits = f" ({bounds})" if bounds is not None else ""
-            lines.append(f"    objectives.{cls.name}.{f.name} = {default!r}{admits}   {f.metadata.get('doc', '')}")
+            scheduled = " [schedulable]" if f.metadata.get("schedulable") else ""
+            lines.append(
+                f"    objectives.{cls.name}.{f.name} = {default!r}{admits}{scheduled}   {f.metadata.get('doc', '')}"
+            )
         return lines
 
     @property
@@ -265,6 +271,44 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
             "would be trained; give at least one objective a weight > 0"
         )
     return typed
+
+
+def schedulable_options(options_cls: type) -> list[str]:
+    return [f.name for f in dataclasses.fields(options_cls) if f.metadata.get("schedulable")]
+
+
+def check_scheduled_options(values: list, typed: dict[str, Any]) -> None:
+    """`schedule.values` entries that name objectives: the objective is in the run, the option is schedulable, and
+    every point's value is one the option admits (its `option` range), each error naming the entry."""
+    for i, entry in enumerate(values):
+        if not entry.key.startswith("objectives."):
+            continue
+        where, (_, name, key) = f"schedule.values[{i}]", entry.key.split(".")
+        if name not in typed:
+            raise ConfigError(
+                f"{where}.key: '{entry.key}' schedules objective '{name}', which this run does not train "
+                f"(its objectives: {', '.join(typed)})"
+            )
+        cls = REGISTRY[name]
+        allowed = schedulable_options(cls.Options)
+        if key not in allowed:
+            raise ConfigError(
+                f"{where}.key: '{entry.key}' cannot be scheduled; {name}'s schedulable options: "
+                f"{', '.join(allowed) or 'none'}{nearest(key, allowed)}"
+            )
+        for step, value in entry.points:  # the option's range and its rules with the others, at every point
+            try:
+                dataclasses.replace(typed[name], **{key: float(value)})
+            except ConfigError as err:
+                raise ConfigError(f"{where}.points: at step {step}: {err}") from None
+
+
+def scheduled(objective: Objective, values: dict[str, float] | None) -> Any:
+    """`objective.options` with `values` ({option: value}) in place of the configured ones (the same object when
+    there are none): what `prepare` reads at a step of a schedule."""
+    if not values:
+        return objective.options
+    return dataclasses.replace(objective.options, **values)
 
 
 def build_objectives(spec: dict[str, Any], tokens: SpecialTokens) -> list[Objective]:

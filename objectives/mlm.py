@@ -38,7 +38,9 @@ MAX_NGRAM = 3
 class MaskingRates(ObjectiveOptions):
     """Which tokens are chosen for prediction and what each becomes: the options `corrupt` reads (mlm, rtd)."""
 
-    mask_prob: float = option(0.15, "Fraction of non-special tokens chosen for prediction.", gt=0, lt=1)
+    mask_prob: float = option(
+        0.15, "Fraction of non-special tokens chosen for prediction.", gt=0, lt=1, schedulable=True
+    )
     mask_token_prob: float = option(0.8, "Of the chosen tokens, the fraction replaced by [MASK].", ge=0, le=1)
     random_token_prob: float = option(
         0.1, "Of the chosen tokens, the fraction replaced by a random token (the rest stay unchanged).", ge=0, le=1

@@ -37,7 +37,11 @@ class RTDOptions(MaskingRates):
     # samples are the "random" replacements). No whole words or n-grams: ELECTRA masks single tokens.  rtd admits
     # mask_prob=1 (every token predicted, then replaced by a sample); mlm does not (nothing left to predict from).
     mask_prob: float = option(
-        0.15, "Fraction of non-special tokens the generator predicts (and then replaces by a sample).", gt=0, le=1
+        0.15,
+        "Fraction of non-special tokens the generator predicts (and then replaces by a sample).",
+        gt=0,
+        le=1,
+        schedulable=True,
     )
     mask_token_prob: float = option(
         0.85,

@@ -34,7 +34,9 @@ from pretrain.core.tokens import IGNORE_INDEX
 
 @dataclass
 class SpanOptions(ObjectiveOptions):
-    mask_prob: float = option(0.15, "Fraction of candidate (non-special) tokens chosen for prediction.", gt=0, lt=1)
+    mask_prob: float = option(
+        0.15, "Fraction of candidate (non-special) tokens chosen for prediction.", gt=0, lt=1, schedulable=True
+    )
     geometric_p: float = option(
         0.2,
         "Span lengths in words ~ Geometric(geometric_p) on 1..max_span, renormalised (mean 3.8 at 0.2, 10).",

@@ -124,6 +124,27 @@ def test_two_ranks_or_accumulation_equal_one_rank_with_double_batch(data, recipe
     assert _shm_buffers() - before == set()
 
 
+SCHEDULE = [
+    "train.max_steps=4",
+    "train.micro_batch_size=4",
+    "schedule.phases=[{start: 2, micro_batch_size: 2}]",
+    "schedule.values=[{key: train.global_batch, points: [[0, 8], [2, 16]], multiple_of: 8}, "
+    "{key: objectives.mlm.mask_prob, points: [[0, 0.3], [3, 0.15]]}]",
+]
+
+
+@pytest.mark.parametrize("zero", [0, 2])
+def test_a_schedule_trains_alike_on_two_ranks(data, zero):
+    """A global-batch ramp and a phase with another micro-batch: one rank accumulates 2 then 8 micro-batches, two
+    ranks 1 then 4 (DeepSpeed told where each step ends); the same samples and masks, so the same losses."""
+    extra = [*EXACT, f"train.zero_stage={zero}", *SCHEDULE]
+    run(data, f"sched-one-{zero}", *extra)
+    run(data, f"sched-two-{zero}", *extra, ranks=2)
+    one, two = (metrics(data, f"sched-{n}-{zero}") for n in ("one", "two"))
+    assert [r["global_batch"] for r in one] == [r["global_batch"] for r in two] == [8, 8, 16, 16]
+    assert [r["loss"] for r in one] == pytest.approx([r["loss"] for r in two], rel=1e-5, abs=1e-5)
+
+
 RECIPES = {
     "mlm": [],
     "mlm_wwm": ["objectives.mlm.whole_word=true"],

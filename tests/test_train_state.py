@@ -16,6 +16,7 @@ from pretrain.train.stopping import EXIT_NONFINITE, StopFlag, Stopping
 
 def test_state_round_trips_with_the_historical_layout(tmp_path):
     state = TrainState(step=7, consumed_samples=56, tokens_seen=900, elapsed_s=1.5, world_size=2, fingerprint={"a": 1})
+    state.phase, state.phase_start_samples = 1, 48  # recorded by runs with a schedule only
     state.save(tmp_path)
     data = json.loads((tmp_path / STATE_FILE).read_text())
     assert list(data) == [
@@ -27,6 +28,8 @@ def test_state_round_trips_with_the_historical_layout(tmp_path):
         "skipped_in_a_row",
         "world_size",
         "fingerprint",
+        "phase",  # keys added later come after the historical ones
+        "phase_start_samples",
     ]
     assert TrainState.load(tmp_path) == state
 

@@ -234,6 +234,70 @@ class TrainConfig:
 
 
 @dataclass(frozen=True)
+class PhaseConfig:
+    """One phase of `schedule.phases`: from its start step until the next phase's, what it names holds (0 = as the
+    phase before it; the first phase's defaults are data.max_seq_len, train.micro_batch_size, model.rope_theta)."""
+
+    start: int = doc(0, "First step of the phase; phases in increasing order, each before train.max_steps.")
+    max_seq_len: int = doc(0, "Tokens per sequence in this phase (a sample stream of its own); 0 = as before.")
+    micro_batch_size: int = doc(
+        0,
+        "Sequences per device per forward pass in this phase (accumulation makes up the global batch); 0 = as before.",
+    )
+    rope_theta: float = doc(0.0, "RoPE base of the global layers in this phase (context extension); 0 = as before.")
+
+
+GLOBAL_BATCH = "train.global_batch"
+"""The `schedule.values` key of the global batch (the others are objectives' rates)."""
+UNITS = ("sequences", "tokens")
+SHAPES = ("linear", "steps")
+
+
+@dataclass(frozen=True)
+class ScheduledValue:
+    """One entry of `schedule.values`: a setting as a function of the step."""
+
+    key: str = doc(
+        "",
+        "What it schedules: an objective's rate (objectives.mlm.mask_prob, objectives.span.mask_prob, "
+        "objectives.rtd.mask_prob) or train.global_batch.",
+    )
+    points: list[tuple[int, float]] = doc(
+        factory=list,
+        text="[step, value] pairs, steps increasing; before the first point its value, after the last the last.",
+    )
+    shape: str = doc(
+        "linear", "linear (interpolated between points: a ramp) or steps (each value holds until the next)."
+    )
+    unit: str = doc(
+        "sequences", "train.global_batch: its values count sequences, or tokens (divided by the phase's length)."
+    )
+    multiple_of: int = doc(
+        0,
+        "train.global_batch: each batch is rounded down to a multiple of this (Megatron's ramp increment), which "
+        "every phase's micro-batch x ranks must divide; 0 = of micro-batch x ranks, so that the batches of a ramp "
+        "depend on the number of ranks.",
+    )
+
+
+@dataclass(frozen=True)
+class ScheduleConfig:
+    phases: list[PhaseConfig] = doc(
+        factory=list,
+        text="Piecewise-constant phases [{start, max_seq_len, micro_batch_size, rope_theta}], e.g. BERT's 128 then "
+        "512 tokens; a first phase starting after step 0 follows the run's own settings until then.",
+    )
+    values: list[ScheduledValue] = doc(
+        factory=list,
+        text="Settings by step [{key, points, shape, unit}]: masking rates and the global batch, as ramps or steps.",
+    )
+
+    @property
+    def active(self) -> bool:
+        return bool(self.phases or self.values)
+
+
+@dataclass(frozen=True)
 class WandbConfig:
     mode: str = doc("offline", "offline (default), online or disabled.")
     project: str = doc("bert-pretrain", "wandb project name.")
@@ -258,6 +322,7 @@ class RunConfig:
         factory=lambda: {"mlm": {}}, text="Objectives and their options, by registered name, each with a weight."
     )
     train: TrainConfig = field(default_factory=TrainConfig)
+    schedule: ScheduleConfig = field(default_factory=ScheduleConfig)
     wandb: WandbConfig = field(default_factory=WandbConfig)
     tensorboard: TensorBoardConfig = field(default_factory=TensorBoardConfig)
     export_dir: str = doc("", "Where `pretrain run` exports the HF model; empty means <run_dir>/hf.")
@@ -629,6 +694,7 @@ def _check_values(cfg: RunConfig) -> None:
         if getattr(cfg.model, key) < 1:
             raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg.model, key)}")
     _check_local_attention(cfg)
+    _check_schedule_section(cfg)
 
 
 def _check_local_attention(cfg: RunConfig) -> None:
@@ -747,3 +813,68 @@ def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()  # type: ignore[misc]
         rows.append((key, repr(default), f.metadata.get("doc", "")))
     return rows
+
+
+def _check_schedule_section(cfg: RunConfig) -> None:
+    """`schedule:` as read: phases in order and inside the run, lengths the model can hold, known value keys with
+    points in order and inside the run, shapes and units. Objective rates' ranges are checked where the objectives
+    are known (`objectives.base.check_scheduled_options`); the schedule itself is `pretrain.core.schedule`."""
+    s, t, m = cfg.schedule, cfg.train, cfg.model
+    previous = -1
+    for i, p in enumerate(s.phases):
+        where = f"schedule.phases[{i}]"
+        if p.start <= previous:
+            raise ConfigError(
+                f"{where}.start: {p.start} is not after the phase before it (step {previous}): phases "
+                "go in increasing order of start"
+            )
+        if p.start >= t.max_steps:
+            raise ConfigError(f"{where}.start: {p.start} is past the run's end (train.max_steps={t.max_steps})")
+        previous = p.start
+        for key in ("max_seq_len", "micro_batch_size"):
+            if getattr(p, key) < 0:
+                raise ConfigError(f"{where}.{key}: must be >= 1 (or 0: as before), got {getattr(p, key)}")
+        if p.max_seq_len and not 8 <= p.max_seq_len <= m.max_position_embeddings:
+            raise ConfigError(
+                f"{where}.max_seq_len: {p.max_seq_len} is outside [8, model.max_position_embeddings="
+                f"{m.max_position_embeddings}]"
+            )
+        if p.rope_theta < 0:
+            raise ConfigError(f"{where}.rope_theta: must be > 0 (or 0: as before), got {p.rope_theta}")
+        if p.rope_theta and m.position_embedding != "rope":
+            raise ConfigError(f"{where}.rope_theta: model.position_embedding is {m.position_embedding}, not rope")
+    seen: set[str] = set()
+    for i, v in enumerate(s.values):
+        _check_value(v, f"schedule.values[{i}]", t.max_steps, seen)
+
+
+def _check_value(v: ScheduledValue, where: str, max_steps: int, seen: set[str]) -> None:
+    parts = v.key.split(".")
+    if v.key != GLOBAL_BATCH and not (len(parts) == 3 and parts[0] == "objectives"):
+        raise ConfigError(
+            f"{where}.key: '{v.key}' is not {GLOBAL_BATCH} or objectives.<name>.<rate> (e.g. objectives.mlm.mask_prob)"
+        )
+    if v.key in seen:
+        raise ConfigError(f"{where}.key: '{v.key}' is scheduled twice; give it one list of points")
+    seen.add(v.key)
+    if v.shape not in SHAPES:
+        raise ConfigError(f"{where}.shape: value '{v.shape}' is not one of {', '.join(SHAPES)}")
+    if v.unit not in UNITS:
+        raise ConfigError(f"{where}.unit: value '{v.unit}' is not one of {', '.join(UNITS)}")
+    if v.unit != "sequences" and v.key != GLOBAL_BATCH:
+        raise ConfigError(f"{where}.unit: only {GLOBAL_BATCH} has a unit ({v.key} is a rate)")
+    if not v.points:
+        raise ConfigError(f"{where}.points: '{v.key}' has no [step, value] points")
+    steps = [p[0] for p in v.points]
+    for a, b in zip(steps, steps[1:]):
+        if b <= a:
+            raise ConfigError(f"{where}.points: steps {a} then {b} are not in increasing order")
+    if steps[0] < 0 or steps[-1] >= max_steps:
+        bad = steps[0] if steps[0] < 0 else steps[-1]
+        raise ConfigError(f"{where}.points: step {bad} is outside the run (0 to train.max_steps-1={max_steps - 1})")
+    if v.multiple_of < 0 or (v.multiple_of and v.key != GLOBAL_BATCH):
+        raise ConfigError(f"{where}.multiple_of: only {GLOBAL_BATCH} takes one, >= 1 (got {v.multiple_of})")
+    if v.key == GLOBAL_BATCH:
+        for step, value in v.points:
+            if value < 1:
+                raise ConfigError(f"{where}.points: global batch {value:g} at step {step} is below 1 {v.unit[:-1]}")

@@ -40,7 +40,7 @@ one the encoder always runs padded (its masks are per query, [B, Lq, L]).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
 import torch
@@ -161,6 +161,16 @@ def layer_windows(cfg: ModelConfig) -> list[int]:
 
 def _theta(cfg: ModelConfig, window: int) -> float:
     return cfg.local_rope_theta if window else cfg.rope_theta
+
+
+def set_rope_theta(model: nn.Module, theta: float) -> None:
+    """Give every global attention layer in `model` (its encoders, ELECTRA's generator) RoPE base `theta`: a schedule
+    phase's (context extension). Local layers keep model.local_rope_theta. No weights change; the tables follow."""
+    for module in model.modules():
+        if isinstance(module, SelfAttention) and module.rope_theta is not None and not module.window:
+            module.rope_theta = float(theta)
+        if isinstance(module, BertEncoder) and module.config.position_embedding == "rope":
+            module.config = replace(module.config, rope_theta=float(theta))
 
 
 class SelfAttention(nn.Module):

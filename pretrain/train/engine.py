@@ -88,6 +88,7 @@ class Engine:
     prescale_fp16: bool
     skip_flags: list = field(default_factory=list)  # steps DeepSpeed's wrappers skipped, when they skip
     _skipped_before: int = 0
+    explicit_boundary: bool = False  # say where each optimizer step ends (a schedule varies the accumulation)
 
     @property
     def device(self) -> torch.device:
@@ -101,6 +102,21 @@ class Engine:
         if self.precision == BF16_AUTOCAST:
             return torch.autocast(self.device.type, dtype=torch.bfloat16)
         return contextlib.nullcontext()
+
+    def split_batch(self, micro_batch_size: int, accumulation: int) -> int:
+        """Make DeepSpeed's micro-batch and accumulation these (a schedule's phase and global batch; unchanged
+        otherwise): its loss scaling divides by the accumulation. Returns `accumulation`."""
+        if self.ds.train_micro_batch_size_per_gpu() != micro_batch_size:
+            self.ds.set_train_micro_batch_size(micro_batch_size)
+        if self.ds.gradient_accumulation_steps() != accumulation:
+            self.ds.set_train_batch_size(micro_batch_size * accumulation * self.ds.dp_world_size)
+        return accumulation
+
+    def begin_micro_batch(self, last: bool) -> None:
+        """Before a micro-batch's forward: with `explicit_boundary`, tell DeepSpeed whether it ends the optimizer
+        step (its own count of micro-steps modulo the accumulation goes wrong once the accumulation changes)."""
+        if self.explicit_boundary:
+            self.ds.set_gradient_accumulation_boundary(last)
 
     def backward(self, loss: torch.Tensor) -> None:
         self.ds.backward(loss * self.ds.optimizer.loss_scale if self.prescale_fp16 else loss)

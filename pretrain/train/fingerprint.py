@@ -7,14 +7,19 @@ changed would pair the checkpoint's weights and sample order with something they
 inside DeepSpeed; `check_resume` refuses before anything is written, naming each difference, unless
 `train.allow_changes` lists it. Everything else may change on resume (see the README's "Resuming"), and
 `changed_settings` says what did.
+
+A schedule (`schedule:`) is compared by what it does rather than by its text: a change that alters no step the
+checkpoint has trained (a later phase, a ramp's end) is allowed, a change to a trained step is refused, naming it
+(`pretrain.core.schedule.first_change`).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from pretrain.core.config import ModelConfig, RunConfig, to_dict
+from pretrain.core.config import ModelConfig, RunConfig, ScheduleConfig, to_dict
 from pretrain.core.errors import UserError
+from pretrain.core.schedule import Schedule, first_change
 
 # Model fields that change neither the weights' shapes nor their meaning: free to change on resume.
 MODEL_EXECUTION = (
@@ -34,6 +39,7 @@ FIXED_DATA = ("max_seq_len", "packing")
 # compared), have none.
 TOKENIZER_SETTINGS = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents", "min_frequency")
 DATA_KEY = "data (content of the shards)"
+SCHEDULE_KEY = "schedule"
 _RECORDED_LATER = {f"data.{k}" for k in TOKENIZER_SETTINGS}
 
 
@@ -68,6 +74,8 @@ def fingerprint(
         "train.precision": precision,
         **{f"train.{k}": getattr(t, k) for k in FIXED_TRAIN},
     }
+    if cfg.schedule.active:  # an unscheduled run's record is what it always was
+        record[SCHEDULE_KEY] = Schedule.of(cfg).record()
     return record
 
 
@@ -109,9 +117,41 @@ def _show(value: Any) -> str:
     return text[:12] + "..." if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
 
 
-def check_resume(saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint) -> None:
-    """Refuse (UserError) to resume `checkpoint` when a fixed setting differs and `allow` does not list it."""
+def schedule_change(saved: dict[str, Any], current: dict[str, Any], step: int, world: int) -> tuple | None:
+    """(key, in the checkpoint, now) when the schedule trains one of the `step` steps done differently, else None.
+    A side without a schedule is its other side's settings held constant."""
+    old, new = saved.get(SCHEDULE_KEY), current.get(SCHEDULE_KEY)
+    if old is None and new is None:
+        return None
+    old_schedule = Schedule.from_record(old or {**new, **to_dict(ScheduleConfig())})
+    new_schedule = Schedule.from_record(new or {**old, **to_dict(ScheduleConfig())})
+    change = first_change(old_schedule, new_schedule, step, world)
+    if change is None:
+        return None
+    at, what = change
+    steps = [at]
+    before, after = (s.series(what, steps, world) for s in (old_schedule, new_schedule))
+    return (
+        f"{SCHEDULE_KEY} (its {what} at step {at}, which the checkpoint has trained)",
+        _number(before[0]),
+        _number(after[0]),
+    )
+
+
+def _number(value: Any) -> Any:
+    return int(value) if float(value).is_integer() else round(float(value), 6)
+
+
+def check_resume(
+    saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint, step: int = 0, world: int = 1
+) -> None:
+    """Refuse (UserError) to resume `checkpoint` when a fixed setting differs and `allow` does not list it. `step`:
+    the checkpoint's step, `world` its ranks (a schedule may change after that step, not before)."""
+    change = schedule_change(saved, current, step, world)
+    saved, current = ({k: v for k, v in d.items() if k != SCHEDULE_KEY} for d in (saved, current))
     diffs = [d for d in differences(saved, current) if not change_allowed(d[0], allow)]
+    if change is not None and not change_allowed(SCHEDULE_KEY, allow):
+        diffs.append(change)
     if not diffs:
         return
     lines = "; ".join(f"{key}: {_show(old)} in the checkpoint, {_show(new)} now" for key, old, new in diffs)

@@ -13,9 +13,10 @@ from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
-from objectives import build_objectives, sample_builder_for, validate_objectives
+from objectives import build_objectives, check_scheduled_options, sample_builder_for, validate_objectives
 from pretrain.core.config import RunConfig, build_config, load_yaml, read_config
 from pretrain.core.errors import ConfigError, DataError, UserError
+from pretrain.core.schedule import config_at
 from pretrain.core.tokens import SpecialTokens
 from pretrain.hf.init_from import load_init_from, resolve_init_from
 from pretrain.model.pretraining import PretrainingModel
@@ -31,6 +32,7 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
     saved, which has them already (and whose init_from directory may be gone). With data.sources, data.corpus
     (the built-in demo corpus a preset left there) is emptied: the run reads the sources only."""
     cfg = replace(cfg, objectives=validate_objectives(cfg.objectives))
+    check_scheduled_options(cfg.schedule.values, cfg.objectives)
     if cfg.data.sources and cfg.data.corpus:
         cfg = replace(cfg, data=replace(cfg.data, corpus=[]))
     return resolve_init_from(cfg) if apply_init_from else cfg
@@ -146,6 +148,8 @@ def load_checkpoint_model(path: Path, ema: bool = True):
     with ckpt.reading_checkpoints(path):
         path = ckpt.resolve_checkpoint(path)
         cfg = config_from_dict(load_yaml(path / "config.yaml"), apply_init_from=False)
+        state = TrainState.load(path)
+        cfg = config_at(cfg, max(state.step - 1, 0))  # a schedule's phase: the settings its last step trained with
         tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         model = build_model(cfg, tokens, load_init_weights=False)  # the checkpoint's weights replace them anyway
@@ -154,7 +158,7 @@ def load_checkpoint_model(path: Path, ema: bool = True):
             raise UserError(
                 f"checkpoint {path} does not match its config: missing {missing[:5]}, unexpected {unexpected[:5]}"
             )
-        state = TrainState.load(path).to_dict()  # a dict: export cards and summaries read it as one
+        state = state.to_dict()  # a dict: export cards and summaries read it as one
         averaged = ckpt.load_ema(path) if ema else None
         if averaged is not None:
             with torch.no_grad():

@@ -44,6 +44,8 @@ class TrainState:
     skipped_in_a_row: int = 0  # ... and in a row up to `step` (train.max_skipped_steps)
     world_size: int | None = None  # None: a checkpoint written before it was recorded
     fingerprint: dict[str, Any] | None = None  # None: a checkpoint written before fingerprints (`fingerprint.py`)
+    phase: int | None = None  # with a schedule (`pretrain.core.schedule`), the phase of the last step trained
+    phase_start_samples: int | None = None  # ... and consumed_samples when it began: the phase stream's position
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they were
 
     def to_dict(self) -> dict[str, Any]:

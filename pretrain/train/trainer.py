@@ -11,6 +11,7 @@ accumulate there, token counts come from the host-side batch, and ranks agree on
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import logging
 import math
@@ -24,7 +25,7 @@ import torch
 import torch.distributed as dist
 import yaml
 
-from data_pipeline.loader import PretrainDataset, build_loader
+from data_pipeline.loader import PhaseBatchSampler, PretrainDataset, sampler_loader
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
 from pretrain.core.batch import Batch
@@ -33,7 +34,9 @@ from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
+from pretrain.core.schedule import Phase, Schedule, config_at
 from pretrain.core.tokens import SpecialTokens
+from pretrain.model.encoder import set_rope_theta
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision
 from pretrain.train.ema import EMA_FILE, WeightEMA
@@ -175,6 +178,7 @@ class Interval:
     """What happened since the last log line: steps, wall time, this rank's real tokens."""
 
     steps: int = 0
+    samples: int = 0  # sequences over all ranks (a schedule may vary the global batch)
     tokens: int = 0
     started: float = field(default_factory=time.time)
 
@@ -184,10 +188,9 @@ class Trainer:
     resolved: ResolvedRun  # what the run derives from its config and this launch, decided once (`resolve_run`)
     config_text: str  # the resolved config as YAML, saved with every checkpoint
     engine: Engine
-    dataset: PretrainDataset
+    data: PhaseData  # the sample source of each schedule phase (one without phases), opened as the run reaches it
     state: TrainState  # saved with every checkpoint; the skip counters are kept by `Stopping`
     logger: MetricsLogger
-    flops_per_sample: float
     ema: WeightEMA | None = None  # train.ema_decay: saved with each checkpoint, exported instead of the weights
     metrics: MetricSums = field(default_factory=MetricSums)
     interval: Interval = field(default_factory=Interval)
@@ -207,8 +210,8 @@ class Trainer:
         return self.resolved.world
 
     @property
-    def global_batch(self) -> int:
-        return self.resolved.global_batch
+    def schedule(self) -> Schedule:
+        return self.data.schedule
 
     @classmethod
     def start(cls, cfg: RunConfig, rank: int, world: int) -> Trainer:
@@ -222,20 +225,25 @@ class Trainer:
         identity = fingerprint(
             cfg, model_config_for(cfg, run.tokens), run.precision, world, tokenizer_sha, shards.content_hash()
         )
+        schedule = Schedule.of(cfg)
+        schedule.check_split(world, t.max_steps)
         if latest is not None:
-            check_resume(saved_fingerprint(latest), identity, t.allow_changes, latest)
+            saved = TrainState.load(latest)
+            check_resume(
+                saved_fingerprint(latest), identity, t.allow_changes, latest, saved.step, saved.world_size or 1
+            )
         config = to_dict(cfg)
         config_text = yaml.safe_dump(config, sort_keys=False)  # config.yaml, and in every checkpoint
         if run.is_main:
             record_start(cfg, config, config_text, latest)
 
         model = build_model(cfg, run.tokens)
-        samples = build_sample_source(cfg, shards, run.tokens, model.objectives)
         # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
         universal = latest is not None and ckpt.needs_universal(latest, world)
         if universal:
             ckpt.make_universal(latest)
         engine = build_engine(run, model, fresh=latest is None, load_universal=universal)
+        engine.explicit_boundary = schedule.active  # a schedule may vary the accumulation from step to step
         torch.manual_seed(t.seed * 1000 + rank)  # dropout (and ELECTRA sampling) streams differ across ranks
         state, applied = TrainState(), []
         if latest is not None:
@@ -245,7 +253,7 @@ class Trainer:
         state.world_size, state.fingerprint = world, identity
         if run.is_main:
             _trim_metrics(run_dir, state.step)
-        dataset = PretrainDataset(samples, model.objectives, t.seed)
+        data = PhaseData(cfg, schedule, shards, run.tokens, model.objectives)
         logger = MetricsLogger(
             run_dir, config, t.max_steps, state.step, cfg.wandb.mode, cfg.wandb.project, enabled=run.is_main
         )
@@ -256,29 +264,30 @@ class Trainer:
         logger.write(
             f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
             f"process(es), {run.precision}, global batch {run.global_batch} "
-            f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks), "
-            f"{len(samples)} sequences of {cfg.data.max_seq_len} tokens per epoch"
+            f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks)"
+            + (
+                f"; schedule: {len(schedule.phases)} phase(s), {len(schedule.values)} scheduled value(s)"
+                if schedule.active
+                else ""
+            )
         )
-        flops = probe_flops_per_sample(cfg, run.tokens, dataset, state.consumed_samples)
-        return cls(run, config_text, engine, dataset, state, logger, flops, ema)
+        return cls(run, config_text, engine, data, state, logger, ema)
 
     def run(self, flag: StopFlag) -> dict:
         t = self.cfg.train
-        loader = build_loader(
-            self.dataset,
-            self.resolved.tokens.pad,
-            self.state.consumed_samples,
-            t.micro_batch_size,
-            t.grad_accum_steps,
-            self.rank,
-            self.world,
-            self.cfg.data.loader_workers,
-        )
-        data = iter(loader)
         stopping = Stopping(t, self.state, flag)
+        batches, phase = None, None
         try:
             while self.state.step < t.max_steps:
-                self.train_step([next(data) for _ in range(t.grad_accum_steps)])
+                step = self.state.step
+                if phase is None or step == self.schedule.phase_end(phase):
+                    batches, phase = None, self.schedule.phase(step)  # the last phase's loader goes first
+                    batches = self.enter_phase(phase)
+                size = self.schedule.global_batch(step, self.world)
+                accumulation = self.engine.split_batch(
+                    phase.micro_batch_size, size // (phase.micro_batch_size * self.world)
+                )
+                self.train_step([next(batches) for _ in range(accumulation)], size)
                 if self.after_step(stopping):
                     break
         finally:
@@ -294,12 +303,35 @@ class Trainer:
             "complete": self.state.step >= t.max_steps,
         }
 
-    def train_step(self, micro_batches: list[Batch]) -> None:
-        """One optimizer step over the accumulated micro-batches. Reads nothing back from the device: counts come
-        with the host-side batches, metrics accumulate on the device."""
+    def enter_phase(self, phase: Phase):
+        """This rank's micro-batches of `phase` from the current step on; where the run enters the phase here (not
+        a resume inside it), its stream starts at position 0. The model takes the phase's RoPE theta."""
+        if self.schedule.active and phase.index != (self.state.phase or 0):
+            self.state.phase, self.state.phase_start_samples = phase.index, self.state.consumed_samples
+        dataset = self.data.open(phase, self.state.consumed_samples)
+        epoch = f"{len(dataset)} sequences of {phase.max_seq_len} tokens per epoch"
+        if self.schedule.active:
+            set_rope_theta(self.engine.ds.module, phase.rope_theta)
+            epoch = f"phase {phase.index} from step {self.state.step}: micro-batch {phase.micro_batch_size}, {epoch}"
+        self.logger.write(epoch)
+        sampler = PhaseBatchSampler(
+            self.state.step,
+            self.state.consumed_samples - (self.state.phase_start_samples or 0),
+            self.schedule.phase_end(phase),
+            phase.micro_batch_size,
+            functools.partial(self.schedule.global_batch, world=self.world),
+            self.rank,
+            self.world,
+        )
+        return iter(sampler_loader(dataset, self.resolved.tokens.pad, sampler, self.cfg.data.loader_workers))
+
+    def train_step(self, micro_batches: list[Batch], global_batch: int) -> None:
+        """One optimizer step over the accumulated micro-batches (`global_batch` sequences over all ranks). Reads
+        nothing back from the device: counts come with the host-side batches, metrics accumulate on the device."""
         engine = self.engine
         weights = step_loss_weights(micro_batches) if self.cfg.train.loss_normalization == "step" else None
-        for micro_batch in micro_batches:
+        for i, micro_batch in enumerate(micro_batches):
+            engine.begin_micro_batch(last=i == len(micro_batches) - 1)
             with engine.autocast():
                 loss, metrics = engine.ds(micro_batch.to(engine.device), weights)
             engine.backward(loss)
@@ -311,8 +343,9 @@ class Trainer:
         self.interval.tokens += tokens
         self.unflushed_tokens += tokens
         self.state.step += 1
-        self.state.consumed_samples += self.global_batch
+        self.state.consumed_samples += global_batch
         self.interval.steps += 1
+        self.interval.samples += global_batch
         self.logger.advance(1)
 
     def after_step(self, stopping: Stopping) -> bool:
@@ -370,9 +403,10 @@ class Trainer:
             "tokens": self.state.tokens_seen,
             "tokens_per_s": round(tokens / elapsed, 1),
             "time": round(self.state.elapsed_s + time.time() - self.clock, 3),  # training seconds, over resumes
+            **(self.schedule.at(self.state.step - 1, self.world) if self.schedule.active else {}),
             **throughput_metrics(
-                self.flops_per_sample,
-                self.interval.steps * self.global_batch / elapsed,
+                self.data.flops_per_sample,
+                self.interval.samples / elapsed,
                 self.world,
                 device_peak_tflops(self.resolved.precision, self.cfg.train.peak_tflops),
             ),
@@ -416,6 +450,26 @@ class Trainer:
         total = torch.tensor([float(value)], dtype=torch.float64)
         dist.all_reduce(total, group=control_group())
         return int(total.item())
+
+
+class PhaseData:
+    """The run's sample source in each schedule phase (without phases, one): the phase's sequence length, its own
+    stream (`data_pipeline.loader`), the scheduled objective rates, and its training FLOPs per sample."""
+
+    def __init__(self, cfg: RunConfig, schedule: Schedule, shards: ShardSet, tokens: SpecialTokens, objectives: list):
+        self.cfg, self.schedule, self.shards, self.tokens, self.objectives = cfg, schedule, shards, tokens, objectives
+        self.dataset: PretrainDataset | None = None
+        self.flops_per_sample = 0.0
+
+    def open(self, phase: Phase, position: int) -> PretrainDataset:
+        """The dataset of `phase` (built once per phase); FLOPs are probed on its samples from `position`."""
+        if self.dataset is None or self.dataset.phase != phase.index:
+            cfg = config_at(self.cfg, phase.start)
+            samples = build_sample_source(cfg, self.shards, self.tokens, self.objectives)
+            rates = self.schedule.objective_values if self.schedule.values else None
+            self.dataset = PretrainDataset(samples, self.objectives, cfg.train.seed, phase.index, rates)
+            self.flops_per_sample = probe_flops_per_sample(cfg, self.tokens, self.dataset, position)
+        return self.dataset
 
 
 def start_ema(t, module, checkpoint: Path | None) -> WeightEMA | None:
