@@ -15,8 +15,11 @@ from helpers import run_cli
 from data_pipeline.loader import PretrainDataset, build_loader
 from data_pipeline.mixing import Interleave, MixedSamples, apportion, iter_documents_weighted
 from data_pipeline.shards import ShardSet
+from data_pipeline.tokenizer import load_tokenizer, special_tokens
+from objectives import build_objectives
 from pretrain.core.config import read_config
 from pretrain.core.errors import ConfigError, UserError
+from pretrain.train.setup import build_sample_source, load_config
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
@@ -294,6 +297,18 @@ def test_run_and_inspect_with_two_sources(tmp_path):
     assert [int(rows[n][6]) for n in ("speeches_a", "speeches_b")] == [18, 6]
     per_epoch = int(rows["speeches_a"][5].replace(",", ""))
     assert math.isclose(float(rows["speeches_a"][7]), 18 / per_epoch, abs_tol=0.006)
+
+    # with a second phase of 32-token sequences from step 1, that phase draws 16 samples from a stream of its own
+    phased = run_cli("data", "inspect", *args, "schedule.phases=[{start: 1, max_seq_len: 32}]", cwd=tmp_path).stdout
+    rows = {line.split()[0]: line.split() for line in phased.splitlines() if line.startswith("  speeches_")}
+    assert [int(rows[n][6]) for n in ("speeches_a", "speeches_b")] == [6 + 12, 2 + 4]
+    cfg = load_config(*args[:1], args[1:] + ["data.max_seq_len=32"])
+    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    short = build_sample_source(
+        cfg, ShardSet(tmp_path / "r" / "shards"), tokens, build_objectives(cfg.objectives, tokens)
+    )
+    expected = 6 / per_epoch + 12 / short.lengths[0]
+    assert "(of each phase's length)" in phased and math.isclose(float(rows["speeches_a"][7]), expected, abs_tol=0.006)
 
     # the same command again resumes nothing new and refuses nothing: the data is the run's
     again = run_cli("run", *args, "--no-demo", cwd=tmp_path)

@@ -192,10 +192,27 @@ def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer)
 
 def source_report(cfg, shards, mixed) -> dict:
     """Per source of a mixture: its tokens, and how many epochs of it a run of train.max_steps steps sees (the
-    samples the schedule draws from it in global batch x max_steps, over its samples per epoch), for one rank."""
-    t = cfg.train
-    batch = t.global_batch(1)
-    drawn = mixed.draws(batch * t.max_steps)
+    samples the run draws from it, over its samples per epoch), for one rank. With schedule phases each phase draws
+    from a stream of its own at its own sequence length: their epochs add up."""
+    import numpy as np
+
+    from pretrain.core.schedule import Schedule, config_at
+    from pretrain.train.setup import build_sample_source
+
+    t, schedule = cfg.train, Schedule.of(cfg)
+    batches = schedule.arrays(np.arange(t.max_steps), 1)["global_batch"]  # [max_steps] sequences, one rank
+    drawn, epochs = np.zeros(len(mixed.lengths), np.int64), np.zeros(len(mixed.lengths))
+    for phase in schedule.phases:
+        end = min(schedule.phase_end(phase) or t.max_steps, t.max_steps)
+        if phase.start >= end:
+            continue
+        source = mixed
+        if phase.max_seq_len != cfg.data.max_seq_len:
+            phase_cfg = config_at(cfg, phase.start)
+            source = build_sample_source(phase_cfg, shards, special_tokens_of(cfg), objectives_of(phase_cfg))
+        counts = source.draws(int(batches[phase.start : end].sum()))
+        drawn += counts
+        epochs += counts / np.array(source.lengths)
     total = sum(mixed.weights)
     rows = []
     for i, (name, weight, part) in enumerate(shards.sources()):
@@ -209,10 +226,28 @@ def source_report(cfg, shards, mixed) -> dict:
                 "tokens": c["tokens"],
                 "samples_per_epoch": mixed.lengths[i],
                 "drawn": int(drawn[i]),
-                "epochs": int(drawn[i]) / mixed.lengths[i],
+                "epochs": float(epochs[i]),
             }
         )
-    return {"sources": rows, "global_batch": batch, "max_steps": t.max_steps}
+    return {
+        "sources": rows,
+        "global_batch": t.global_batch(1),
+        "max_steps": t.max_steps,
+        "drawn_total": int(batches.sum()),
+        "scheduled": schedule.active,
+    }
+
+
+def special_tokens_of(cfg):
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+
+    return special_tokens(load_tokenizer(cfg.tokenizer_dir))
+
+
+def objectives_of(cfg):
+    from objectives import build_objectives
+
+    return build_objectives(cfg.objectives, special_tokens_of(cfg))
 
 
 def format_report(r: dict) -> str:
@@ -231,10 +266,15 @@ def format_report(r: dict) -> str:
         mark = "*" if kind == r["run_builder"] else " "
         out.append(f"  {mark} {kind:<11} {e['samples']:>10,} samples   {e['efficiency']:.1%}")
     if r.get("sources"):
-        drawn = r["global_batch"] * r["max_steps"]
+        drawn = r.get("drawn_total", r["global_batch"] * r["max_steps"])
+        batch = (
+            "the schedule's global batches (1 rank) over"
+            if r.get("scheduled")
+            else f"{r['global_batch']} (global batch, 1 rank) x"
+        )
         out.append(
-            f"sources    epochs at max_steps: {r['global_batch']} (global batch, 1 rank) x {r['max_steps']} steps = "
-            f"{drawn:,} samples, each source's share of them over its samples per epoch"
+            f"sources    epochs at max_steps: {batch} {r['max_steps']} steps = {drawn:,} samples, each source's "
+            "share of them over its samples per epoch" + (" (of each phase's length)" if r.get("scheduled") else "")
         )
         head = ("source", "weight", "share", "documents", "tokens", "samples/epoch", "drawn", "epochs")
         out.append("  {:<16} {:>8} {:>7} {:>10} {:>12} {:>14} {:>10} {:>8}".format(*head))
