@@ -309,9 +309,11 @@ def cmd_config(args) -> int:
 def cmd_presets(args) -> int:
     from pretrain.core.config import CONFIG_DIR
 
-    for path in sorted(CONFIG_DIR.glob("*.yaml")):
+    paths = sorted(CONFIG_DIR.glob("*.yaml"))
+    width = max(len(p.stem) for p in paths)
+    for path in paths:
         first = path.read_text().splitlines()[0] if path.read_text() else ""
-        print(f"{path.stem:<16} {first.lstrip('# ')}")
+        print(f"{path.stem:<{width}}  {first.lstrip('# ')}")
     return 0
 
 

@@ -3,11 +3,13 @@ preset that names a published model has that model's size."""
 
 import re
 
+import numpy as np
 import pytest
 import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM
 
 from pretrain.core.config import resolve_preset
+from pretrain.core.schedule import Schedule
 from pretrain.train.dryrun import dry_run
 from pretrain.train.setup import load_config
 
@@ -48,3 +50,60 @@ def test_modernbert_base_has_modernbert_bases_shape():
     assert 148e6 < ours < 151e6
     assert (m.activation, m.norm_placement, m.use_bias, m.position_embedding) == ("geglu", "pre", False, "rope")
     assert cfg.objectives["mlm"].mask_prob == 0.30 and cfg.train.lr_schedule == "wsd" and cfg.model.unpadded
+
+
+def test_bert_base_two_phase_is_berts_two_phases():
+    """Devlin et al.'s 128 tokens for 90% of the steps, then 512, at 256 sequences a step on 1 rank or 8."""
+    cfg = load_config("bert-base-two-phase")
+    schedule = Schedule.of(cfg)
+    end = cfg.train.max_steps
+    assert end == 100_000 and cfg.model.max_position_embeddings == 512
+    first, second = schedule.phases
+    assert (first.start, first.max_seq_len, second.start, second.max_seq_len) == (0, 128, 90_000, 512)
+    steps = np.arange(end)
+    for world, accumulation in ((1, (8, 32)), (8, (1, 4))):
+        schedule.check_split(world, end)
+        a = schedule.arrays(steps, world)
+        assert (a["max_seq_len"] == np.where(steps < 90_000, 128, 512)).all()
+        assert (a["global_batch"] == 256).all()
+        assert (a["global_batch"] % (a["micro_batch_size"] * world) == 0).all()  # whole micro-batches on every rank
+        assert (schedule.accumulation(89_999, world), schedule.accumulation(90_000, world)) == accumulation
+    tokens = a["global_batch"] * a["max_seq_len"]
+    short, long = tokens[a["phase"] == 0].sum(), tokens[a["phase"] == 1].sum()
+    assert (short, long) == (90_000 * 256 * 128, 10_000 * 256 * 512)  # 2.95e9 and 1.31e9 tokens
+    assert long / short == pytest.approx(4 * 10 / 90)
+
+
+def test_modernbert_base_trains_at_theta_10k_and_its_header_schedules_the_papers_ramp_and_extension(tmp_path):
+    """The preset's own run is ModernBERT's 1024-token training (RoPE theta 10k everywhere); the config its header
+    shows adds the batch ramp (768 -> 4608 over 50B tokens, each size the same number of steps) and the context
+    extension (1.719T tokens at 1024, then 300B at 8192 with the global layers' theta at 160k, its decay the last
+    50B), as Warner et al. (2024) report them."""
+    preset = resolve_preset("modernbert-base")
+    m = load_config("modernbert-base").model
+    assert (m.rope_theta, m.local_rope_theta) == (10000.0, 10000.0)
+    block = [line[4:] for line in preset.read_text().splitlines() if line.startswith("#   ")]
+    (tmp_path / "full.yaml").write_text("base: modernbert-base.yaml\nname: modernbert-base-full\n" + "\n".join(block))
+    cfg = load_config(str(tmp_path / "full.yaml"))
+    schedule = Schedule.of(cfg)
+    main, extension = schedule.phases
+    assert (main.max_seq_len, main.rope_theta, extension.max_seq_len, extension.rope_theta) == (
+        1024,
+        10000.0,
+        8192,
+        160000.0,
+    )
+    schedule.check_split(8, cfg.train.max_steps)
+    steps = np.arange(cfg.train.max_steps)
+    a = schedule.arrays(steps, 8)
+    tokens = a["global_batch"] * a["max_seq_len"]
+    ramp_end = int(np.flatnonzero(a["global_batch"] == 4608)[0])
+    sizes, counts = np.unique(a["global_batch"][:ramp_end], return_counts=True)
+    assert sizes.tolist() == [768, 1536, 2304, 3072, 3840] and len(set(counts.tolist())) == 1
+    assert set(a["global_batch"][ramp_end:][a["phase"][ramp_end:] == 0].tolist()) == {4608}
+    assert tokens[:ramp_end].sum() == pytest.approx(50e9, rel=1e-3)
+    assert tokens[a["phase"] == 0].sum() == pytest.approx(1.719e12, rel=1e-3)
+    assert tokens[a["phase"] == 1].sum() == pytest.approx(300e9, rel=1e-3)
+    assert set(a["global_batch"][a["phase"] == 1].tolist()) == {72}
+    assert tokens[-cfg.train.decay_steps :].sum() == pytest.approx(50e9, rel=1e-3)
+    assert tokens[: cfg.train.warmup_steps].sum() == pytest.approx(3e9, rel=1e-3)

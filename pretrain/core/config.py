@@ -841,6 +841,12 @@ def _check_schedule_section(cfg: RunConfig) -> None:
             )
         if p.rope_theta < 0:
             raise ConfigError(f"{where}.rope_theta: must be > 0 (or 0: as before), got {p.rope_theta}")
+        window = m.local_attention
+        if p.max_seq_len and window and not m.init_from and window // 2 >= p.max_seq_len - 1:
+            raise ConfigError(
+                f"{where}.max_seq_len: {p.max_seq_len} tokens are all within model.local_attention={window} "
+                f"(a token sees {window // 2} on each side): the local layers would attend globally in this phase"
+            )
         if p.rope_theta and m.position_embedding != "rope":
             raise ConfigError(f"{where}.rope_theta: model.position_embedding is {m.position_embedding}, not rope")
     seen: set[str] = set()

@@ -264,16 +264,21 @@ COMPARED = ("phase", "max_seq_len", "rope_theta", "global_batch")
 """What a resume must not change for a step already trained; the micro-batch may change (it only splits the batch)."""
 
 
-def first_change(old: Schedule, new: Schedule, upto: int, world: int) -> tuple[int, str] | None:
-    """(first step below `upto` at which `new` trains differently from `old`, what differs), or None."""
+def first_change(
+    old: Schedule, new: Schedule, upto: int, world: int, new_world: int | None = None
+) -> tuple[int, str] | None:
+    """(first step below `upto` at which `new` on `new_world` ranks (default `world`) trains differently from `old`
+    on `world`, what differs), or None. The global batches are each side's own: the same batch split over other
+    ranks is no change."""
     if upto <= 0:
         return None
+    worlds = (world, world if new_world is None else new_world)
     steps = np.arange(upto, dtype=np.int64)
-    a, b = old.arrays(steps, world), new.arrays(steps, world)
+    a, b = old.arrays(steps, worlds[0]), new.arrays(steps, worlds[1])
     first: tuple[int, str] | None = None
     # a rate scheduled on one side only is compared with the other side's constant
     for key in [*COMPARED, *sorted((set(a) | set(b)) - set(COMPARED) - {"micro_batch_size"})]:
-        x, y = old.series(key, steps, world, a), new.series(key, steps, world, b)
+        x, y = old.series(key, steps, worlds[0], a), new.series(key, steps, worlds[1], b)
         if x is None or y is None:
             continue  # an objective only one side has: the fingerprint's objectives say so
         hit = np.flatnonzero(x != y)

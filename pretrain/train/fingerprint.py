@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from pretrain.core.config import ModelConfig, RunConfig, ScheduleConfig, to_dict
+from pretrain.core.config import GLOBAL_BATCH, ModelConfig, RunConfig, ScheduleConfig, to_dict
 from pretrain.core.errors import UserError
 from pretrain.core.schedule import Schedule, first_change
 
@@ -40,6 +40,7 @@ FIXED_DATA = ("max_seq_len", "packing")
 TOKENIZER_SETTINGS = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents", "min_frequency")
 DATA_KEY = "data (content of the shards)"
 SCHEDULE_KEY = "schedule"
+GLOBAL_BATCH_KEY = "train.global_batch (micro_batch_size x grad_accum_steps x ranks)"
 _RECORDED_LATER = {f"data.{k}" for k in TOKENIZER_SETTINGS}
 
 
@@ -70,7 +71,10 @@ def fingerprint(
         **_flat("objectives", to_dict(cfg.objectives)),
         **{f"data.{k}": getattr(cfg.data, k) for k in FIXED_DATA},
         **({} if cfg.data.tokenizer else {f"data.{k}": getattr(cfg.data, k) for k in TOKENIZER_SETTINGS}),
-        "train.global_batch (micro_batch_size x grad_accum_steps x ranks)": t.global_batch(world_size),
+        # a scheduled global batch is compared step by step with the schedule (None: not compared here)
+        GLOBAL_BATCH_KEY: (
+            None if any(v.key == GLOBAL_BATCH for v in cfg.schedule.values) else t.global_batch(world_size)
+        ),
         "train.precision": precision,
         **{f"train.{k}": getattr(t, k) for k in FIXED_TRAIN},
     }
@@ -117,20 +121,23 @@ def _show(value: Any) -> str:
     return text[:12] + "..." if len(text) == 64 and all(c in "0123456789abcdef" for c in text) else text
 
 
-def schedule_change(saved: dict[str, Any], current: dict[str, Any], step: int, world: int) -> tuple | None:
+def schedule_change(
+    saved: dict[str, Any], current: dict[str, Any], step: int, world: int, new_world: int | None = None
+) -> tuple | None:
     """(key, in the checkpoint, now) when the schedule trains one of the `step` steps done differently, else None.
-    A side without a schedule is its other side's settings held constant."""
+    `world`: the checkpoint's ranks, `new_world` this launch's. A side without a schedule is the other side's
+    settings held constant, at its own recorded global batch."""
     old, new = saved.get(SCHEDULE_KEY), current.get(SCHEDULE_KEY)
     if old is None and new is None:
         return None
-    old_schedule = Schedule.from_record(old or {**new, **to_dict(ScheduleConfig())})
-    new_schedule = Schedule.from_record(new or {**old, **to_dict(ScheduleConfig())})
-    change = first_change(old_schedule, new_schedule, step, world)
+    old_schedule = Schedule.from_record(old or _unscheduled(new, saved.get(GLOBAL_BATCH_KEY)))
+    new_schedule = Schedule.from_record(new or _unscheduled(old, current.get(GLOBAL_BATCH_KEY)))
+    worlds = (world, world if new_world is None else new_world)
+    change = first_change(old_schedule, new_schedule, step, *worlds)
     if change is None:
         return None
     at, what = change
-    steps = [at]
-    before, after = (s.series(what, steps, world) for s in (old_schedule, new_schedule))
+    before, after = (s.series(what, [at], w) for s, w in zip((old_schedule, new_schedule), worlds))
     return (
         f"{SCHEDULE_KEY} (its {what} at step {at}, which the checkpoint has trained)",
         _number(before[0]),
@@ -138,16 +145,32 @@ def schedule_change(saved: dict[str, Any], current: dict[str, Any], step: int, w
     )
 
 
+def _unscheduled(other: dict[str, Any], global_batch: int | None) -> dict[str, Any]:
+    """The schedule record of a run without one: `other`'s base settings, no phases or values, and the global
+    batch that run recorded (exactly, whatever the ranks)."""
+    record = {**other, **to_dict(ScheduleConfig())}
+    if global_batch:
+        record["values"] = [{"key": GLOBAL_BATCH, "points": [[0, global_batch]], "multiple_of": 1}]
+    return record
+
+
 def _number(value: Any) -> Any:
     return int(value) if float(value).is_integer() else round(float(value), 6)
 
 
 def check_resume(
-    saved: dict[str, Any], current: dict[str, Any], allow: list[str], checkpoint, step: int = 0, world: int = 1
+    saved: dict[str, Any],
+    current: dict[str, Any],
+    allow: list[str],
+    checkpoint,
+    step: int = 0,
+    world: int = 1,
+    new_world: int | None = None,
 ) -> None:
     """Refuse (UserError) to resume `checkpoint` when a fixed setting differs and `allow` does not list it. `step`:
-    the checkpoint's step, `world` its ranks (a schedule may change after that step, not before)."""
-    change = schedule_change(saved, current, step, world)
+    the checkpoint's step, `world` its ranks, `new_world` this launch's (a schedule may change after that step, not
+    before)."""
+    change = schedule_change(saved, current, step, world, new_world)
     saved, current = ({k: v for k, v in d.items() if k != SCHEDULE_KEY} for d in (saved, current))
     diffs = [d for d in differences(saved, current) if not change_allowed(d[0], allow)]
     if change is not None and not change_allowed(SCHEDULE_KEY, allow):

@@ -230,7 +230,13 @@ class Trainer:
         if latest is not None:
             saved = TrainState.load(latest)
             check_resume(
-                saved_fingerprint(latest), identity, t.allow_changes, latest, saved.step, saved.world_size or 1
+                saved_fingerprint(latest),
+                identity,
+                t.allow_changes,
+                latest,
+                saved.step,
+                saved.world_size or world,
+                world,
             )
         config = to_dict(cfg)
         config_text = yaml.safe_dump(config, sort_keys=False)  # config.yaml, and in every checkpoint
