@@ -53,3 +53,42 @@ def test_dry_run_plans_a_cluster_run_without_training(tmp_path, capsys):
 def test_dry_run_names_a_bad_batch_setting(capsys):
     assert main(["train", "tiny", "--dry-run", "train.grad_accum_steps=0"]) == 2
     assert "train.grad_accum_steps: must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_dry_run_prints_the_schedule_and_each_phases_tokens(tmp_path, capsys):
+    """Two phases (128 tokens, micro-batch 8; then 64 from step 600, micro-batch 4), a global batch ramp in tokens
+    and a masking ramp on 2 ranks: each phase's numbers by hand."""
+    rc = main(
+        [
+            "train",
+            "tiny",
+            "--dry-run",
+            "--world-size",
+            "2",
+            f"output_dir={tmp_path / 'runs'}",
+            "train.max_steps=1000",
+            "model.max_position_embeddings=128",
+            "data.max_seq_len=128",
+            "train.micro_batch_size=8",
+            "schedule.phases=[{start: 600, max_seq_len: 64, micro_batch_size: 4}]",
+            "schedule.values=[{key: train.global_batch, points: [[0, 2048], [100, 4096]], unit: tokens}, "
+            "{key: objectives.mlm.mask_prob, points: [[0, 0.3], [500, 0.15]]}]",
+        ]
+    )
+    out = capsys.readouterr().out
+    assert rc == 0 and not (tmp_path / "runs").exists()
+    # phase 0: 2048 -> 4096 tokens at 128 = 16 -> 32 sequences, in multiples of 8 x 2 = 16: 16 while the ramp is
+    # below 32 (steps 0-99), then 32 for steps 100-599
+    p0_seqs = 100 * 16 + 500 * 32
+    p1_seqs = 400 * (4096 // 64)  # 64 sequences of 64 tokens, a multiple of 4 x 2
+    assert (
+        f"phase 0: steps 0-599, 128 tokens, micro-batch 8, global batch 16 -> 32 (accumulation 1 -> 2): "
+        f"{p0_seqs:,} sequences, {p0_seqs * 128:,} tokens"
+    ) in out
+    assert (
+        f"phase 1: steps 600-999, 64 tokens, micro-batch 4, global batch 64 (accumulation 8): {p1_seqs:,} sequences, "
+        f"{p1_seqs * 64:,} tokens"
+    ) in out
+    assert "objectives.mlm.mask_prob (linear): step 0: 0.3, step 500: 0.15; at the last step 0.15" in out
+    assert f"total: {p0_seqs * 128 + p1_seqs * 64:,} tokens" in out
+    assert f"1,000 steps = {p0_seqs + p1_seqs:,} sequences" in out and "(not used: schedule.values" in out

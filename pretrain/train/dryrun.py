@@ -12,10 +12,12 @@ import contextlib
 import io
 import os
 
+import numpy as np
 import torch
 import yaml
 
-from pretrain.core.config import RunConfig, to_dict
+from pretrain.core.config import GLOBAL_BATCH, RunConfig, to_dict
+from pretrain.core.schedule import Schedule
 from pretrain.train.distributed import BF16_AUTOCAST
 from pretrain.train.engine import deepspeed_config
 
@@ -75,6 +77,39 @@ def _zero_estimate(stage: int, params: int, largest_layer: int, gpus_per_node: i
     return buf.getvalue().rstrip()
 
 
+def schedule_lines(cfg: RunConfig, schedule: Schedule, plan: dict, world: int) -> list[str]:
+    """`# schedule`: each phase's steps, length, micro-batch, global batch and accumulation on `world` ranks, and the
+    sequences and tokens (slots: global batch x length) it consumes; each scheduled value at its points."""
+    t, rope = cfg.train, cfg.model.position_embedding == "rope"
+    lines = [f"# schedule ({world} rank(s))"]
+    total = 0
+    for phase in schedule.phases:
+        end = min(schedule.phase_end(phase) or t.max_steps, t.max_steps)
+        if phase.start >= end:
+            continue
+        batch = plan["global_batch"][phase.start : end]
+        tokens = int((batch * phase.max_seq_len).sum())
+        total += tokens
+        accumulation = sorted({int(b) // (phase.micro_batch_size * world) for b in (batch[0], batch[-1])})
+        lines.append(
+            f"phase {phase.index}: steps {phase.start:,}-{end - 1:,}, {phase.max_seq_len} tokens, micro-batch "
+            f"{phase.micro_batch_size}"
+            + (f", rope_theta {phase.rope_theta:g}" if rope else "")
+            + f", global batch {int(batch[0]):,}"
+            + (f" -> {int(batch[-1]):,}" if batch[-1] != batch[0] else "")
+            + f" (accumulation {' -> '.join(map(str, accumulation))}): {int(batch.sum()):,} sequences, "
+            f"{tokens:,} tokens"
+        )
+    for value in schedule.spec.values:
+        points = ", ".join(f"step {step:,}: {v:g}" for step, v in value.points)
+        unit = f", in {value.unit}" + (f", multiple of {value.multiple_of}" if value.multiple_of else "")
+        lines.append(
+            f"{value.key} ({value.shape}{unit if value.key == GLOBAL_BATCH else ''}): {points}; "
+            f"at the last step {float(plan[value.key][-1]) if value.key in plan else int(plan['global_batch'][-1]):g}"
+        )
+    return [*lines, f"total: {total:,} tokens", ""]
+
+
 def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | None = None) -> str:
     world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
     per_node = gpus_per_node or min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
@@ -96,6 +131,8 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     total = sum(parts.values())
     largest = max(p.numel() for p in model.parameters())
     tokens_per_step = global_batch * cfg.data.max_seq_len
+    schedule = Schedule.of(cfg)
+    plan = schedule.arrays(np.arange(t.max_steps), world) if schedule.active else None
     act_bytes = 34 * cfg.data.max_seq_len * t.micro_batch_size * m.hidden_size * m.num_layers
     act_bytes *= 2 if precision == "fp32" else 1
     ds = deepspeed_config(run)
@@ -106,8 +143,16 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
         "",
         "# batch arithmetic",
         f"micro_batch_size {t.micro_batch_size} x grad_accum_steps {t.grad_accum_steps} x data-parallel ranks "
-        f"{world} = global batch {global_batch} sequences = {tokens_per_step:,} tokens per step",
-        f"{t.max_steps:,} steps = {t.max_steps * global_batch:,} sequences = {t.max_steps * tokens_per_step:,} tokens",
+        f"{world} = global batch {global_batch} sequences = {tokens_per_step:,} tokens per step"
+        + (
+            " (not used: schedule.values sets the global batch; DeepSpeed's batch follows it step by step)"
+            if GLOBAL_BATCH in schedule.values
+            else ""
+        ),
+        f"{t.max_steps:,} steps = {t.max_steps * global_batch:,} sequences = {t.max_steps * tokens_per_step:,} tokens"
+        if plan is None
+        else f"{t.max_steps:,} steps = {int(plan['global_batch'].sum()):,} sequences = "
+        f"{int((plan['global_batch'] * plan['max_seq_len']).sum()):,} tokens (as scheduled, below)",
         "each loss term is a mean over "
         + (
             "all its targets in the step (train.loss_normalization=step)"
@@ -115,6 +160,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
             else "each micro-batch, then averaged (train.loss_normalization=micro_batch)"
         ),
         "",
+        *(schedule_lines(cfg, schedule, plan, world) if plan is not None else []),
         "# parameters",
     ]
     lines += [f"{name:<24} {n:>14,}" for name, n in sorted(parts.items())]
