@@ -147,3 +147,23 @@ def test_card_lists_objective_options(model, tokens, tokenizer_dir, tmp_path):
     card = {**CARD, "objectives": {"mlm": {"weight": 1.0, "mask_prob": 0.15}}, "license": "mit"}
     text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
     assert "mlm (weight=1.0, mask_prob=0.15)" in text and "license: mit" in text and "- mlm" in text
+
+
+def test_an_unpadded_model_exports_and_verifies_on_real_tokens(model, tokens, tokenizer_dir, tmp_path):
+    """model.unpadded leaves zeros at padding, where transformers computes values nothing reads: the parity check
+    compares real tokens there (it refused every unpadded run's export), and still catches a wrong weight."""
+    from dataclasses import replace
+
+    from safetensors.torch import save_file
+
+    from pretrain.hf.export import ExportError
+
+    unpadded = PretrainingModel(replace(model.config, unpadded=True), model.objectives)
+    unpadded.load_state_dict(model.state_dict())
+    out = export_pretrained(unpadded.eval(), tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    assert verify_export(unpadded, out) < 1e-4
+    sd = load_file(out / "model.safetensors")
+    sd["bert.encoder.layer.1.attention.self.value.weight"] *= 1.1
+    save_file(sd, out / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(ExportError, match="differ"):
+        verify_export(unpadded, out)

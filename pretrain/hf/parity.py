@@ -101,7 +101,8 @@ def compare_with_hf(model: nn.Module, hf_model: nn.Module, arch: str) -> dict[st
     """Max abs differences between ours and `hf_model` on the probe batch (with padding), fp32:
     "hidden" (last hidden state of the base model), "logits" (MLM), and "nsp"/"sop" logits where both have
     that head. Padded positions are compared too (both models mask keys only), except where the architecture
-    gives padding its own position id (RoBERTa): there real tokens only."""
+    gives padding its own position id (RoBERTa) or our encoder computes nothing there (model.unpadded): there real
+    tokens only."""
     record = REGISTRY.get(arch)
     uses_types = record.token_types if record else True
     expected, (ids, types, mask) = _ours(model, uses_types)
@@ -116,7 +117,8 @@ def compare_with_hf(model: nn.Module, hf_model: nn.Module, arch: str) -> dict[st
         got["nsp"] = out.seq_relationship_logits
     if getattr(out, "sop_logits", None) is not None and "sop" in expected:
         got["sop"] = out.sop_logits
-    all_positions = record.padding_comparable if record else True
+    # An unpadded encoder (model.unpadded) runs on real tokens only and leaves zeros at padding: real tokens only
+    all_positions = (record.padding_comparable if record else True) and not getattr(model.config, "unpadded", False)
     real = torch.ones_like(mask, dtype=torch.bool) if all_positions else mask.bool()
     diffs = {}
     for key, value in got.items():
