@@ -823,6 +823,8 @@ def _check_schedule_section(cfg: RunConfig) -> None:
     previous = -1
     for i, p in enumerate(s.phases):
         where = f"schedule.phases[{i}]"
+        if p.start < 0:
+            raise ConfigError(f"{where}.start: {p.start} is negative: a phase starts at an optimizer step >= 0")
         if p.start <= previous:
             raise ConfigError(
                 f"{where}.start: {p.start} is not after the phase before it (step {previous}): phases "

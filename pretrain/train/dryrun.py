@@ -132,6 +132,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     largest = max(p.numel() for p in model.parameters())
     tokens_per_step = global_batch * cfg.data.max_seq_len
     schedule = Schedule.of(cfg)
+    schedule.check_split(world, t.max_steps)  # what the run itself would refuse
     plan = schedule.arrays(np.arange(t.max_steps), world) if schedule.active else None
     act_bytes = 34 * cfg.data.max_seq_len * t.micro_batch_size * m.hidden_size * m.num_layers
     act_bytes *= 2 if precision == "fp32" else 1

@@ -130,8 +130,8 @@ def schedule_change(
     old, new = saved.get(SCHEDULE_KEY), current.get(SCHEDULE_KEY)
     if old is None and new is None:
         return None
-    old_schedule = Schedule.from_record(old or _unscheduled(new, saved.get(GLOBAL_BATCH_KEY)))
-    new_schedule = Schedule.from_record(new or _unscheduled(old, current.get(GLOBAL_BATCH_KEY)))
+    old_schedule = Schedule.from_record(old or _unscheduled(saved, new))
+    new_schedule = Schedule.from_record(new or _unscheduled(current, old))
     worlds = (world, world if new_world is None else new_world)
     change = first_change(old_schedule, new_schedule, step, *worlds)
     if change is None:
@@ -145,12 +145,18 @@ def schedule_change(
     )
 
 
-def _unscheduled(other: dict[str, Any], global_batch: int | None) -> dict[str, Any]:
-    """The schedule record of a run without one: `other`'s base settings, no phases or values, and the global
-    batch that run recorded (exactly, whatever the ranks)."""
-    record = {**other, **to_dict(ScheduleConfig())}
-    if global_batch:
-        record["values"] = [{"key": GLOBAL_BATCH, "points": [[0, global_batch]], "multiple_of": 1}]
+def _unscheduled(own: dict[str, Any], other: dict[str, Any]) -> dict[str, Any]:
+    """The schedule record of a run without one, from its own fingerprint `own`: its sequence length, RoPE theta and
+    objective rates held constant, and the global batch it recorded (exactly, whatever the ranks). `other` (the
+    scheduled side's record) fills what an older fingerprint lacks and the batch split, which is not compared."""
+    base = dict(other["base"])
+    for key, name in (("max_seq_len", "data.max_seq_len"), ("rope_theta", "model.rope_theta")):
+        if own.get(name) is not None:
+            base[key] = own[name]
+    rates = {k: float(v) for k, v in own.items() if k.startswith("objectives.") and isinstance(v, float)}
+    record = {"base": base, "rates": rates, **to_dict(ScheduleConfig())}
+    if own.get(GLOBAL_BATCH_KEY):
+        record["values"] = [{"key": GLOBAL_BATCH, "points": [[0, own[GLOBAL_BATCH_KEY]]], "multiple_of": 1}]
     return record
 
 
