@@ -28,9 +28,27 @@ PEAK_TFLOPS = {
 }
 
 
+def _cpu_attention_formulas() -> dict:
+    """torch counts SDPA's CUDA kernels but not the CPU's flash kernel (whose work is the same): without these an MFU
+    on the CPU leaves attention out. The formulas are torch's own for the flash kernel (same argument order)."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    def forward(query, key, value, *args, out_shape=None, **kwargs) -> int:  # shapes: FlopCounterMode passes them
+        return sdpa_flop_count(query, key, value)
+
+    def backward(grad_out, query, key, value, *args, out_shape=None, **kwargs) -> int:
+        return sdpa_backward_flop_count(grad_out, query, key, value)
+
+    aten = torch.ops.aten
+    return {
+        aten._scaled_dot_product_flash_attention_for_cpu: forward,
+        aten._scaled_dot_product_flash_attention_for_cpu_backward: backward,
+    }
+
+
 def count_step_flops(fn) -> int:
     """FLOPs of everything `fn()` runs (call it around a forward and backward)."""
-    with FlopCounterMode(display=False) as counter:
+    with FlopCounterMode(display=False, custom_mapping=_cpu_attention_formulas()) as counter:
         fn()
     return int(counter.get_total_flops())
 

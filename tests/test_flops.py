@@ -1,0 +1,35 @@
+"""FLOP counting (`pretrain.train.flops`): what the MFU in metrics.jsonl and an ablation's FLOPs budget rest on."""
+
+import torch
+import torch.nn.functional as F
+from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+from pretrain.model.encoder import BertEncoder
+from pretrain.train.flops import count_step_flops
+from pretrain.train.setup import load_config
+
+
+def test_attention_on_the_cpu_counts_as_torch_counts_it_on_a_gpu():
+    # torch registers formulas for SDPA's CUDA kernels only; the CPU's flash kernel does the same work
+    q = torch.randn(2, 4, 64, 16, requires_grad=True)
+    shape = tuple(q.shape)
+    expected = sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(shape, shape, shape, shape)
+    assert expected == 3.5 * 4 * 2 * 4 * 64 * 64 * 16  # forward: q k^T and p v; backward: 2.5 x
+    for mask in (None, torch.zeros(2, 1, 1, 64), torch.ones(2, 1, 64, 64, dtype=torch.bool)):
+        assert count_step_flops(lambda m=mask: F.scaled_dot_product_attention(q, q, q, m).sum().backward()) == expected
+
+
+def test_an_encoder_step_counts_its_attention_with_or_without_attention_dropout():
+    # With dropout SDPA takes its math path (counted as its matmuls), without it the CPU flash kernel: both count
+    # the attention, so the totals differ only by the backward's convention (2 vs 2.5 forwards), a few percent.
+    def step_flops(dropout: float) -> int:
+        model = BertEncoder(load_config("tiny", [f"model.attention_dropout={dropout}", "model.vocab_size=128"]).model)
+        ids = torch.randint(5, 100, (4, 64))
+        return count_step_flops(lambda: model(ids).sum().backward())
+
+    cfg = load_config("tiny", []).model
+    layers, hidden = cfg.num_layers, cfg.hidden_size
+    attention = 3 * 4 * 4 * 64 * 64 * hidden * layers  # 4 sequences of 64: forward + backward as matmuls
+    with_math, with_flash = step_flops(0.1), step_flops(0.0)
+    assert with_flash - with_math == attention // 6  # the half forward more that torch's flash formula counts
+    assert with_math > attention
