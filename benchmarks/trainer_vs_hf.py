@@ -119,7 +119,8 @@ def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat:
         "train.max_minutes=0",
         f"train.precision={'fp32' if a.fp32 else 'bf16'}",
         "wandb.mode=disabled",
-        *(["model.compile=true"] if a.compile else []),
+        # unset: as a user runs it (compiled where CUDA is, `model.compile`'s default)
+        *(["model.compile=true"] if a.compile else ["model.compile=false"] if a.eager else []),
         *a.ours_overrides,
     ]
     started = time.time()
@@ -236,7 +237,8 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--fp32", action="store_true", help="fp32 instead of bf16 (autocast)")
-    p.add_argument("--compile", action="store_true", help="ours with model.compile=true")
+    p.add_argument("--compile", action="store_true", help="ours with model.compile=true (default: as configured)")
+    p.add_argument("--eager", action="store_true", help="ours with model.compile=false")
     p.add_argument("--peers", default="eager", help="the Trainer's variants: eager, compile, eager,compile or none")
     p.add_argument("--hf-compile", action="store_true", help="also the Trainer compiled (= --peers eager,compile)")
     p.add_argument(

@@ -1,6 +1,7 @@
 """Config: presets, overrides, and errors that name the key, the value and the nearest valid key."""
 
 import pytest
+import torch
 import yaml
 
 from pretrain.core.config import RunConfig, describe_fields, save_config
@@ -189,3 +190,15 @@ def test_base_resolution_is_shared_by_every_config_kind(tmp_path):
     assert run["train"]["lr"] == 1.0 and run["model"]["num_layers"] == 2
     assert deep_merge({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
     assert nearest("hiden", ["hidden", "heads"]) == " (did you mean 'hidden'?)"
+
+
+def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stands(monkeypatch):
+    from pretrain.train.setup import compile_for_this_machine
+
+    unset, off, on = (load_config("tiny", o) for o in ([], ["model.compile=false"], ["model.compile=true"]))
+    assert unset.model.compile is None
+    for cuda in (False, True):
+        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+        assert compile_for_this_machine(unset).model.compile is cuda
+        assert compile_for_this_machine(off).model.compile is False
+        assert compile_for_this_machine(on).model.compile is True

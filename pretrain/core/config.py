@@ -151,7 +151,11 @@ class ModelConfig:
         "Run the encoder on the real tokens only (variable-length packing with cumulative "
         "lengths), no compute on padding.",
     )
-    compile: bool = doc(False, "torch.compile the encoder.")
+    compile: bool | None = doc(
+        None,
+        "torch.compile the encoder's layers: true, false, or null (the default): on where the run trains on a CUDA "
+        "GPU, off on a CPU (where compiling costs more than it saves on short runs).",
+    )
     activation_checkpointing: bool = doc(
         False, "Recompute each layer's activations in the backward pass to save memory."
     )

@@ -101,6 +101,14 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
     return model
 
 
+def compile_for_this_machine(cfg: RunConfig) -> RunConfig:
+    """The config a training process builds its model from: model.compile unset (null) is on where CUDA is and off
+    on a CPU. Only training decides it (evaluation and export run eager unless the config says otherwise)."""
+    if cfg.model.compile is not None:
+        return cfg
+    return replace(cfg, model=replace(cfg.model, compile=torch.cuda.is_available()))
+
+
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
     """The run's samples: of its shards, or for weighted sources (shards holding a mixture) each source's own
     builder, drawn from by weight (`data_pipeline.mixing.MixedSamples`)."""

@@ -49,6 +49,7 @@ from pretrain.train.setup import (
     ResolvedRun,
     build_model,
     build_sample_source,
+    compile_for_this_machine,
     config_from_dict,
     model_config_for,
     resolve_run,
@@ -243,7 +244,7 @@ class Trainer:
         if run.is_main:
             record_start(cfg, config, config_text, latest)
 
-        model = build_model(cfg, run.tokens)
+        model = build_model(compile_for_this_machine(cfg), run.tokens)
         # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
         universal = latest is not None and ckpt.needs_universal(latest, world)
         if universal:
