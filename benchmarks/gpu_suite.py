@@ -17,7 +17,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # not benchmarks/: its data_pipeline.py would hide the package
 
-STAGES = ["syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "demo", "eval", "finetune"]
+STAGES = ["syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "local", "demo", "eval", "finetune"]
 
 
 def demo_summary(run: Path, heldout: Path, seconds: float, max_samples: int) -> dict:
@@ -171,6 +171,18 @@ def report(res: Path) -> str:
             )
         else:
             line(stage, what, "-")
+    local = data["local"]
+    what = "sliding-window (128, every 3rd layer global) vs global attention, ModernBERT-style encoder"
+    if local:
+        m, rate = local["meta"], {r["arm"]: r["tokens_s"] for r in local["rows"]}
+        line(
+            "local",
+            f"{what}: {m['shape']}, seq {m['seq']}, batch {m['batch']}",
+            f"sliding {_rate(rate['sliding'])} vs global {_rate(rate['global'])} tokens/s (fwd+bwd): "
+            f"**{local['ratio']:.2f}x**",
+        )
+    else:
+        line("local", what, "-")
     demo = data["demo"]
     if demo:
         line(

@@ -1,6 +1,7 @@
 """Tokens/s of an encoder forward + backward with sliding-window (local) layers vs global attention everywhere.
 
     python benchmarks/local_attention.py [--shape tiny|mini|base --seq 1024 --batch 4 --window 128 --repeats 7]
+                                         [--json OUT.json]
 
 The arms are the same ModernBERT-style encoder (pre-LN, RoPE, GeGLU, no biases) with model.local_attention=WINDOW
 (global_every 3: a third of the layers global, as ModernBERT) or 0 (every layer global). Each repeat times one step
@@ -12,6 +13,7 @@ tiny / mini are CPU-sized; --shape base is BERT-base (12 x 768), for a GPU (bf16
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import sys
 import time
@@ -85,6 +87,7 @@ def main() -> None:
     parser.add_argument("--padding", type=float, default=0.0)
     parser.add_argument("--unpadded", action="store_true")
     parser.add_argument("--threads", type=int, default=0, help="torch CPU threads (0: torch's default)")
+    parser.add_argument("--json", type=Path, help="also write the result here (benchmarks/gpu_suite.sh reads it)")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -122,6 +125,19 @@ def main() -> None:
         rate[name] = tokens / median
         print(f"  {name:8s} {median * 1e3:9.1f} ms/step  {rate[name]:11.0f} tokens/s  (min {min(ts) * 1e3:.1f} ms)")
     print(f"  sliding / global tokens/s: {rate['sliding'] / rate['global']:.2f}x")
+    if args.json:
+        meta = {k: v for k, v in vars(args).items() if k != "json"} | {
+            "device": where,
+            "layers": layers,
+            "hidden": hidden,
+            "tokens": tokens,
+            "command": " ".join(["python", "benchmarks/local_attention.py", *sys.argv[1:]]),
+        }
+        rows = [
+            {"arm": name, "step_s": statistics.median(ts), "tokens_s": rate[name], "per_repeat": ts}
+            for name, ts in times.items()
+        ]
+        args.json.write_text(json.dumps({"meta": meta, "rows": rows, "ratio": rate["sliding"] / rate["global"]}))
 
 
 if __name__ == "__main__":

@@ -43,6 +43,11 @@ def _write_results(res: Path, failed: str = "") -> None:
         "base512": _tvh("base", [("ours mlm", 300000.0, 280.0), ("HF Trainer", 150000.0, 200.0)]),
         "rtd": _tvh("mini", [("ours mlm", 2000000.0, 100.0), ("ours rtd", 1000000.0, 90.0)]),
         "nsp": _tvh("base", [("ours mlm", 400000.0, 300.0), ("ours mlm+nsp", 300000.0, 220.0)]),
+        "local": {
+            "meta": {"shape": "base", "seq": 1024, "batch": 16, "device": "NVIDIA H100 80GB HBM3"},
+            "rows": [{"arm": "global", "tokens_s": 100000.0}, {"arm": "sliding", "tokens_s": 150000.0}],
+            "ratio": 1.5,
+        },
         "step": {
             "meta": {"command": "python benchmarks/train_throughput.py --device cuda"},
             "rows": [
@@ -98,10 +103,11 @@ def test_report_reads_every_stage(tmp_path):
     table = proc.stdout
     assert "## GPU suite: 1 x NVIDIA H100" in table and "rehearsal" not in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]
-    assert len(rows) == 10, table  # one per stage
+    assert len(rows) == 11, table  # one per stage
     assert "**2.00x**" in table and "**1.60x**" in table  # ours vs eager, vs compiled
     assert "the trainer at **98%**" in table  # 400,000 of the model step's 409,600 tokens/s
     assert "ours rtd costs **2.00x** per token" in table and "MFU 30.3%" in table
+    assert "base, seq 1024, batch 16 | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
     assert "### base512" in table and "### step" in table
