@@ -192,3 +192,31 @@ def test_sweep_then_full_train_on_a_real_model(tmp_path, capsys):
     assert "median" in format_finetune(result) and "chosen on 10 held-out" in format_finetune(result)
     plain = finetune(model, task, [1], mode="probe", epochs=1)
     assert plain["lr_sweep"] is None and plain["lr"] == 1e-2  # no sweep: the mode's default lr
+
+
+def test_a_budget_follows_an_arms_schedule_and_refuses_to_cut_off_a_phase():
+    from types import SimpleNamespace
+
+    from pretrain.core.schedule import Schedule
+    from pretrain.evaluation.ablate import apply_budget
+    from pretrain.train.setup import load_config
+
+    def plan(kind, amount, *overrides, flops=None):
+        cfg = load_config("tiny", ["train.max_steps=1000", "train.warmup_steps=10", *overrides])
+        arm, ab = SimpleNamespace(name="two-phase", cfg=cfg), SimpleNamespace(path="ab.yaml", budget_kind=kind)
+        ab.budget_amount = amount
+        return apply_budget(ab, arm, flops or [0] * len(Schedule.of(cfg).phases)), arm
+
+    # unscheduled: global batch 8 x 64 token slots a step
+    assert plan("tokens", 10_000)[0]["max_steps"] == 10_000 // 512
+    # 300 steps of 8 x 64, then 32 tokens in micro-batches of 4 (2 per step): 300 x 512 + 100 x 256
+    phases = "schedule.phases=[{start: 300, max_seq_len: 32, micro_batch_size: 4}]"
+    p, arm = plan("tokens", 300 * 512 + 100 * 256 + 255, phases)
+    assert p["max_steps"] == 400 and arm.cfg.train.max_steps == 400
+    assert p["tokens_per_step"] == (300 * 512 + 100 * 256) / 400  # the mean the report multiplies steps by
+    # FLOPs: each phase's micro-batch cost times its micro-batches a step
+    p, _ = plan("flops", 300 * 7 + 10 * 2 * 3, phases, flops=[7, 3])
+    assert p["max_steps"] == 310
+    # a budget that ends the arm before its second phase is refused, naming arm, step and phase
+    with pytest.raises(ConfigError, match=r"arm 'two-phase': its tokens budget ends it at step 200: schedule\.phases"):
+        plan("tokens", 200 * 512, phases)

@@ -125,7 +125,7 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
 
 @pytest.mark.slow
 def test_flops_budget_is_equal_within_one_step(ablation):
-    from pretrain.evaluation.ablate import apply_budget, load_ablation, measure_step_flops
+    from pretrain.evaluation.ablate import apply_budget, load_ablation, measure_phase_flops
 
     tmp = ablation["tmp"]
     ab = load_ablation(
@@ -140,7 +140,7 @@ def test_flops_budget_is_equal_within_one_step(ablation):
     spent, per_step = {}, {}
     for arm in ab.arms:
         if arm.pretrain:
-            plan = apply_budget(ab, arm, measure_step_flops(arm.cfg))  # reuses the data built by the fixture
+            plan = apply_budget(ab, arm, measure_phase_flops(arm.cfg))  # reuses the data built by the fixture
             spent[arm.name] = plan["max_steps"] * plan["flops_per_step"]
             per_step[arm.name] = plan["flops_per_step"]
             assert spent[arm.name] <= 2e10 < spent[arm.name] + per_step[arm.name]

@@ -649,6 +649,11 @@ def build_config(data: dict) -> RunConfig:
     return cfg
 
 
+def check_config(cfg: RunConfig) -> None:
+    """Every check `build_config` makes, for a config changed in code (an ablation arm given its budget's steps)."""
+    _check_values(cfg)
+
+
 CHOICES: dict[str, tuple[str, ...]] = {
     "train.precision": ("auto", "bf16", "fp16", "fp32"),
     "data.tokenizer_type": ("wordpiece", "bpe", "unigram"),

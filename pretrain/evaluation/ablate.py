@@ -45,12 +45,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import yaml
 
 from pretrain.core.config import (
     REPLACED_BY_PRESET,
     RunConfig,
     apply_overrides,
+    check_config,
     deep_merge,
     from_dict,
     load_yaml,
@@ -62,6 +64,7 @@ from pretrain.core.config import (
 from pretrain.core.errors import ConfigError, UserError
 from pretrain.core.outputs import claim_output, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
+from pretrain.core.schedule import Schedule, config_at
 from pretrain.evaluation.configs import AblationConfig, EvalConfig, LaunchConfig, missing_task_hint
 from pretrain.evaluation.token_tasks import is_conll_dir
 from pretrain.train.setup import config_from_dict
@@ -215,9 +218,11 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
 # Budget
 
 
-def measure_step_flops(cfg: RunConfig) -> int:
-    """FLOPs of one optimizer step of this arm on one process: a real micro-batch built as the trainer
-    builds it, forward + backward counted by torch, times the accumulation steps."""
+def measure_phase_flops(cfg: RunConfig) -> list[int]:
+    """FLOPs of one micro-batch (forward + backward) of this arm on one process, for each phase of its schedule (its
+    length and micro-batch; one entry without a schedule): a real micro-batch built as the trainer builds it,
+    counted by torch. Scheduled masking rates are taken at their configured value (they move only the sparse
+    heads' share)."""
     import torch
 
     from data_pipeline.loader import Collator, PretrainDataset
@@ -227,36 +232,60 @@ def measure_step_flops(cfg: RunConfig) -> int:
     from pretrain.train.setup import build_model, build_sample_source
 
     tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
-    model = build_model(cfg, tokens).train()
-    samples = build_sample_source(cfg, ShardSet(cfg.shards_dir, verify=False), tokens, model.objectives)
-    dataset = PretrainDataset(samples, model.objectives, cfg.train.seed)
-    batch = Collator(tokens.pad, model.objectives)([dataset[i] for i in range(cfg.train.micro_batch_size)])
+    shards = ShardSet(cfg.shards_dir, verify=False)
+    out = []
+    for phase in Schedule.of(cfg).phases:
+        at = config_at(cfg, phase.start)
+        model = build_model(at, tokens).train()
+        samples = build_sample_source(at, shards, tokens, model.objectives)
+        dataset = PretrainDataset(samples, model.objectives, at.train.seed)
+        batch = Collator(tokens.pad, model.objectives)([dataset[i] for i in range(at.train.micro_batch_size)])
 
-    def step():
-        loss, _ = model(batch)
-        loss.backward()
+        def step(model=model, batch=batch):
+            loss, _ = model(batch)
+            loss.backward()
 
-    torch.manual_seed(cfg.train.seed)
-    return count_step_flops(step) * cfg.train.grad_accum_steps
+        torch.manual_seed(at.train.seed)
+        out.append(count_step_flops(step))
+    return out
 
 
-def apply_budget(ab: Ablation, arm: Arm, flops_per_step: int, world: int = 1) -> dict:
+def budget_costs(cfg: RunConfig, phase_flops: list[int], world: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token slots [S], FLOPs [S]) of each optimizer step up to the schedule's last change (S = that step + 1; every
+    later step costs what the last does). A step's FLOPs are its phase's micro-batch FLOPs times the micro-batches
+    of its global batch (over all ranks)."""
+    s = Schedule.of(cfg)
+    last = max([p.start for p in s.phases] + [int(pt[0]) for v in s.spec.values for pt in v.points])
+    a = s.arrays(np.arange(last + 1), world)
+    batch = a["global_batch"]
+    flops = np.asarray(phase_flops, np.float64)[a["phase"]] * (batch // a["micro_batch_size"])
+    return batch * a["max_seq_len"], flops
+
+
+def steps_within(costs: np.ndarray, budget: float) -> int:
+    """How many steps of these costs [S] (the last repeated after S) fit in `budget`."""
+    total = np.cumsum(costs, dtype=np.float64)
+    n = int(np.searchsorted(total, budget, side="right"))
+    if n == len(costs):
+        n += int((budget - total[-1]) // costs[-1])
+    return n
+
+
+def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1) -> dict:
     """Give the arm its budget (a new config: max_steps for tokens and flops, max_minutes for time); returns the plan
-    for the report."""
+    for the report. A scheduled arm's steps cost what its schedule says at each step (length, global batch);
+    `phase_flops`: `measure_phase_flops` (zeros when the budget is not in FLOPs)."""
     t = arm.cfg.train
-    global_batch = t.global_batch(world)
-    tokens_per_step = global_batch * arm.cfg.data.max_seq_len  # token slots: padding counts, as the budget
+    tokens, flops = budget_costs(arm.cfg, phase_flops, world)
     minutes = t.max_minutes
-    if ab.budget_kind == "tokens":
-        steps = int(ab.budget_amount // tokens_per_step)
-    elif ab.budget_kind == "flops":
-        steps = int(ab.budget_amount // (flops_per_step * world))
+    if ab.budget_kind in ("tokens", "flops"):
+        steps = steps_within(tokens if ab.budget_kind == "tokens" else flops, ab.budget_amount)
     else:
         steps, minutes = t.max_steps, ab.budget_amount  # steps an upper bound: the clock stops training first
     if steps < 1:
         raise ConfigError(
             f"{ab.path}: budget.amount {ab.budget_amount:g} {ab.budget_kind} is less than one step "
-            f"of arm '{arm.name}' ({tokens_per_step} tokens, {flops_per_step * world:.3g} FLOPs)"
+            f"of arm '{arm.name}' ({tokens[0]} tokens, {flops[0]:.3g} FLOPs)"
         )
     # warmup must fit in the budget; keep the shared value unless it would eat most of the run
     arm.cfg = replace(
@@ -269,13 +298,21 @@ def apply_budget(ab: Ablation, arm: Arm, flops_per_step: int, world: int = 1) ->
             warmup_steps=min(t.warmup_steps, max(1, steps // 10)),
         ),
     )
+    try:  # what the budget's length may break: a phase or ramp point past the end, a WSD decay longer than the run
+        check_config(arm.cfg)
+    except ConfigError as err:
+        where = f"{ab.path}: arm '{arm.name}': its {ab.budget_kind} budget ends it at step {steps}"
+        raise ConfigError(f"{where}: {err}") from None
+    # per step, averaged over the planned steps (what the report multiplies the steps trained by)
+    planned = np.arange(steps)
+    per_step = [float(c[np.minimum(planned, len(c) - 1)].mean()) for c in (tokens, flops)]
     return {
         "kind": ab.budget_kind,
         "amount": ab.budget_amount,
         "max_steps": steps,
-        "global_batch": global_batch,
-        "tokens_per_step": tokens_per_step,
-        "flops_per_step": flops_per_step * world,
+        "global_batch": int(arm.cfg.train.global_batch(world)),
+        "tokens_per_step": per_step[0] if per_step[0] % 1 else int(per_step[0]),
+        "flops_per_step": per_step[1],
     }
 
 
@@ -456,8 +493,7 @@ def hyperparameters(arm: Arm) -> dict:
 def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
     """Plan (once), train and export a pretrained arm, each stage recorded in `state` as it finishes."""
     if "plan" not in state:
-        flops = measure_step_flops(arm.cfg)
-        state["plan"] = apply_budget(ab, arm, flops)
+        state["plan"] = apply_budget(ab, arm, measure_phase_flops(arm.cfg))
         save_config(arm.cfg, cfg_path)
         write_state(arm, state)
     else:  # resumed: the same plan, so a resumed arm never gets a different budget
@@ -585,7 +621,8 @@ def print_commands(ab: Ablation) -> list[str]:
         if read_state(arm).get("trained"):
             lines.append(f"# {arm.name}: already trained here ({arm.cfg.run_dir}), nothing to launch")
             continue
-        flops = measure_step_flops(arm.cfg) if (ab.budget_kind == "flops" and have_data) else 0
+        phases = len(Schedule.of(arm.cfg).phases)
+        flops = measure_phase_flops(arm.cfg) if (ab.budget_kind == "flops" and have_data) else [0] * phases
         if ab.budget_kind == "flops" and not have_data:
             lines.append(f"# {arm.name}: a flops budget needs the data to measure a step; run step 1, then again")
             continue
