@@ -324,7 +324,7 @@ def needs_universal(path: Path, world_size: int) -> bool:
     """True when `path` was written by another number of ranks and its optimizer state is split per rank
     (ZeRO 1-3, or DeepSpeed's bf16 optimizer): DeepSpeed can then load it only in its universal layout."""
     saved = TrainState.load(path).world_size
-    return saved is not None and saved != world_size and any(Path(path).glob("*zero_pp_rank_*_optim_states.pt"))
+    return saved is not None and saved != world_size and zero_partitioned(path)
 
 
 def make_universal(path: Path) -> Path:
