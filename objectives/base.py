@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
-import os
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -40,6 +39,7 @@ from torch import nn
 from pretrain.core.config import doc, nearest
 from pretrain.core.errors import ConfigError
 from pretrain.core.measures import BinaryAUC, Mean
+from pretrain.core.provenance import PLUGINS_ENV, plugin_modules
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
 if TYPE_CHECKING:
@@ -222,13 +222,9 @@ class Objective:
 
 REGISTRY: dict[str, type[Objective]] = {}
 
-PLUGINS_ENV = "PRETRAIN_PLUGINS"
-"""Comma-separated modules imported with the objectives (`objectives/__init__.py`): objectives kept outside this
-package register themselves there, in every process of a run (the CLI, its ranks, loader workers)."""
-
 
 def import_plugins() -> None:
-    for module in filter(None, (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(","))):
+    for module in plugin_modules():
         try:
             importlib.import_module(module)
         except ImportError as err:

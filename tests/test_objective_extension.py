@@ -87,6 +87,10 @@ def test_an_objective_from_outside_the_package_trains_through_the_cli(tmp_path, 
     losses = [r["even/loss"] for r in records if "even/loss" in r]
     assert len(losses) == 20, records[-1]
     assert sum(losses[-5:]) / 5 < 0.7 * sum(losses[:3]) / 3, losses
+    # the plugin's code is outside the checkout's commit: the run's record names it with its hash
+    plugins = json.loads((tmp_path / "r" / "provenance.json").read_text())["plugins"]
+    (file, digest), *_ = plugins[PLUGIN].items()
+    assert file.endswith("tests/test_objective_extension.py") and len(digest) == 64
 
 
 def test_the_listing_shows_an_added_objective_with_its_range(tmp_path, monkeypatch):

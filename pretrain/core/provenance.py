@@ -23,6 +23,9 @@ from typing import Any
 from pretrain.core.files import sha256_file, write_atomic
 
 SOURCE_ROOT = Path(__file__).resolve().parents[2]  # the checkout holding pretrain/
+PLUGINS_ENV = "PRETRAIN_PLUGINS"
+"""Comma-separated modules imported with the objectives (`objectives.base.import_plugins`): objectives kept outside
+this package register themselves there, in every process of a run (the CLI, its ranks, loader workers)."""
 LIBRARIES = ("torch", "transformers", "tokenizers", "datasets", "deepspeed", "numpy", "bert-pretrain")
 _hashes: dict[tuple[str, int, int], str] = {}
 
@@ -51,6 +54,30 @@ def versions() -> dict[str, str | None]:
         except metadata.PackageNotFoundError:
             found[name] = None
     return found
+
+
+def plugin_modules() -> list[str]:
+    return [m for m in (m.strip() for m in os.environ.get(PLUGINS_ENV, "").split(",")) if m]
+
+
+def plugin_sources() -> dict[str, dict[str, str] | str]:
+    """{module: {file: sha256}} of each $PRETRAIN_PLUGINS module (a package: every file under it): code outside this
+    checkout that changes what a run trains, so the git commit alone does not name it. Found, not imported."""
+    import importlib.util
+
+    out: dict[str, dict[str, str] | str] = {}
+    for module in plugin_modules():
+        try:
+            spec = importlib.util.find_spec(module)
+        except (ImportError, ValueError) as err:
+            out[module] = f"not found ({err})"
+            continue
+        if spec is None or not spec.origin or not Path(spec.origin).is_file():
+            out[module] = "not found"
+            continue
+        origin = Path(spec.origin)
+        out[module] = hash_paths(origin.parent if spec.submodule_search_locations else origin)
+    return out
 
 
 def file_sha256(path: Path) -> str:
@@ -97,6 +124,7 @@ def collect(
         "cwd": os.getcwd(),  # the configs' relative paths are relative to it
         "configs": configs or {},
         "sha256": {group: hash_paths(paths) for group, paths in (files or {}).items()},
+        **({"plugins": plugin_sources()} if plugin_modules() else {}),
     }
 
 
@@ -134,4 +162,6 @@ def summary(record: dict) -> str:
     )
     libs = ", ".join(f"{k} {v}" for k, v in record.get("versions", {}).items() if v and k != "bert-pretrain")
     files = sum(len(v) for v in record.get("sha256", {}).values())
-    return f"{code}; {libs}; sha256 of {files} input file(s)"
+    plugins = record.get("plugins") or {}
+    outside = f"; objectives from outside the package ({PLUGINS_ENV}): {', '.join(plugins)}" if plugins else ""
+    return f"{code}; {libs}; sha256 of {files} input file(s){outside}"
