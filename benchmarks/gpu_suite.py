@@ -17,7 +17,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # not benchmarks/: its data_pipeline.py would hide the package
 
-STAGES = ["syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "local", "demo", "eval", "finetune"]
+STAGES = [
+    *("syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "varlen", "local"),
+    *("demo", "eval", "finetune"),
+]
 
 
 def demo_summary(run: Path, heldout: Path, seconds: float, max_samples: int) -> dict:
@@ -171,6 +174,20 @@ def report(res: Path) -> str:
             )
         else:
             line(stage, what, "-")
+    varlen = data["varlen"]
+    what = "unpadded encoder on flash's varlen kernel (parity tests, then 40% padding, BERT-mini, attn dropout 0)"
+    if varlen:
+        rate = {r["variant"]: r["tokens_s"] for r in varlen["rows"]}
+        padded, unpadded = rate["ours padded, attn dropout 0"], rate["ours unpadded, attn dropout 0"]
+        line(
+            "varlen",
+            what,
+            f"parity tests passed; unpadded {_rate(unpadded)} vs padded {_rate(padded)} tokens/s (fwd+bwd+AdamW): "
+            f"**{unpadded / padded:.2f}x** (with attention dropout, re-padded: "
+            f"{rate['ours unpadded'] / rate['ours padded']:.2f}x)",
+        )
+    else:
+        line("varlen", what, "-")
     local = data["local"]
     what = "sliding-window (128, every 3rd layer global) vs global attention, ModernBERT-style encoder"
     if local:

@@ -14,6 +14,9 @@
 #   base512    BERT-base, seq 512, batch 32: ours vs the Trainer
 #   rtd        rtd vs mlm tokens/s, BERT-mini, batch 1024
 #   nsp        NSP segment pairs (padded) vs packed MLM, BERT-base, batch 128
+#   varlen     the unpadded encoder on flash attention's variable-length kernel: its parity tests against the padded
+#              encoder on CUDA (tests/test_varlen_attention.py), then padded vs unpadded at 40% padding
+#              (benchmarks/train_throughput.py --shapes padding)
 #   local      sliding-window (window 128, every 3rd layer global) vs global attention, ModernBERT-style base
 #              encoder at seq 1024: benchmarks/local_attention.py
 #   demo       `make demo` (= pretrain run default-gpu where nvidia-smi finds a GPU), timed; its MLM loss against
@@ -28,12 +31,12 @@ stages=()
 for arg in "$@"; do
   case "$arg" in
     --tiny) tiny=1 ;;
-    all) stages+=(syncs base128 base128c step base512 rtd nsp local demo eval finetune report) ;;
-    syncs|base128|base128c|step|base512|rtd|nsp|local|demo|eval|finetune|report) stages+=("$arg") ;;
+    all) stages+=(syncs base128 base128c step base512 rtd nsp varlen local demo eval finetune report) ;;
+    syncs|base128|base128c|step|base512|rtd|nsp|varlen|local|demo|eval|finetune|report) stages+=("$arg") ;;
     *) echo "unknown stage or option: $arg (see the top of $0)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -gt 0 ] || { sed -n '2,23p' "$0"; exit 2; }
+[ ${#stages[@]} -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
 
 if [ -f .gpu/env.sh ] && command -v nvidia-smi >/dev/null && [[ ":${PYTHONPATH:-}:" != *":/tmp/site:"* ]]; then
   source .gpu/env.sh || exit 1
@@ -57,6 +60,7 @@ if [ $tiny = 1 ]; then
   step=(--shapes tiny --batch 8 --steps 1 --warmup 1 --repeats 2)
   demo=(tiny); finetune=(--seeds 1 --max-train 200 --epochs 1); eval=(--max-samples 64)
   local=(--shape tiny --seq 256 --batch 2 --repeats 2 --warmup 1)
+  varlen=(--shapes padding --batch 8 --steps 1 --warmup 1 --repeats 2 --precision bf16)
 else
   corpus=$DATA/corpus/en-mix.train.jsonl
   # GPU_SUITE_REPEATS: fewer alternated repeats where a session's 30 device minutes would not hold every stage
@@ -65,8 +69,10 @@ else
   step=(--shapes base --batch 128 --repeats 5)
   demo=(default-gpu train.max_minutes=7); finetune=(--seeds 3); eval=()
   local=(--shape base --seq 1024 --batch 16 --repeats 7)
+  varlen=(--shapes padding --repeats 5)
 fi
 [ $gpu = 1 ] && step+=(--device cuda) || step+=(--precision bf16)
+[ $gpu = 1 ] && varlen+=(--device cuda)
 
 now() { date +%s%3N; }  # milliseconds
 since() { local ms=$(( $(now) - $1 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }  # seconds since $1
@@ -105,6 +111,9 @@ stage() {
     base512) tvh base512 "${base512[@]}" --peers eager ;;
     rtd) tvh rtd "${mini[@]}" --objectives mlm,rtd --peers none ;;
     nsp) tvh nsp "${base[@]}" --objectives mlm,mlm+nsp --peers none ;;
+    varlen)
+      $PY -m pytest -q -p no:cacheprovider tests/test_varlen_attention.py &&
+      $PY benchmarks/train_throughput.py "${varlen[@]}" --json "$RES/varlen.json" ;;
     local) $PY benchmarks/local_attention.py "${local[@]}" --window 128 --json "$RES/local.json" ;;
     demo) run_demo ;;
     eval)

@@ -9,11 +9,12 @@ the tables report medians over the runs and ratios of medians.
 
 Each side's batch is prepared before the timed loop, on the device, as its training loop hands it over: ours a
 collated `Batch` (its host-side counts included, as the loader makes it), HF's the dict of tensors. TFLOP/s from
-each side's own FLOP count (torch's FlopCounterMode over one step; on a CPU, attention is not counted).
+each side's own FLOP count (torch's FlopCounterMode over one step).
 
 Shapes: mini (4 layers, 256 wide, 4 heads, 1024 FFN), base (12/768/12/3072), padding (mini with ~40% of every
-batch padding: our padded vs our unpadded encoder). Sequence length 128, vocabulary 30522. Batch: on a CPU 32 for
-mini and padding, 8 for base; on a GPU 128 for every shape (--batch overrides).
+batch padding: our padded vs our unpadded encoder, with BERT's attention dropout and without it, where the unpadded
+encoder runs flash attention's variable-length kernel on a GPU). Sequence length 128, vocabulary 30522. Batch: on a
+CPU 32 for mini and padding, 8 for base; on a GPU 128 for every shape (--batch overrides).
 
     python benchmarks/train_throughput.py                       # CPU: all shapes, fp32 and bf16 autocast
     python benchmarks/train_throughput.py --shapes mini --precision bf16 --compile
@@ -183,6 +184,11 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
     specs = []
     if shape == "padding":
         specs += [("ours padded", Ours, dict()), ("ours unpadded", Ours, dict(unpadded=True))]
+        no_dropout = dict(attention_dropout=0.0)  # the varlen kernel has none (ModernBERT trains without)
+        specs += [
+            ("ours padded, attn dropout 0", Ours, no_dropout),
+            ("ours unpadded, attn dropout 0", Ours, dict(no_dropout, unpadded=True)),
+        ]
     else:
         specs += [("HF BertForPreTraining", HF, None), ("ours", Ours, dict())]
     if args.compile:

@@ -43,6 +43,18 @@ def _write_results(res: Path, failed: str = "") -> None:
         "base512": _tvh("base", [("ours mlm", 300000.0, 280.0), ("HF Trainer", 150000.0, 200.0)]),
         "rtd": _tvh("mini", [("ours mlm", 2000000.0, 100.0), ("ours rtd", 1000000.0, 90.0)]),
         "nsp": _tvh("base", [("ours mlm", 400000.0, 300.0), ("ours mlm+nsp", 300000.0, 220.0)]),
+        "varlen": {
+            "meta": {"command": "python benchmarks/train_throughput.py --shapes padding --device cuda"},
+            "rows": [
+                {"shape": "padding", "variant": v, "batch": 128, "step_s": 0.1, "tokens_s": r, "tflops": 1.0}
+                for v, r in (
+                    ("ours padded", 100000.0),
+                    ("ours unpadded", 120000.0),
+                    ("ours padded, attn dropout 0", 110000.0),
+                    ("ours unpadded, attn dropout 0", 165000.0),
+                )
+            ],
+        },
         "local": {
             "meta": {"shape": "base", "seq": 1024, "batch": 16, "device": "NVIDIA H100 80GB HBM3"},
             "rows": [{"arm": "global", "tokens_s": 100000.0}, {"arm": "sliding", "tokens_s": 150000.0}],
@@ -103,10 +115,11 @@ def test_report_reads_every_stage(tmp_path):
     table = proc.stdout
     assert "## GPU suite: 1 x NVIDIA H100" in table and "rehearsal" not in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]
-    assert len(rows) == 11, table  # one per stage
+    assert len(rows) == 12, table  # one per stage
     assert "**2.00x**" in table and "**1.60x**" in table  # ours vs eager, vs compiled
     assert "the trainer at **98%**" in table  # 400,000 of the model step's 409,600 tokens/s
     assert "ours rtd costs **2.00x** per token" in table and "MFU 30.3%" in table
+    assert "unpadded 165,000 vs padded 110,000 tokens/s (fwd+bwd+AdamW): **1.50x** (with attention dropout, " in table
     assert "base, seq 1024, batch 16 | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table

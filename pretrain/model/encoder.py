@@ -26,7 +26,8 @@ compose freely, because each lives in one place:
                         Positions are columns, so documents packed in one row share a band as they share global
                         attention; global layers run exactly as without the option.
 - unpadded              BertEncoder: real tokens packed to [T, H] for embeddings, projections, FFN and LN;
-                        attention re-pads q/k/v only (see `Packed` for why and the measurements).
+                        attention runs flash's variable-length kernel on [T] where it can (CUDA, half precision,
+                        no attention dropout: `padding.varlen_usable`), else re-pads q/k/v only (see `Packed`).
 - compile               torch.compile of a plain function over the module (state-dict names unchanged).
 - activation_checkpointing  each layer under torch.utils.checkpoint (non-reentrant, RNG state preserved).
 
@@ -49,7 +50,16 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain.core.config import ModelConfig
-from pretrain.model.padding import Banded, Packed, attention_bias, local_mask, masks_nothing, window_mask
+from pretrain.model.padding import (
+    Banded,
+    Packed,
+    attention_bias,
+    local_mask,
+    masks_nothing,
+    varlen_attention,
+    varlen_usable,
+    window_mask,
+)
 
 
 def _linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
@@ -196,11 +206,9 @@ class SelfAttention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, attn_mask=attn_bias, dropout_p=dropout_p)
         return y.transpose(1, 2).reshape(B, Lq, N * D)
 
-    def project(
-        self, x: torch.Tensor, rope: tuple | None = None, packed: Packed | None = None
-    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """q, k, v [B, N, L, D] of x [B, L, H], or of packed x [T, H] on `packed`'s attention grid [B, Lp].
-        rope: (cos, sin) broadcastable to [*x.shape[:-1], 1, 1, D] (the tokens' positions), default 0..L-1."""
+    def qkv_heads(self, x: torch.Tensor, rope: tuple | None = None) -> torch.Tensor:
+        """q, k, v of x [*lead, H] stacked as [*lead, 3, N, D], q and k rotated under RoPE. rope: (cos, sin)
+        broadcastable to [*lead, 1, 1, D] (the tokens' positions), default 0..L-1 over the last lead dim."""
         *lead, H = x.shape  # lead: [B, L], or [T] packed
         N, D = self.num_heads, H // self.num_heads
         qkv = self.qkv(x).view(*lead, 3, N, D)
@@ -210,9 +218,11 @@ class SelfAttention(nn.Module):
                 rope = (cos[:, None, None], sin[:, None, None])  # [L, 1, 1, D]
             cos, sin = (t.to(qkv.dtype) for t in rope)  # tables may be fp32 while autocast runs bf16
             qkv = torch.cat((rotate(qkv[..., :2, :, :], cos, sin), qkv[..., 2:, :, :]), dim=-3)
-        if packed is not None:
-            qkv = packed.to_attention(qkv)  # [T, 3, N, D] -> [B, Lp, 3, N, D]
-        q, k, v = qkv.permute(2, 0, 3, 1, 4)  # 3 x [B, N, L, D]
+        return qkv
+
+    def project(self, x: torch.Tensor, rope: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """q, k, v [B, N, L, D] of x [B, L, H]."""
+        q, k, v = self.qkv_heads(x, rope).permute(2, 0, 3, 1, 4)  # 3 x [B, N, L, D]
         return q, k, v
 
     def queries(self, x: torch.Tensor, rope: tuple | None = None) -> torch.Tensor:
@@ -245,9 +255,17 @@ class SelfAttention(nn.Module):
     def forward(
         self, x: torch.Tensor, attn_bias: torch.Tensor | Banded | None, *, rope: tuple | None = None, packed=None
     ) -> torch.Tensor:
-        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias then over `packed`'s attention grid)."""
-        q, k, v = self.project(x, rope, packed)
-        return self.attend(q, k, v, attn_bias, packed)
+        """x [B, L, H] -> [B, L, H], or packed x [T, H] -> [T, H] (attn_bias then over `packed`'s attention grid;
+        where flash attention's variable-length kernel can run, on the packed tokens themselves)."""
+        if packed is not None:
+            qkv = self.qkv_heads(x, rope)  # [T, 3, N, D]
+            if varlen_usable(qkv, self.dropout_p if self.training else 0.0):
+                y = varlen_attention(*qkv.unbind(1), packed, self.window)  # [T, N, D]
+                return self.out(y.flatten(1))
+            q, k, v = packed.to_attention(qkv).permute(2, 0, 3, 1, 4)  # 3 x [B, N, Lp, D]
+            return self.attend(q, k, v, attn_bias, packed)
+        q, k, v = self.project(x, rope)
+        return self.attend(q, k, v, attn_bias)
 
 
 class EncoderLayer(nn.Module):

@@ -127,8 +127,10 @@ def local_mask(
 class Packed:
     """The real tokens of a padded [B, L] batch, packed row-major into [T].
 
-    Everything but attention runs on [T, ...]. Attention re-pads q, k, v to [B, Lp] (Lp = the last column
-    holding a real token, <= L) and runs SDPA with a key mask, then keeps the T real rows. Measured on this
+    Everything but attention runs on [T, ...]. On a CUDA GPU, in half precision and without attention dropout,
+    attention runs on [T] too: flash attention's variable-length kernel (`varlen_attention`), each row one
+    sequence, a local layer's band as its window. Elsewhere attention re-pads q, k, v to [B, Lp] (Lp = the last
+    column holding a real token, <= L) and runs SDPA with a key mask, then keeps the T real rows. Measured on this
     CPU (torch 2.13, B=32, L=128, 37% padding, fwd+bwd of attention alone): that costs about as much as padded
     SDPA (the scatter/gather is small), while the varlen alternatives were slower: nested jagged tensors ~4x
     (SDPA on CPU runs them one sequence at a time), a Python loop of per-sequence SDPA ~2.5x, length buckets
@@ -146,6 +148,9 @@ class Packed:
     """[B, 1, 1, Lp] additive key mask of the attention grid (what global layers attend with)."""
     attn_mask: torch.Tensor
     """[B, Lp] bool, True at real tokens of the attention grid (local layers' masks are built from it)."""
+    cu_seqlens: torch.Tensor
+    """[B + 1] int32: where each row's real tokens start in [T] (and T at the end), for variable-length attention
+    (`varlen_attention`). Rows are right-padded, as the collator makes them."""
 
     @staticmethod
     def from_mask(attention_mask: torch.Tensor, dtype: torch.dtype, num_tokens: int | None = None) -> Packed:
@@ -161,7 +166,8 @@ class Packed:
             attn_length = int(real.any(0).nonzero().max()) + 1 if indices.numel() else 1
         attn_indices = indices // L * attn_length + indices % L
         grid = real[:, :attn_length]
-        return Packed(indices, attn_indices, B, L, attn_length, attention_bias(grid, dtype), grid)
+        cu_seqlens = F.pad(real.sum(1, dtype=torch.int32).cumsum(0, dtype=torch.int32), (1, 0))
+        return Packed(indices, attn_indices, B, L, attn_length, attention_bias(grid, dtype), grid, cu_seqlens)
 
     def window_mask(self, window: int) -> Banded | torch.Tensor | None:
         """What a local layer attends with on the attention grid (`local_mask`); the global `attn_bias` where the
@@ -188,3 +194,34 @@ class Packed:
         One write of B*L*H (its backward one gather): small next to a layer."""
         full = t.new_zeros((self.batch * self.length, *t.shape[1:])).index_copy(0, self.indices, t)
         return full.view(self.batch, self.length, *t.shape[1:])
+
+
+def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
+    """Whether `varlen_attention` can run q [T, N, D]: flash attention's kernel is CUDA-only, half precision, head
+    dim a multiple of 8 up to 256, and has no dropout (a layer with attention dropout, while training, re-pads)."""
+    return (
+        q.is_cuda
+        and q.dtype in (torch.float16, torch.bfloat16)
+        and dropout_p == 0.0
+        and q.shape[-1] % 8 == 0
+        and q.shape[-1] <= 256
+        and _varlen_attn() is not None
+    )
+
+
+def _varlen_attn():
+    try:
+        from torch.nn.attention.varlen import varlen_attn
+    except ImportError:  # torch < 2.10
+        return None
+    return varlen_attn
+
+
+def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, window: int) -> torch.Tensor:
+    """Attention of the packed tokens q, k, v [T, N, D] -> [T, N, D], each row of the batch one sequence
+    (`Packed.cu_seqlens`); a local layer sees window // 2 positions on either side (flash's window, inclusive), as
+    `band`. The same function as the re-padded SDPA path for right-padded rows."""
+    half = window // 2 if window else -1
+    return _varlen_attn()(
+        q, k, v, packed.cu_seqlens, packed.cu_seqlens, packed.length, packed.length, window_size=(half, half)
+    )
