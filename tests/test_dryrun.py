@@ -23,6 +23,7 @@ def test_dry_run_plans_a_cluster_run_without_training(tmp_path, capsys):
             "--gpus-per-node",
             "8",
             "train.zero_stage=2",
+            "train.micro_batch_size=32",
             "train.grad_accum_steps=2",
             f"output_dir={tmp_path / 'runs'}",
         ]
