@@ -1,7 +1,7 @@
 """Config: presets, overrides, and errors that name the key, the value and the nearest valid key."""
 
 import pytest
-import torch
+import torch._dynamo
 import yaml
 
 from pretrain.core.config import RunConfig, describe_fields, save_config
@@ -197,8 +197,11 @@ def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stan
 
     unset, off, on = (load_config("tiny", o) for o in ([], ["model.compile=false"], ["model.compile=true"]))
     assert unset.model.compile is None
+    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # restored after the test
     for cuda in (False, True):
         monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        assert compile_for_this_machine(unset).model.compile is cuda
         assert compile_for_this_machine(off).model.compile is False
         assert compile_for_this_machine(on).model.compile is True
+        assert not torch._dynamo.config.suppress_errors  # asked for: a compile error stops the run
+        assert compile_for_this_machine(unset).model.compile is cuda
+        assert torch._dynamo.config.suppress_errors is cuda  # by default: what torch cannot compile runs eager

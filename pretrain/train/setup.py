@@ -103,10 +103,17 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
 
 def compile_for_this_machine(cfg: RunConfig) -> RunConfig:
     """The config a training process builds its model from: model.compile unset (null) is on where CUDA is and off
-    on a CPU. Only training decides it (evaluation and export run eager unless the config says otherwise)."""
+    on a CPU. Only training decides it (evaluation and export run eager unless the config says otherwise). Compiling
+    by default must not stop a run that eager would train: then a graph torch fails to compile runs eager, with
+    torch's warning (`suppress_errors`); `model.compile=true` asked for it, and its errors stop the run."""
     if cfg.model.compile is not None:
         return cfg
-    return replace(cfg, model=replace(cfg.model, compile=torch.cuda.is_available()))
+    on = torch.cuda.is_available()
+    if on:
+        import torch._dynamo as dynamo
+
+        dynamo.config.suppress_errors = True
+    return replace(cfg, model=replace(cfg.model, compile=on))
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):
