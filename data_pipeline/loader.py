@@ -209,11 +209,13 @@ class PhaseBatchSampler(torch.utils.data.Sampler):
         return 2**62
 
 
-def pad_arrays(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: dict[str, int]) -> dict[str, np.ndarray]:
-    """Pad per-token arrays to the longest sample: input_ids with [PAD], *labels with -100, others with
-    `pad_values` or 0; per-sample scalars are stacked. Adds attention_mask [B, L] (True = real token)."""
+def pad_arrays(
+    samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: dict[str, int], width: int = 0
+) -> dict[str, np.ndarray]:
+    """Pad per-token arrays to the longest sample (at least `width`): input_ids with [PAD], *labels with -100, others
+    with `pad_values` or 0; per-sample scalars are stacked. Adds attention_mask [B, L] (True = real token)."""
     lengths = np.array([len(s["input_ids"]) for s in samples], np.int64)
-    width = int(lengths.max())
+    width = max(int(lengths.max()), width)
     arrays: dict[str, np.ndarray] = {}
     for key, first in samples[0].items():
         if np.ndim(first) == 0:
@@ -237,17 +239,23 @@ def pad_arrays(samples: list[dict[str, np.ndarray]], pad_id: int, pad_values: di
 
 
 class Collator:
-    """The collate_fn (picklable, for loader workers): a `Batch` of padded samples (see `pretrain.core.batch`)."""
+    """The collate_fn (picklable, for loader workers): a `Batch` of padded samples (see `pretrain.core.batch`).
 
-    def __init__(self, pad_id: int, objectives: list[Transform]):
+    `static_width` > 0, for a compiled model on data whose rows may be shorter than the window (segment pairs,
+    doc-bounded packing): every batch padded to that width and marked padded, so the compiled graph always sees one
+    length and one attention-mask form (else a batch of other length, or one without padding, recompiles it)."""
+
+    def __init__(self, pad_id: int, objectives: list[Transform], static_width: int = 0):
         self.pad_id = pad_id
         self.objectives = objectives
+        self.static_width = static_width
         self.pad_values: dict[str, int] = {}
         for objective in objectives:
             self.pad_values.update(objective.pad_values)
 
     def __call__(self, samples: list[dict[str, np.ndarray]]) -> Batch:
-        return Batch.from_arrays(pad_arrays(samples, self.pad_id, self.pad_values), self.objectives)
+        arrays = pad_arrays(samples, self.pad_id, self.pad_values, self.static_width)
+        return Batch.from_arrays(arrays, self.objectives, padded=True if self.static_width else None)
 
 
 def auto_workers(ranks_on_this_machine: int = 1) -> int:
@@ -276,15 +284,20 @@ def build_loader(
 
 
 def sampler_loader(
-    dataset: PretrainDataset, pad_id: int, sampler: torch.utils.data.Sampler, num_workers: int = 0
+    dataset: PretrainDataset,
+    pad_id: int,
+    sampler: torch.utils.data.Sampler,
+    num_workers: int = 0,
+    static_width: int = 0,
 ) -> torch.utils.data.DataLoader:
-    """The DataLoader of `build_loader` over any batch sampler (a schedule phase's: `PhaseBatchSampler`)."""
+    """The DataLoader of `build_loader` over any batch sampler (a schedule phase's: `PhaseBatchSampler`);
+    `static_width`: `Collator`'s."""
     if num_workers < 0:
         num_workers = auto_workers(int(os.environ.get("LOCAL_WORLD_SIZE", os.environ.get("LOCAL_SIZE", "1"))))
     return torch.utils.data.DataLoader(
         dataset,
         batch_sampler=sampler,
-        collate_fn=Collator(pad_id, dataset.objectives),
+        collate_fn=Collator(pad_id, dataset.objectives, static_width),
         num_workers=num_workers,
         persistent_workers=num_workers > 0,
         prefetch_factor=4 if num_workers > 0 else None,

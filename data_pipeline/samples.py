@@ -160,6 +160,8 @@ def doc_chunk_starts(doc_offsets: np.ndarray, sent_offsets: np.ndarray, chunk: i
 
 PACKING = {"full_sentences": "packed", "doc_bounded": "doc_packed"}
 """data.packing -> the sample builder that token-level objectives use."""
+FULL_WINDOWS = ("packed", "full_sentences")
+"""The builders whose rows fill the whole window (all but an epoch's last): batches without padding."""
 
 
 def builder_kind(objective_kind: str, packing: str = "full_sentences") -> str:

@@ -171,9 +171,10 @@ BASE = ModelConfig(
 )
 
 
-def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None):
+def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, static_width=0):
     """A padded MLM batch (rows of different lengths, two segments) through the real collator; with `split` (a row
-    index), the two batches of the rows before and after it, from the same samples."""
+    index), the two batches of the rows before and after it, from the same samples. `static_width`: the
+    collator's."""
     rng = np.random.default_rng(seed)
     objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
     samples = []
@@ -192,7 +193,7 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None):
         for objective in objectives:
             sample = objective.prepare(sample, rng)
         samples.append(sample)
-    collate = Collator(TOKENS.pad, objectives)
+    collate = Collator(TOKENS.pad, objectives, static_width)
     return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
 
 

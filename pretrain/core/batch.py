@@ -23,9 +23,10 @@ class Batch:
         self.tensors, self.tokens, self.counts, self.padded = tensors, tokens, counts, padded
 
     @classmethod
-    def from_arrays(cls, arrays: dict[str, np.ndarray], objectives) -> Batch:
+    def from_arrays(cls, arrays: dict[str, np.ndarray], objectives, padded: bool | None = None) -> Batch:
         """From padded host arrays ([B, L] per token with attention_mask, [B] per sample), after each objective
-        added its arrays and counted its targets."""
+        added its arrays and counted its targets. `padded`: whether the model is given the attention mask (default:
+        when a row has padding; True keeps one mask form for a compiled model)."""
         counts: dict[str, int] = {}
         for objective in objectives:
             arrays.update(objective.collate(arrays))
@@ -35,7 +36,7 @@ class Batch:
             {k: torch.from_numpy(np.ascontiguousarray(v)) for k, v in arrays.items()},
             int(mask.sum()),
             counts,
-            not bool(mask.all()),
+            not bool(mask.all()) if padded is None else padded,
         )
 
     @classmethod

@@ -521,6 +521,9 @@ class BertEncoder(nn.Module):
                 cos, sin = rope_tables(packed.length, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
                 rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
             inputs[w] = LayerInputs(packed.window_mask(w) if w else packed.attn_bias, rope)
+        if stack is not _layer_stack:  # compiled: T changes every batch, so the first graph is dynamic in it
+            for t in (x, packed.indices, packed.attn_indices, *(t for i in inputs.values() for t in i.rope or ())):
+                torch._dynamo.maybe_mark_dynamic(t, 0)
         x, _ = stack(self, x, inputs, packed)
         return packed.repad(x)
 

@@ -26,8 +26,10 @@ import torch.distributed as dist
 import yaml
 
 from data_pipeline.loader import PhaseBatchSampler, PretrainDataset, sampler_loader
+from data_pipeline.samples import FULL_WINDOWS, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+from objectives import sample_builder_for
 from pretrain.core.batch import Batch
 from pretrain.core.config import RunConfig, load_yaml, to_dict
 from pretrain.core.errors import UserError
@@ -330,7 +332,8 @@ class Trainer:
             self.rank,
             self.world,
         )
-        return iter(sampler_loader(dataset, self.resolved.tokens.pad, sampler, self.cfg.data.loader_workers))
+        width = self.data.static_width(phase, bool(self.engine.ds.module.config.compile))
+        return iter(sampler_loader(dataset, self.resolved.tokens.pad, sampler, self.cfg.data.loader_workers, width))
 
     def train_step(self, micro_batches: list[Batch], global_batch: int) -> None:
         """One optimizer step over the accumulated micro-batches (`global_batch` sequences over all ranks). Reads
@@ -477,6 +480,12 @@ class PhaseData:
             self.dataset = PretrainDataset(samples, self.objectives, cfg.train.seed, phase.index, rates)
             self.flops_per_sample = probe_flops_per_sample(cfg, self.tokens, self.dataset, position)
         return self.dataset
+
+    def static_width(self, phase: Phase, compiled: bool) -> int:
+        """`Collator.static_width` in `phase`: its length where a compiled model reads rows that may be shorter
+        (segment pairs, doc-bounded packing), else 0 (packed rows fill the window and need no mask: flash runs)."""
+        kind = builder_kind(sample_builder_for(self.objectives), self.cfg.data.packing)
+        return phase.max_seq_len if compiled and kind not in FULL_WINDOWS else 0
 
 
 def start_ema(t, module, checkpoint: Path | None) -> WeightEMA | None:
