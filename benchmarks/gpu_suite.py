@@ -144,13 +144,18 @@ def report(res: Path) -> str:
     versus("base128c", "BERT-base, seq 128, batch 128: ours vs Trainer + torch.compile")
     step, base = data["step"], data["base128"]
     if step and base:
-        ours_step = next(r for r in step["rows"] if r["variant"] == "ours")
+        # the model step as the trainer ran it: compiled or not
+        variant = "ours + compile" if base["meta"].get("ours_compiled") else "ours"
+        ours_step = next((r for r in step["rows"] if r["variant"] == variant), None) or next(
+            r for r in step["rows"] if r["variant"] == "ours"
+        )
         hf_step = next(r for r in step["rows"] if r["variant"].startswith("HF"))
         trainer = base["rows"][0]
         line(
             "step",
             "our trainer vs its own model step alone (train_throughput.py, MLM+NSP, prepared batch)",
-            f"trainer {_rate(trainer['tokens_per_s'])} tokens/s vs model step {_rate(ours_step['tokens_s'])} "
+            f"trainer {_rate(trainer['tokens_per_s'])} tokens/s vs model step ({ours_step['variant']}) "
+            f"{_rate(ours_step['tokens_s'])} "
             f"(batch {ours_step['batch']}): the trainer at "
             f"**{trainer['tokens_per_s'] / ours_step['tokens_s']:.0%}** of it; BertForPreTraining's step "
             f"{_rate(hf_step['tokens_s'])}",

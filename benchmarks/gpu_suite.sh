@@ -71,7 +71,7 @@ else
   local=(--shape base --seq 1024 --batch 16 --repeats 7)
   varlen=(--shapes padding --repeats 5)
 fi
-[ $gpu = 1 ] && step+=(--device cuda) || step+=(--precision bf16)
+[ $gpu = 1 ] && step+=(--device cuda --compile) || step+=(--precision bf16)  # on a GPU the trainer compiles
 [ $gpu = 1 ] && varlen+=(--device cuda)
 
 now() { date +%s%3N; }  # milliseconds

@@ -311,6 +311,8 @@ def main() -> None:
         "device": device_description(),
         "torch": torch.__version__,
         "corpus": a.corpus.name,
+        # model.compile as the runs resolved it (unset: compiled where CUDA is)
+        "ours_compiled": bool(a.compile or (not a.eager and torch.cuda.is_available())),
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
     }
     table = format_table(meta, rows)
@@ -323,7 +325,8 @@ def main() -> None:
 def format_table(meta: dict, rows: list[dict]) -> str:
     head = (
         f"{meta['shape']}, seq {meta['seq']}, batch {meta['batch']}, {meta['precision']}, vocab {meta['vocab']}, "
-        f"{meta['timed_steps']} timed steps x {meta['repeats']} repeats, {meta['device']}, corpus {meta['corpus']}\n\n"
+        f"{meta['timed_steps']} timed steps x {meta['repeats']} repeats, {meta['device']}, corpus {meta['corpus']}"
+        f"{', ours compiled' if meta.get('ours_compiled') else ''}\n\n"
     )
     lines = [
         f"| run | tokens/s (median) | per repeat | TFLOP/s | MFU | {rows[0]['run']} / this |",
