@@ -29,9 +29,8 @@ def graphs(monkeypatch):
         return gm.forward
 
     torch._dynamo.reset()
-    monkeypatch.setattr(
-        encoder_module, "_compiled_layer_stack", torch.compile(encoder_module._layer_stack, backend=backend)
-    )
+    stack = torch.compile(encoder_module._layer_stack, backend=backend)
+    monkeypatch.setattr(encoder_module, "_compiled", lambda mode: stack)
     yield compiled
     torch._dynamo.reset()
 
@@ -78,3 +77,18 @@ def test_the_trainer_asks_for_a_static_width_where_a_compiled_model_reads_padded
     schedule = Schedule.of(cfg)
     data = PhaseData(cfg, schedule, None, TOKENS, objectives)
     assert data.static_width(schedule.phases[0], compiled) == width
+
+
+def test_the_compile_mode_reaches_torch_compile_once_per_mode(monkeypatch):
+    from pretrain.core.errors import ConfigError
+    from pretrain.train.setup import load_config
+
+    made = []
+    monkeypatch.setattr(encoder_module, "_compiled_layer_stacks", {})
+    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: made.append(mode) or fn)  # runs eager
+    for mode in ("reduce-overhead", "reduce-overhead", "default"):
+        model = PretrainingModel(replace(BASE, compile=True, compile_mode=mode), build_objectives({"mlm": {}}, TOKENS))
+        model(make_batch())
+    assert made == ["reduce-overhead", None]
+    with pytest.raises(ConfigError, match="model.compile_mode: value 'cuda-graphs' is not one of default, reduce-"):
+        load_config("tiny", ["model.compile_mode=cuda-graphs"])

@@ -156,6 +156,11 @@ class ModelConfig:
         "torch.compile the encoder's layers: true, false, or null (the default): on where the run trains on a CUDA "
         "GPU, off on a CPU (where compiling costs more than it saves on short runs).",
     )
+    compile_mode: str = doc(
+        "default",
+        "torch.compile's mode where the model is compiled: default, reduce-overhead (CUDA graphs: fewer launches, for "
+        "small models), max-autotune or max-autotune-no-cudagraphs.",
+    )
     activation_checkpointing: bool = doc(
         False, "Recompute each layer's activations in the backward pass to save memory."
     )
@@ -664,6 +669,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.norm_placement": ("post", "pre"),
     "model.position_embedding": ("learned", "rope"),
     "model.activation": ("gelu", "geglu"),
+    "model.compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "train.nan_policy": ("skip", "stop"),
     "train.loss_normalization": ("step", "micro_batch"),
     "train.lr_schedule": ("linear", "cosine", "wsd", "inverse_sqrt"),

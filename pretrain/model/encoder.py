@@ -28,7 +28,8 @@ compose freely, because each lives in one place:
 - unpadded              BertEncoder: real tokens packed to [T, H] for embeddings, projections, FFN and LN;
                         attention runs flash's variable-length kernel on [T] where it can (CUDA, half precision,
                         no attention dropout: `padding.varlen_usable`), else re-pads q/k/v only (see `Packed`).
-- compile               torch.compile of a plain function over the module (state-dict names unchanged).
+- compile               torch.compile of a plain function over the module (state-dict names unchanged), in
+                        model.compile_mode (reduce-overhead: CUDA graphs).
 - activation_checkpointing  each layer under torch.utils.checkpoint (non-reentrant, RNG state preserved).
 
 A second stream (`EncoderStream`, the extension point of objectives that need one): besides the content stream
@@ -427,14 +428,15 @@ def _layer_stack(
     return x, g
 
 
-_compiled_layer_stack = None
+_compiled_layer_stacks: dict[str, Any] = {}
 
 
-def _compiled():
-    global _compiled_layer_stack
-    if _compiled_layer_stack is None:  # lazily: importing this module must not start dynamo
-        _compiled_layer_stack = torch.compile(_layer_stack)
-    return _compiled_layer_stack
+def _compiled(mode: str):
+    """`_layer_stack` under torch.compile in `mode` (model.compile_mode), made once per mode, lazily: importing this
+    module must not start dynamo."""
+    if mode not in _compiled_layer_stacks:
+        _compiled_layer_stacks[mode] = torch.compile(_layer_stack, mode=None if mode == "default" else mode)
+    return _compiled_layer_stacks[mode]
 
 
 def _dispatch_mode_active() -> bool:
@@ -494,7 +496,7 @@ class BertEncoder(nn.Module):
         if query_stream is not None:
             stream = QueryStream(query_stream, query_mask, query_positions)
         cfg = self.config
-        stack = _compiled() if cfg.compile and not _dispatch_mode_active() else _layer_stack
+        stack = _compiled(cfg.compile_mode) if cfg.compile and not _dispatch_mode_active() else _layer_stack
         packed = None
         if cfg.unpadded and stream is None and attention_mask is not None and attention_mask.dim() == 2:
             packed = Packed.from_mask(attention_mask, self.embeddings.word_embeddings.weight.dtype, num_tokens)

@@ -28,6 +28,7 @@ MODEL_EXECUTION = (
     "initializer_range",
     "unpadded",
     "compile",
+    "compile_mode",
     "activation_checkpointing",
     "init_from",
 )
