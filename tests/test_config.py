@@ -205,3 +205,5 @@ def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stan
         assert not torch._dynamo.config.suppress_errors  # asked for: a compile error stops the run
         assert compile_for_this_machine(unset).model.compile is cuda
         assert torch._dynamo.config.suppress_errors is cuda  # by default: what torch cannot compile runs eager
+        zero3 = load_config("tiny", ["train.zero_stage=3"])
+        assert compile_for_this_machine(zero3).model.compile is False  # its parameter hooks stay eager

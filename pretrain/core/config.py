@@ -154,7 +154,7 @@ class ModelConfig:
     compile: bool | None = doc(
         None,
         "torch.compile the encoder's layers: true, false, or null (the default): on where the run trains on a CUDA "
-        "GPU, off on a CPU (where compiling costs more than it saves on short runs).",
+        "GPU (but not under ZeRO-3), off on a CPU (where compiling costs more than it saves on short runs).",
     )
     compile_mode: str = doc(
         "default",

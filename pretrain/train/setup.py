@@ -103,12 +103,13 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
 
 def compile_for_this_machine(cfg: RunConfig) -> RunConfig:
     """The config a training process builds its model from: model.compile unset (null) is on where CUDA is and off
-    on a CPU. Only training decides it (evaluation and export run eager unless the config says otherwise). Compiling
-    by default must not stop a run that eager would train: then a graph torch fails to compile runs eager, with
-    torch's warning (`suppress_errors`); `model.compile=true` asked for it, and its errors stop the run."""
+    on a CPU, and under ZeRO-3 (whose parameters are gathered by hooks around each module, which compiled layers
+    would trace through). Only training decides it (evaluation and export run eager unless the config says
+    otherwise). Compiling by default must not stop a run that eager would train: then a graph torch fails to compile
+    runs eager, with torch's warning (`suppress_errors`); `model.compile=true` asked for it, and its errors stop it."""
     if cfg.model.compile is not None:
         return cfg
-    on = torch.cuda.is_available()
+    on = torch.cuda.is_available() and cfg.train.zero_stage != 3
     if on:
         import torch._dynamo as dynamo
 
