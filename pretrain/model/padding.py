@@ -209,12 +209,14 @@ def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
     )
 
 
+try:
+    from torch.nn.attention.varlen import varlen_attn as _VARLEN_ATTN
+except ImportError:  # an older torch
+    _VARLEN_ATTN = None
+
+
 def _varlen_attn():
-    try:
-        from torch.nn.attention.varlen import varlen_attn
-    except ImportError:  # torch < 2.10
-        return None
-    return varlen_attn
+    return _VARLEN_ATTN
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, window: int) -> torch.Tensor:
