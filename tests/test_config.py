@@ -196,14 +196,16 @@ def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stan
     from pretrain.train.setup import compile_for_this_machine
 
     unset, off, on = (load_config("tiny", o) for o in ([], ["model.compile=false"], ["model.compile=true"]))
+    zero3 = load_config("tiny", ["train.zero_stage=3"])
     assert unset.model.compile is None
-    monkeypatch.setattr(torch._dynamo.config, "suppress_errors", False)  # restored after the test
-    for cuda in (False, True):
-        monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
-        assert compile_for_this_machine(off).model.compile is False
-        assert compile_for_this_machine(on).model.compile is True
-        assert not torch._dynamo.config.suppress_errors  # asked for: a compile error stops the run
-        assert compile_for_this_machine(unset).model.compile is cuda
-        assert torch._dynamo.config.suppress_errors is cuda  # by default: what torch cannot compile runs eager
-        zero3 = load_config("tiny", ["train.zero_stage=3"])
-        assert compile_for_this_machine(zero3).model.compile is False  # its parameter hooks stay eager
+    # dynamo's own patch restores suppress_errors (monkeypatch would delete it from dynamo's config)
+    with torch._dynamo.config.patch(suppress_errors=False):
+        for cuda in (False, True):
+            monkeypatch.setattr(torch.cuda, "is_available", lambda cuda=cuda: cuda)
+            assert compile_for_this_machine(off).model.compile is False
+            assert compile_for_this_machine(on).model.compile is True
+            assert not torch._dynamo.config.suppress_errors  # asked for: a compile error stops the run
+            assert compile_for_this_machine(unset).model.compile is cuda
+            assert torch._dynamo.config.suppress_errors is cuda  # by default: what torch cannot compile runs eager
+            assert compile_for_this_machine(zero3).model.compile is False  # its parameter hooks stay eager
+    assert not torch._dynamo.config.suppress_errors
