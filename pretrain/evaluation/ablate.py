@@ -220,34 +220,28 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
 
 def measure_phase_flops(cfg: RunConfig) -> list[int]:
     """FLOPs of one micro-batch (forward + backward) of this arm on one process, for each phase of its schedule (its
-    length and micro-batch; one entry without a schedule): a real micro-batch built as the trainer builds it,
-    counted by torch. Scheduled masking rates are taken at their configured value (they move only the sparse
-    heads' share)."""
-    import torch
-
-    from data_pipeline.loader import Collator, PretrainDataset
+    length and micro-batch; one entry without a schedule), counted as the trainer counts them for MFU
+    (`probe_flops_per_sample`) over a micro-batch of real samples; phases of the same shape are measured once.
+    Scheduled masking rates are taken at their configured value (they move only the sparse heads' share)."""
+    from data_pipeline.loader import PretrainDataset
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens
-    from pretrain.train.flops import count_step_flops
-    from pretrain.train.setup import build_model, build_sample_source
+    from objectives import build_objectives
+    from pretrain.train.setup import build_sample_source
+    from pretrain.train.trainer import probe_flops_per_sample
 
     tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
     shards = ShardSet(cfg.shards_dir, verify=False)
-    out = []
+    objectives = build_objectives(cfg.objectives, tokens)
+    measured: dict[tuple[int, int], int] = {}
     for phase in Schedule.of(cfg).phases:
-        at = config_at(cfg, phase.start)
-        model = build_model(at, tokens).train()
-        samples = build_sample_source(at, shards, tokens, model.objectives)
-        dataset = PretrainDataset(samples, model.objectives, at.train.seed)
-        batch = Collator(tokens.pad, model.objectives)([dataset[i] for i in range(at.train.micro_batch_size)])
-
-        def step(model=model, batch=batch):
-            loss, _ = model(batch)
-            loss.backward()
-
-        torch.manual_seed(at.train.seed)
-        out.append(count_step_flops(step))
-    return out
+        shape = (phase.max_seq_len, phase.micro_batch_size)
+        if shape not in measured:
+            at = config_at(cfg, phase.start)
+            dataset = PretrainDataset(build_sample_source(at, shards, tokens, objectives), objectives, at.train.seed)
+            n = phase.micro_batch_size
+            measured[shape] = round(probe_flops_per_sample(at, tokens, dataset, 0, n) * n)
+    return [measured[(p.max_seq_len, p.micro_batch_size)] for p in Schedule.of(cfg).phases]
 
 
 def budget_costs(cfg: RunConfig, phase_flops: list[int], world: int) -> tuple[np.ndarray, np.ndarray]:

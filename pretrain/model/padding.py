@@ -196,6 +196,17 @@ class Packed:
         return full.view(self.batch, self.length, *t.shape[1:])
 
 
+try:
+    from torch.nn.attention.varlen import varlen_attn as _VARLEN_ATTN
+except ImportError:  # an older torch
+    _VARLEN_ATTN = None
+
+
+def _varlen_attn():
+    """torch's flash varlen attention, or None (a seam the CPU tests replace with a reference of its contract)."""
+    return _VARLEN_ATTN
+
+
 def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
     """Whether `varlen_attention` can run q [T, N, D]: flash attention's kernel is CUDA-only, half precision, head
     dim a multiple of 8 up to 256, and has no dropout (a layer with attention dropout, while training, re-pads)."""
@@ -207,16 +218,6 @@ def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
         and q.shape[-1] <= 256
         and _varlen_attn() is not None
     )
-
-
-try:
-    from torch.nn.attention.varlen import varlen_attn as _VARLEN_ATTN
-except ImportError:  # an older torch
-    _VARLEN_ATTN = None
-
-
-def _varlen_attn():
-    return _VARLEN_ATTN
 
 
 def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, window: int) -> torch.Tensor:
