@@ -197,6 +197,14 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, sta
     return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
 
 
+def loss_and_grads(model, batch):
+    """(the loss, {parameter name: its gradient}) of one forward and backward of `model` on `batch`."""
+    model.zero_grad(set_to_none=True)
+    loss = model(batch)[0]
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+
+
 # ----------------------------------------------------------------------------------------------
 # What the machine can do
 

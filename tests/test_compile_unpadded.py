@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import BASE, TOKENS, make_batch
+from helpers import BASE, TOKENS, loss_and_grads, make_batch
 
 from objectives import build_objectives
 from pretrain.model.pretraining import PretrainingModel
@@ -45,13 +45,6 @@ def _build(options: dict) -> PretrainingModel:
     return PretrainingModel(cfg, build_objectives({"mlm": {}}, TOKENS))
 
 
-def _loss_and_grads(model: PretrainingModel, batch) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    model.zero_grad(set_to_none=True)
-    loss = model(batch)[0]
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.slow  # a static then a dynamic graph (fwd + bwd) per case: ~65 s for the three, cold, on 2 cores
 @pytest.mark.parametrize("case", CASES)
 def test_compiled_gradients_match_eager_across_token_counts(case, compile_works):
@@ -64,8 +57,8 @@ def test_compiled_gradients_match_eager_across_token_counts(case, compile_works)
     compiled.load_state_dict(eager.state_dict())
     for seed, lengths in enumerate(LENGTHS):
         batch = make_batch(lengths=lengths, seed=seed)
-        loss_e, grads_e = _loss_and_grads(eager, batch)
-        loss_c, grads_c = _loss_and_grads(compiled, batch)
+        loss_e, grads_e = loss_and_grads(eager, batch)
+        loss_c, grads_c = loss_and_grads(compiled, batch)
         where = f"{case}, batch {seed} ({batch.tokens} real tokens)"
         assert torch.allclose(loss_c, loss_e, rtol=1e-5, atol=1e-5), (where, loss_c.item(), loss_e.item())
         assert grads_c.keys() == grads_e.keys(), where

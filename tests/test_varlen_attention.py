@@ -12,7 +12,7 @@ from dataclasses import replace
 import pytest
 import torch
 import torch.nn.functional as F
-from helpers import BASE, TOKENS, make_batch
+from helpers import BASE, TOKENS, loss_and_grads, make_batch
 
 from objectives import build_objectives
 from pretrain.model import encoder as encoder_module
@@ -69,13 +69,6 @@ def _build(options: dict) -> PretrainingModel:
     return model
 
 
-def _loss_and_grads(model, batch):
-    model.zero_grad(set_to_none=True)
-    loss = model(batch)[0]
-    loss.backward()
-    return loss.detach(), {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
-
-
 @pytest.mark.parametrize("case", CASES)
 def test_varlen_attention_gives_the_padded_encoders_loss_and_gradients(case, reference_kernel):
     padded = _build(CASES[case])
@@ -83,9 +76,9 @@ def test_varlen_attention_gives_the_padded_encoders_loss_and_gradients(case, ref
     unpadded.load_state_dict(padded.state_dict())
     for seed, lengths in enumerate(LENGTHS):
         batch = make_batch(lengths=lengths, seed=seed)
-        loss_p, grads_p = _loss_and_grads(padded, batch)
+        loss_p, grads_p = loss_and_grads(padded, batch)
         calls = len(reference_kernel)
-        loss_u, grads_u = _loss_and_grads(unpadded, batch)
+        loss_u, grads_u = loss_and_grads(unpadded, batch)
         assert len(reference_kernel) - calls == BASE.num_layers  # every layer ran on the packed tokens
         assert torch.allclose(loss_u, loss_p, rtol=1e-5, atol=1e-6), (case, seed, loss_u.item(), loss_p.item())
         wrong = {
@@ -126,8 +119,8 @@ def test_the_cuda_kernel_gives_the_padded_encoders_loss(case):
     for seed, lengths in enumerate(LENGTHS):
         batch = make_batch(lengths=lengths, seed=seed).to("cuda")
         with torch.autocast("cuda", torch.bfloat16):
-            loss_p, grads_p = _loss_and_grads(padded, batch)
-            loss_u, grads_u = _loss_and_grads(unpadded, batch)
+            loss_p, grads_p = loss_and_grads(padded, batch)
+            loss_u, grads_u = loss_and_grads(unpadded, batch)
         assert torch.allclose(loss_u, loss_p, rtol=2e-2, atol=2e-2), (case, seed, loss_u.item(), loss_p.item())
         for name, g in grads_p.items():
             assert torch.allclose(grads_u[name], g, rtol=5e-2, atol=5e-2), (case, seed, name)
