@@ -30,6 +30,7 @@ from objectives.masking import (
 )
 from pretrain.core.measures import Mean
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
+from pretrain.model.compiling import compiled
 
 MAX_NGRAM = 3
 
@@ -90,17 +91,32 @@ def candidate_positions(sample: dict[str, np.ndarray], tokens: SpecialTokens) ->
     return np.flatnonzero(~ineligible_tokens(sample, tokens))
 
 
-def token_predictions(
-    head: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor, weight: float
-) -> tuple[torch.Tensor, torch.Tensor, Mean, Mean]:
-    """The head on the rows `positions` of hidden [B, L, H] (flat indices into [B * L]) against `targets` [M]:
-    (cross-entropy summed over the targets times `weight`, its sum, accuracy, mean cross-entropy). With no target
-    the loss is a zero still connected to the graph, so every rank runs the same backward."""
+def _token_loss(
+    head: nn.Module, hidden: torch.Tensor, positions: torch.Tensor, targets: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy summed over targets [M], how many the argmax gets right) of the head on the rows `positions`
+    (flat indices into [B * L]) of hidden [B, L, H]. A plain function, compiled with the model."""
     rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)  # [M, H]
     logits = head(rows).float()  # [M, V]
-    ce_sum = F.cross_entropy(logits, targets, reduction="sum")
+    return F.cross_entropy(logits, targets, reduction="sum"), (logits.argmax(-1) == targets).sum()
+
+
+def token_predictions(
+    model: nn.Module,
+    head: nn.Module,
+    hidden: torch.Tensor,
+    positions: torch.Tensor,
+    targets: torch.Tensor,
+    weight: float,
+) -> tuple[torch.Tensor, torch.Tensor, Mean, Mean]:
+    """`head` of `model` on the rows `positions` of hidden [B, L, H] (flat indices into [B * L]) against `targets`
+    [M]: (cross-entropy summed over the targets times `weight`, its sum, accuracy, mean cross-entropy). With no
+    target the loss is a zero still connected to the graph, so every rank runs the same backward. M changes from
+    batch to batch: a compiled model's graph is dynamic in it."""
+    run = compiled(_token_loss, model.config, varying=(positions, targets))
+    ce_sum, correct = run(head, hidden, positions, targets)
     n = targets.shape[0]  # a shape: known on the host
-    return (ce_sum * weight, ce_sum.detach(), Mean((logits.argmax(-1) == targets).sum(), n), Mean(ce_sum.detach(), n))
+    return ce_sum * weight, ce_sum.detach(), Mean(correct, n), Mean(ce_sum.detach(), n)
 
 
 @register
@@ -143,6 +159,11 @@ class MaskedLM(Objective):
 
     def loss(self, batch, forward, model, weights):
         loss, _, accuracy, ce = token_predictions(
-            model.heads[self.name], forward.hidden, batch["mlm_positions"], batch["mlm_targets"], weights(self.name)
+            model,
+            model.heads[self.name],
+            forward.hidden,
+            batch["mlm_positions"],
+            batch["mlm_targets"],
+            weights(self.name),
         )
         return ObjectiveOutput(loss, {"loss": ce, "accuracy": accuracy})

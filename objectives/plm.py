@@ -139,6 +139,7 @@ class PermutationLM(Objective):
     def loss(self, batch, forward, model, weights):
         # Predictions come from the final query stream [B, T, H], never from the content stream.
         loss, _, accuracy, ce = token_predictions(
+            model,
             model.heads[self.name],
             forward.stream_hidden,
             batch["plm_query_index"],

@@ -28,6 +28,7 @@ from objectives.lm_head import TiedLMHead, lm_head
 from objectives.mlm import MaskingRates, candidate_positions, choose_positions, corrupt
 from pretrain.core.measures import BinaryAUC, Mean
 from pretrain.core.tokens import IGNORE_INDEX
+from pretrain.model.compiling import compiled
 from pretrain.model.encoder import Embeddings, EncoderLayer, attention_bias
 
 
@@ -150,10 +151,19 @@ class Generator(nn.Module):
         attention_mask: torch.Tensor | None,
     ) -> torch.Tensor:
         # input_ids [B, L] -> generator hidden states [B, L, Hg]
+        return self.encode(self.embed(embeddings, input_ids, token_type_ids), attention_mask)
+
+    def embed(
+        self, embeddings: Embeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+    ) -> torch.Tensor:
+        """The shared embeddings as the generator reads them: input_ids [B, L] -> [B, L, E]."""
         word = embeddings.word_embeddings
         view = word.generator_view() if isinstance(word, DisentangledWordEmbedding) else contextlib.nullcontext()
         with view:
-            x = embeddings(input_ids, token_type_ids, project=False)  # [B, L, E]
+            return embeddings(input_ids, token_type_ids, project=False)
+
+    def encode(self, x: torch.Tensor, attention_mask: torch.Tensor | None) -> torch.Tensor:
+        # embeddings x [B, L, E] -> generator hidden states [B, L, Hg]
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # [B, L, Hg]
         bias = attention_bias(attention_mask, x.dtype)
@@ -191,6 +201,41 @@ class RTDHead(nn.Module):
     def generator_logits(self, embeddings: Embeddings, input_ids, token_type_ids=None, attention_mask=None):
         """Dense generator MLM logits [B, L, V] (for export checks; training uses the masked rows only)."""
         return self.generator.head(self.generator(embeddings, input_ids, token_type_ids, attention_mask))
+
+
+def _generate(
+    generator: Generator,
+    x: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    positions: torch.Tensor,
+    targets: torch.Tensor,
+    special_ids: torch.Tensor,
+    temperature: float,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The generator over its embeddings x [B, L, E], predicting the masked `positions` [M] (flat into [B * L]):
+    (its cross-entropy summed over `targets`, how many its argmax gets right, one token sampled per position [M]).
+    Sparse, like mlm's head. A plain function, compiled with the model.
+
+    Samples come from softmax(logits / temperature) with the special tokens never drawn: the discriminator should
+    only ever see real text (no [MASK] at pretraining that fine-tuning would not show). They use torch's default
+    generator (CPU or CUDA per device; a compiled graph draws its seeds from it): checkpoints save and restore both,
+    so a resumed run draws the same samples."""
+    hidden = generator.encode(x, attention_mask)  # [B, L, Hg]
+    logits = generator.head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)).float()  # [M, V]
+    gen_sum = F.cross_entropy(logits, targets, reduction="sum")
+    with torch.no_grad():
+        scores = (logits / temperature).index_fill(1, special_ids, float("-inf"))
+        sampled = sample_categorical(torch.softmax(scores, dim=-1))  # [M]
+    return gen_sum, (logits.argmax(-1) == targets).sum(), sampled
+
+
+def _discriminator_loss(
+    head: RTDHead, hidden: torch.Tensor, labels: torch.Tensor, real: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The discriminator's logits [B, L] (> 0: "replaced") over hidden [B, L, H], and its binary cross-entropy
+    against labels [B, L] summed over the real tokens (`real`: 1.0, padding 0.0). Compiled with the model."""
+    logits = head.discriminate(hidden).float()
+    return logits, F.binary_cross_entropy_with_logits(logits, labels, weight=real, reduction="sum")
 
 
 def sample_categorical(probs: torch.Tensor) -> torch.Tensor:
@@ -244,30 +289,24 @@ class ReplacedTokenDetection(Objective):
         head: RTDHead = model.heads[self.name]
         ids = forward.input_ids  # [B, L] as masked for the generator
         positions, targets = batch["rtd_positions"], batch["rtd_targets"]  # [M] each
-        gen_hidden = head.generator(model.encoder.embeddings, ids, forward.token_type_ids, forward.attention_mask)
-        # Sparse, like mlm's head; not through token_predictions because sampling needs the logits.
-        logits = head.generator.head(gen_hidden.reshape(-1, gen_hidden.shape[-1]).index_select(0, positions)).float()
-        gen_sum = F.cross_entropy(logits, targets, reduction="sum")  # logits [M, V]
+        x = head.generator.embed(model.encoder.embeddings, ids, forward.token_type_ids)  # [B, L, E]
+        gen_sum, gen_correct, sampled = compiled(_generate, model.config, varying=(positions, targets))(
+            head.generator, x, forward.attention_mask, positions, targets, head.special_ids, self.options.temperature
+        )
         with torch.no_grad():
-            # Torch's default generator (CPU or CUDA per device): checkpoints save and restore both, so a
-            # resumed run draws the same samples. Special tokens are never drawn: the discriminator should
-            # only ever see real text (no [MASK] at pretraining that fine-tuning would not show).
-            scores = (logits / self.options.temperature).index_fill_(1, head.special_ids, float("-inf"))
-            sampled = sample_categorical(torch.softmax(scores, dim=-1))  # [M]
             flat = ids.reshape(-1)
             disc_ids = flat.index_copy(0, positions, sampled).view_as(ids)  # [B, L] the original ids, samples in
             replaced = (sampled != targets).float()  # [M]: a sample equal to the original is not a replacement
             # ELECTRA scores every non-padding token, [CLS]/[SEP] included (never replaced: label 0).
             labels = torch.zeros_like(flat, dtype=torch.float32).index_copy(0, positions, replaced).view_as(ids)
         forward.input_ids = disc_ids
-        forward.carry[self.name] = Sampled(gen_sum, (logits.argmax(-1) == targets).sum(), replaced, labels)
+        forward.carry[self.name] = Sampled(gen_sum, gen_correct, replaced, labels)
 
     def loss(self, batch, forward, model, weights):
         head: RTDHead = model.heads[self.name]
         gen_sum, gen_correct, replaced, labels = forward.carry[self.name]  # Sampled
         real = batch["attention_mask"].float()  # [B, L]: padding weighs 0
-        logits = head.discriminate(forward.hidden).float()  # [B, L] (> 0: "replaced")
-        disc_sum = F.binary_cross_entropy_with_logits(logits, labels, weight=real, reduction="sum")
+        logits, disc_sum = compiled(_discriminator_loss, model.config)(head, forward.hidden, labels, real)
         gen_term, disc_term = f"{self.name}_gen", f"{self.name}_disc"
         total = self.options.gen_weight * gen_sum * weights(gen_term) + self.options.disc_weight * disc_sum * weights(
             disc_term

@@ -14,6 +14,7 @@ from torch import nn
 
 from objectives.base import Objective, ObjectiveOutput
 from pretrain.core.measures import Mean
+from pretrain.model.compiling import compiled
 
 
 def pop_raw(sample: dict) -> dict:
@@ -116,11 +117,16 @@ class SentencePairObjective(Objective):
         return {self.name: len(arrays[self.label_key])}  # one label per row
 
     def loss(self, batch, forward, model, weights):
-        logits = model.heads[self.name](forward.hidden).float()  # [B, 2]
         labels = batch[self.label_key]  # [B]
-        ce_sum = F.cross_entropy(logits, labels, reduction="sum")
+        ce_sum, correct = compiled(_pair_loss, model.config)(model.heads[self.name], forward.hidden, labels)
         n = labels.shape[0]
         return ObjectiveOutput(
-            ce_sum * weights(self.name),
-            {"loss": Mean(ce_sum.detach(), n), "accuracy": Mean((logits.argmax(-1) == labels).sum(), n)},
+            ce_sum * weights(self.name), {"loss": Mean(ce_sum.detach(), n), "accuracy": Mean(correct, n)}
         )
+
+
+def _pair_loss(head: SentencePairHead, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy summed over the rows, argmax right) of the pair head's logits [B, 2] over hidden [B, L, H]
+    against labels [B]. A plain function, compiled with the model."""
+    logits = head(hidden).float()  # [B, 2]
+    return F.cross_entropy(logits, labels, reduction="sum"), (logits.argmax(-1) == labels).sum()

@@ -30,6 +30,7 @@ from objectives.masking import (
 from objectives.mlm import token_predictions
 from pretrain.core.measures import Mean
 from pretrain.core.tokens import IGNORE_INDEX
+from pretrain.model.compiling import compiled
 
 
 @dataclass
@@ -158,15 +159,15 @@ class SpanMasking(Objective):
     def loss(self, batch, forward, model, weights):
         head, hidden = model.heads[self.name], forward.hidden  # hidden [B, L, H]
         weight = weights(self.name)  # the MLM and SBO terms share their targets
-        mlm_loss, mlm_sum, accuracy, mlm_ce = token_predictions(
-            head.mlm, hidden, batch["span_positions"], batch["span_targets"], weight
-        )
-        flat = hidden.reshape(-1, hidden.shape[-1])  # [B * L, H]
-        left, right = flat.index_select(0, batch["span_left_at"]), flat.index_select(0, batch["span_right_at"])
-        logits = head.sbo(left, right, batch["span_pos_at"]).float()  # [M, V], sparse like the MLM head
         targets = batch["span_targets"]  # [M]
+        mlm_loss, mlm_sum, accuracy, mlm_ce = token_predictions(
+            model, head.mlm, hidden, batch["span_positions"], targets, weight
+        )
+        at = batch["span_left_at"], batch["span_right_at"], batch["span_pos_at"]  # [M] each
+        sbo_sum, sbo_correct = compiled(_boundary_loss, model.config, varying=(*at, targets))(
+            head.sbo, hidden, *at, targets
+        )
         n = targets.shape[0]
-        sbo_sum = F.cross_entropy(logits, targets, reduction="sum")
         loss = mlm_loss + self.options.sbo_weight * sbo_sum * weight
         return ObjectiveOutput(
             loss,
@@ -175,6 +176,22 @@ class SpanMasking(Objective):
                 "accuracy": accuracy,
                 "mlm_loss": mlm_ce,
                 "sbo_loss": Mean(sbo_sum.detach(), n),
-                "sbo_accuracy": Mean((logits.argmax(-1) == targets).sum(), n),
+                "sbo_accuracy": Mean(sbo_correct, n),
             },
         )
+
+
+def _boundary_loss(
+    sbo: nn.Module,
+    hidden: torch.Tensor,
+    left_at: torch.Tensor,
+    right_at: torch.Tensor,
+    pos_at: torch.Tensor,
+    targets: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy summed over targets [M], argmax right) of the span boundary head on each target's boundary rows
+    (`left_at`, `right_at`: flat into [B * L] of hidden [B, L, H]) and its place in the span (`pos_at`). Sparse like
+    the MLM head; a plain function, compiled with the model."""
+    flat = hidden.reshape(-1, hidden.shape[-1])  # [B * L, H]
+    logits = sbo(flat.index_select(0, left_at), flat.index_select(0, right_at), pos_at).float()  # [M, V]
+    return F.cross_entropy(logits, targets, reduction="sum"), (logits.argmax(-1) == targets).sum()

@@ -174,7 +174,7 @@ BASE = ModelConfig(
 def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, static_width=0):
     """A padded MLM batch (rows of different lengths, two segments) through the real collator; with `split` (a row
     index), the two batches of the rows before and after it, from the same samples. `static_width`: the
-    collator's."""
+    collator's. A sentence-level objective (nsp, sop) finds each row a pair already: it draws only the label."""
     rng = np.random.default_rng(seed)
     objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
     samples = []
@@ -191,7 +191,10 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, sta
             "word_starts": special | (rng.random(n) < 0.6),
         }  # words of 1-3 tokens, for word-level masking
         for objective in objectives:
-            sample = objective.prepare(sample, rng)
+            if objective.sentence_level:
+                sample[objective.label_key] = np.array(rng.integers(2), np.int64)
+            else:
+                sample = objective.prepare(sample, rng)
         samples.append(sample)
     collate = Collator(TOKENS.pad, objectives, static_width)
     return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]

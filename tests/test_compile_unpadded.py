@@ -68,3 +68,46 @@ def test_compiled_gradients_match_eager_across_token_counts(case, compile_works)
             if not torch.allclose(grads_c[name], grad, rtol=1e-5, atol=1e-5)
         }
         assert not wrong, f"{where}: compiled gradients differ from eager (max abs difference): {wrong}"
+
+
+@pytest.mark.parametrize(
+    "spec", [{"mlm": {}, "nsp": {}}, {"span": {}}, {"rtd": {"generator_layers": 1}}, {"plm": {}}], ids=str
+)
+def test_compiled_heads_and_losses_match_eager(spec, monkeypatch):
+    """Every objective's head and loss, traced by dynamo and AOTAutograd (aot_eager: the graphs inductor would get,
+    run by eager kernels, so ELECTRA's samples draw the same random numbers), against eager: loss, every metric and
+    every gradient, over batches with different numbers of targets."""
+    from pretrain.model import compiling
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "_made", {})
+    monkeypatch.setattr(compiling, "_make", lambda fn, mode: torch.compile(fn, backend="aot_eager", dynamic=None))
+    objectives = build_objectives(spec, TOKENS)
+    torch.manual_seed(0)
+    cfg = replace(BASE, hidden_dropout=0.0, attention_dropout=0.0)
+    eager = PretrainingModel(cfg, objectives)
+    with torch.no_grad():
+        for p in eager.parameters():
+            p.copy_(torch.randn_like(p) * 0.3)
+    compiled = PretrainingModel(replace(cfg, compile=True), objectives)
+    compiled.load_state_dict(eager.state_dict())
+    for seed, lengths in enumerate(LENGTHS):
+        batch = make_batch(lengths=lengths, seed=seed, objectives=objectives)
+        results = []
+        for model in (eager, compiled):
+            torch.manual_seed(seed)  # rtd: both sample from the same generator state
+            model.zero_grad(set_to_none=True)
+            loss, metrics = model(batch)
+            loss.backward()
+            grads = {n: p.grad for n, p in model.named_parameters() if p.grad is not None}
+            results.append((loss.detach(), {k: v.value() for k, v in metrics.items() if hasattr(v, "value")}, grads))
+        (loss_e, metrics_e, grads_e), (loss_c, metrics_c, grads_c) = results
+        where = f"{list(spec)}, batch {seed}"
+        assert torch.allclose(loss_c, loss_e, rtol=1e-5, atol=1e-6), (where, loss_c.item(), loss_e.item())
+        assert metrics_c.keys() == metrics_e.keys() and len(metrics_e) > 2, where
+        for k, v in metrics_e.items():
+            assert metrics_c[k] == pytest.approx(v, rel=1e-5, abs=1e-6), (where, k)
+        assert grads_c.keys() == grads_e.keys(), where
+        wrong = [n for n, g in grads_e.items() if not torch.allclose(grads_c[n], g, rtol=1e-4, atol=1e-6)]
+        assert not wrong, f"{where}: compiled gradients differ from eager: {wrong}"
+    assert {fn.__name__ for fn, _ in compiling._made} - {"_embed", "_layer_stack"}, "no head was compiled"

@@ -1,7 +1,8 @@
 """What a compiled model sees of padded data (segment pairs, doc-bounded packing): with the collator's
 `static_width` (the trainer sets it when the model is compiled) every batch has one length and one attention-mask
-form, so the layers compile once; without it each new length, and a batch without padding, compiles again. Dynamo's
-graphs are counted through a backend that runs them as they are (no inductor: seconds, not minutes)."""
+form, so the layers compile once; without it each new length, and a batch without padding, compiles again. The
+heads and losses compile with them, each once: their graphs are dynamic in the number of targets. Dynamo's graphs
+are counted through a backend that runs them as they are (no inductor: seconds, not minutes)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ import torch
 from helpers import BASE, TOKENS, make_batch
 
 from objectives import build_objectives
-from pretrain.model import encoder as encoder_module
+from pretrain.model import compiling
 from pretrain.model.pretraining import PretrainingModel
 
 # Four rows each (the trainer's micro-batch is fixed): shorter rows, other lengths, then every row full.
@@ -21,34 +22,68 @@ LENGTHS = [(30, 17, 24, 9), (12, 20, 5, 31), (32, 32, 32, 32)]
 
 @pytest.fixture
 def graphs(monkeypatch):
-    """The graphs dynamo hands its backend while the model's layers are compiled."""
-    compiled = []
+    """The graphs dynamo hands its backend while the model is compiled, by compiled function."""
+    compiled = {}
 
-    def backend(gm, example_inputs):
-        compiled.append(gm)
-        return gm.forward
+    def make(fn, mode):
+        def backend(gm, example_inputs):
+            compiled.setdefault(fn.__name__, []).append(gm)
+            return gm.forward
+
+        return torch.compile(fn, backend=backend)
 
     torch._dynamo.reset()
-    stack = torch.compile(encoder_module._layer_stack, backend=backend)
-    monkeypatch.setattr(encoder_module, "_compiled", lambda mode: stack)
+    monkeypatch.setattr(compiling, "_made", {})
+    monkeypatch.setattr(compiling, "_make", make)
     yield compiled
     torch._dynamo.reset()
 
 
+def counts(graphs: dict) -> dict[str, int]:
+    return {name: len(made) for name, made in graphs.items()}
+
+
 LOCAL_ROPE = dict(norm_placement="pre", position_embedding="rope", local_attention=8, global_every=2)
+ENCODER = {"_embed": 1, "_layer_stack": 1}
 
 
 @pytest.mark.parametrize(
     "options", [dict(), dict(unpadded=True), dict(LOCAL_ROPE, unpadded=True)], ids=["padded", "unpadded", "local"]
 )
-def test_a_static_width_compiles_the_layers_once(graphs, options):
+def test_a_static_width_compiles_the_model_once(graphs, options):
     model = PretrainingModel(replace(BASE, compile=True, **options), build_objectives({"mlm": {}}, TOKENS))
+    masked = set()
     for seed, lengths in enumerate(LENGTHS):
         batch = make_batch(lengths, seed=seed, static_width=32)
         assert batch["input_ids"].shape == (4, 32) and batch.padded  # a full batch keeps its mask
+        masked.add(batch.counts["mlm"])
         model(batch)[0].backward()
-    # unpadded: the real tokens' count varies (80, 68, 128); the one graph is dynamic in it from the start
-    assert len(graphs) == 1, [g.graph for g in graphs]
+    # unpadded: the real tokens' count varies (80, 68, 128); the masked tokens' count varies in every case: each
+    # graph is dynamic in them from the start
+    assert len(masked) == len(LENGTHS)
+    assert counts(graphs) == {**ENCODER, "_token_loss": 1}, {k: [g.graph for g in v] for k, v in graphs.items()}
+
+
+@pytest.mark.parametrize(
+    "spec, heads",
+    [
+        ({"mlm": {}, "nsp": {}}, {"_token_loss": 1, "_pair_loss": 1}),
+        ({"span": {}}, {"_token_loss": 1, "_boundary_loss": 1}),
+        ({"rtd": {"generator_layers": 1}}, {"_generate": 1, "_discriminator_loss": 1}),
+    ],
+    ids=["mlm+nsp", "span", "rtd"],
+)
+def test_each_objectives_head_and_loss_compile_once_with_the_encoder(graphs, spec, heads):
+    """The heads and losses are compiled with the encoder, each once however many targets a batch has."""
+    objectives = build_objectives(spec, TOKENS)
+    model = PretrainingModel(replace(BASE, compile=True), objectives)
+    targets = set()
+    for seed, lengths in enumerate(LENGTHS):
+        batch = make_batch(lengths, seed=seed, objectives=objectives, static_width=32)
+        targets.add(tuple(batch.counts.values()))
+        model(batch)[0].backward()
+    assert len(targets) == len(LENGTHS)
+    assert counts(graphs) == {**ENCODER, **heads}
 
 
 def test_without_it_each_new_form_compiles_again(graphs):
@@ -79,16 +114,33 @@ def test_the_trainer_asks_for_a_static_width_where_a_compiled_model_reads_padded
     assert data.static_width(schedule.phases[0], compiled) == width
 
 
-def test_the_compile_mode_reaches_torch_compile_once_per_mode(monkeypatch):
+def test_the_compile_mode_reaches_torch_compile_once_per_function_and_mode(monkeypatch):
+    """Each compiled function is made once per mode; a graph whose sizes vary records no CUDA graphs (the heads;
+    the encoder too when unpadded)."""
     from pretrain.core.errors import ConfigError
     from pretrain.train.setup import load_config
 
     made = []
-    monkeypatch.setattr(encoder_module, "_compiled_layer_stacks", {})
-    monkeypatch.setattr(torch, "compile", lambda fn, mode=None: made.append(mode) or fn)  # runs eager
-    for mode in ("reduce-overhead", "reduce-overhead", "default"):
-        model = PretrainingModel(replace(BASE, compile=True, compile_mode=mode), build_objectives({"mlm": {}}, TOKENS))
+    monkeypatch.setattr(compiling, "_made", {})
+    monkeypatch.setattr(compiling, "_make", lambda fn, mode: made.append((fn.__name__, mode)) or fn)  # runs eager
+    for mode, unpadded in (
+        ("reduce-overhead", False),
+        ("reduce-overhead", False),
+        ("default", False),
+        ("max-autotune", True),
+    ):
+        cfg = replace(BASE, compile=True, compile_mode=mode, unpadded=unpadded)
+        model = PretrainingModel(cfg, build_objectives({"mlm": {}}, TOKENS))
         model(make_batch())
-    assert made == ["reduce-overhead", None]
+    assert made == [
+        ("_embed", "reduce-overhead"),
+        ("_layer_stack", "reduce-overhead"),
+        ("_token_loss", "default"),
+        ("_embed", "default"),
+        ("_layer_stack", "default"),
+        ("_embed", "max-autotune-no-cudagraphs"),
+        ("_layer_stack", "max-autotune-no-cudagraphs"),
+        ("_token_loss", "max-autotune-no-cudagraphs"),
+    ]
     with pytest.raises(ConfigError, match="model.compile_mode: value 'cuda-graphs' is not one of default, reduce-"):
         load_config("tiny", ["model.compile_mode=cuda-graphs"])

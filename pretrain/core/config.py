@@ -153,13 +153,15 @@ class ModelConfig:
     )
     compile: bool | None = doc(
         None,
-        "torch.compile the encoder's layers: true, false, or null (the default): on where the run trains on a CUDA "
-        "GPU (but not under ZeRO-3), off on a CPU (where compiling costs more than it saves on short runs).",
+        "torch.compile the embeddings, the encoder's layers and each objective's head and loss: true, false, or null "
+        "(the default): on where the run trains on a CUDA GPU (but not under ZeRO-3), off on a CPU (where compiling "
+        "costs more than it saves on short runs).",
     )
     compile_mode: str = doc(
         "default",
         "torch.compile's mode where the model is compiled: default, reduce-overhead (CUDA graphs: fewer launches, for "
-        "small models), max-autotune or max-autotune-no-cudagraphs.",
+        "small models), max-autotune or max-autotune-no-cudagraphs. Graphs whose sizes change every batch (the heads, "
+        "sized by the masked tokens; an unpadded encoder) run without CUDA graphs.",
     )
     activation_checkpointing: bool = doc(
         False, "Recompute each layer's activations in the backward pass to save memory."

@@ -28,8 +28,9 @@ compose freely, because each lives in one place:
 - unpadded              BertEncoder: real tokens packed to [T, H] for embeddings, projections, FFN and LN;
                         attention runs flash's variable-length kernel on [T] where it can (CUDA, half precision,
                         no attention dropout: `padding.varlen_usable`), else re-pads q/k/v only (see `Packed`).
-- compile               torch.compile of a plain function over the module (state-dict names unchanged), in
-                        model.compile_mode (reduce-overhead: CUDA graphs).
+- compile               torch.compile of plain functions over the modules (state-dict names unchanged): the
+                        embeddings (`_embed`) and the layer stack (`_layer_stack`), as the objectives' heads and
+                        losses are; how, in `pretrain.model.compiling` (model.compile_mode).
 - activation_checkpointing  each layer under torch.utils.checkpoint (non-reentrant, RNG state preserved).
 
 A second stream (`EncoderStream`, the extension point of objectives that need one): besides the content stream
@@ -51,6 +52,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from pretrain.core.config import ModelConfig
+from pretrain.model.compiling import compiled
 from pretrain.model.padding import (
     Banded,
     Packed,
@@ -428,22 +430,12 @@ def _layer_stack(
     return x, g
 
 
-_compiled_layer_stacks: dict[str, Any] = {}
-
-
-def _compiled(mode: str):
-    """`_layer_stack` under torch.compile in `mode` (model.compile_mode), made once per mode, lazily: importing this
-    module must not start dynamo."""
-    if mode not in _compiled_layer_stacks:
-        _compiled_layer_stacks[mode] = torch.compile(_layer_stack, mode=None if mode == "default" else mode)
-    return _compiled_layer_stacks[mode]
-
-
-def _dispatch_mode_active() -> bool:
-    """FlopCounterMode (pretrain.train.flops) and similar modes must see the eager ops, not a compiled graph."""
-    from torch.utils._python_dispatch import _get_current_dispatch_mode
-
-    return _get_current_dispatch_mode() is not None
+def _embed(
+    embeddings: Embeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, positions: torch.Tensor | None
+) -> torch.Tensor:
+    """`Embeddings` as a plain function of the module, compiled like `_layer_stack`: [B, L] -> [B, L, H], or packed
+    [T] -> [T, H]."""
+    return embeddings(input_ids, token_type_ids, positions)
 
 
 class BertEncoder(nn.Module):
@@ -496,26 +488,27 @@ class BertEncoder(nn.Module):
         if query_stream is not None:
             stream = QueryStream(query_stream, query_mask, query_positions)
         cfg = self.config
-        stack = _compiled(cfg.compile_mode) if cfg.compile and not _dispatch_mode_active() else _layer_stack
         packed = None
         if cfg.unpadded and stream is None and attention_mask is not None and attention_mask.dim() == 2:
             packed = Packed.from_mask(attention_mask, self.embeddings.word_embeddings.weight.dtype, num_tokens)
         if packed is not None:
-            return self._forward_packed(stack, packed, input_ids, token_type_ids)
-        x = self.embeddings(input_ids, token_type_ids)
+            return self._forward_packed(packed, input_ids, token_type_ids)
+        x = compiled(_embed, cfg)(self.embeddings, input_ids, token_type_ids, None)
         inputs = self._padded_inputs(x, input_ids, attention_mask, stream)
+        stack = compiled(_layer_stack, cfg)
         if stream is None:
             return stack(self, x, inputs, None)[0]
         return stack(self, x, inputs, None, stream)
 
     def _forward_packed(
-        self, stack, packed: Packed, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
+        self, packed: Packed, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None
     ) -> torch.Tensor:
-        """The layers over the real tokens only ([T, H]), re-padded to [B, L, H]."""
+        """The layers over the real tokens only ([T, H]), re-padded to [B, L, H]. T changes from batch to batch: the
+        compiled graphs are dynamic in it from the first (`compiled`'s varying)."""
         cfg = self.config
         positions = packed.indices % packed.length  # [T]: the column, as in the padded path
-        types = None if token_type_ids is None else packed.gather(token_type_ids)
-        x = self.embeddings(packed.gather(input_ids), types, positions)  # [T, H]
+        ids, types = packed.gather(input_ids), None if token_type_ids is None else packed.gather(token_type_ids)
+        x = compiled(_embed, cfg, varying=(ids, types, positions))(self.embeddings, ids, types, positions)  # [T, H]
         inputs = {}
         for w in self.windows:
             rope = None
@@ -523,9 +516,8 @@ class BertEncoder(nn.Module):
                 cos, sin = rope_tables(packed.length, self._head_dim(), _theta(cfg, w), x.device, x.dtype)
                 rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
             inputs[w] = LayerInputs(packed.window_mask(w) if w else packed.attn_bias, rope)
-        if stack is not _layer_stack:  # compiled: T changes every batch, so the first graph is dynamic in it
-            for t in (x, packed.indices, packed.attn_indices, *(t for i in inputs.values() for t in i.rope or ())):
-                torch._dynamo.maybe_mark_dynamic(t, 0)
+        ropes = (t for i in inputs.values() for t in i.rope or ())
+        stack = compiled(_layer_stack, cfg, varying=(x, packed.indices, packed.attn_indices, *ropes))
         x, _ = stack(self, x, inputs, packed)
         return packed.repad(x)
 
