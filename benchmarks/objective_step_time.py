@@ -1,10 +1,13 @@
 """Training-step time of each objective relative to MLM, same encoder, same data, one process.
 
     python benchmarks/objective_step_time.py [--layers 4 --hidden 256 --heads 4 --seq 128 --batch 16 --repeats 10]
+        [--arms mlm,rtd] [--compile]
 
 Batches are real: the embedded corpus is tokenized and sharded into a temporary directory, and each objective
 prepares its own samples (segment pairs for nsp/sop). The timed step is forward + backward + AdamW step
-(data preparation runs in the loader, off the critical path; see benchmarks/loader.py). The objectives run in
+(data preparation runs in the loader, off the critical path; see benchmarks/loader.py). `--compile`: every arm's
+model compiled as a training run compiles it on a GPU (embeddings, layers, heads and losses), compile time outside
+the timing (the warm-up compiles). The objectives run in
 turn inside every repeat, so machine noise hits them alike; the table gives medians and the ratio to MLM.
 Goals from the issue: rtd <= 1.4x, plm <= 1.5x, nsp / sop / span add <= 10%.
 """
@@ -54,6 +57,7 @@ def make_arm(spec, tokens, shards, args):
         num_heads=args.heads,
         intermediate_size=4 * args.hidden,
         pad_token_id=tokens.pad,
+        compile=args.compile,
     )
     torch.manual_seed(0)
     model = PretrainingModel(cfg, objectives)
@@ -80,6 +84,8 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=10)
     parser.add_argument("--threads", type=int, default=0, help="torch threads (0 = torch's default)")
     parser.add_argument("--bf16", action="store_true", help="bf16 autocast (AMX on CPUs that have it)")
+    parser.add_argument("--compile", action="store_true", help="model.compile=true for every arm")
+    parser.add_argument("--arms", default=",".join(ARMS), help=f"comma-separated, mlm first (of {', '.join(ARMS)})")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -90,7 +96,10 @@ def main() -> None:
     build_shards(corpus, work / "tok", work / "shards", num_workers=0, show_progress=False)
     tokens, shards = special_tokens(tokenizer), ShardSet(work / "shards")
 
-    arms = {name: make_arm(spec, tokens, shards, args) for name, spec in ARMS.items()}
+    names = args.arms.split(",")
+    if names[0] != "mlm" or not set(names) <= set(ARMS):
+        parser.error(f"--arms: mlm first, then any of {', '.join(ARMS)}; got {args.arms}")
+    arms = {name: make_arm(ARMS[name], tokens, shards, args) for name in names}
     for model, opt, batches in arms.values():  # warm-up: allocator, kernels
         for batch in batches[:2]:
             step(model, opt, batch, args.bf16)
@@ -105,7 +114,8 @@ def main() -> None:
     base = statistics.median(times["mlm"])
     print(
         f"\n{args.layers} layers, hidden {args.hidden}, {args.heads} heads, vocab {tokens.vocab_size}, seq {args.seq}, "
-        f"batch {args.batch}, {'bf16' if args.bf16 else 'fp32'}, {torch.get_num_threads()} threads, "
+        f"batch {args.batch}, {'bf16' if args.bf16 else 'fp32'}, {'compiled' if args.compile else 'eager'}, "
+        f"{torch.get_num_threads()} threads, "
         f"median of {args.repeats}\n"
     )
     print("| objective | step ms (median) | vs mlm |")
