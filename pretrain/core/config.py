@@ -210,7 +210,11 @@ class TrainConfig:
     adam_beta2: float = doc(0.98, "AdamW beta2.")
     adam_eps: float = doc(1e-6, "AdamW epsilon.")
     grad_clip: float = doc(1.0, "Clip the global gradient norm to this (0 = off).")
-    precision: str = doc("auto", "auto (bf16 where the machine supports it), bf16, fp16 or fp32.")
+    precision: str = doc(
+        "auto",
+        "auto (bf16 where the machine supports it), bf16, fp16, fp32, or fp8: bf16 with the encoder layers' matrix "
+        "products in float8 (dynamic per-tensor scales; GPUs of compute capability 8.9+, e.g. H100).",
+    )
     zero_stage: int = doc(0, "DeepSpeed ZeRO stage (0-3).")
     nan_policy: str = doc(
         "skip", "A step with a NaN/inf loss or gradient: skip (count it; stop after max_skipped_steps) or stop at once."
@@ -662,7 +666,7 @@ def check_config(cfg: RunConfig) -> None:
 
 
 CHOICES: dict[str, tuple[str, ...]] = {
-    "train.precision": ("auto", "bf16", "fp16", "fp32"),
+    "train.precision": ("auto", "bf16", "fp16", "fp32", "fp8"),
     "data.tokenizer_type": ("wordpiece", "bpe", "unigram"),
     "data.on_bad_document": ("skip", "error"),
     "data.packing": ("full_sentences", "doc_bounded"),

@@ -46,8 +46,11 @@ def run_precision(train_cfg, legacy: bool = False) -> str:
     communication). fp16 is DeepSpeed's, with dynamic loss scaling.
 
     `legacy`: the mode as checkpoints written before fingerprints had it, when bf16 under ZeRO-0 still ran on
-    DeepSpeed's bf16 wrapper ('bf16', never 'bf16-autocast')."""
+    DeepSpeed's bf16 wrapper ('bf16', never 'bf16-autocast').
+
+    fp8 runs as bf16 does: its float8 products are inside the model (`pretrain.model.fp8`), not a mode of its own."""
     precision = resolve_precision(train_cfg.precision)
+    precision = "bf16" if precision == "fp8" else precision
     return BF16_AUTOCAST if precision == "bf16" and train_cfg.zero_stage == 0 and not legacy else precision
 
 

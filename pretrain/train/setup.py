@@ -19,6 +19,7 @@ from pretrain.core.errors import ConfigError, DataError, UserError
 from pretrain.core.schedule import config_at
 from pretrain.core.tokens import SpecialTokens
 from pretrain.hf.init_from import load_init_from, resolve_init_from
+from pretrain.model.fp8 import float8_problem
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.distributed import run_precision
@@ -115,6 +116,16 @@ def compile_for_this_machine(cfg: RunConfig) -> RunConfig:
 
         dynamo.config.suppress_errors = True
     return replace(cfg, model=replace(cfg.model, compile=on))
+
+
+def check_fp8(cfg: RunConfig) -> None:
+    """train.precision=fp8 on a device without fp8 kernels: a ConfigError, raised before the run writes anything."""
+    if cfg.train.precision != "fp8":
+        return
+    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+    problem = float8_problem(device)
+    if problem:
+        raise ConfigError(f"train.precision=fp8: {problem}; train with train.precision=bf16 on this machine")
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):

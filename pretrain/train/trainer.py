@@ -39,6 +39,7 @@ from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Phase, Schedule, config_at
 from pretrain.core.tokens import SpecialTokens
 from pretrain.model.encoder import set_rope_theta
+from pretrain.model.fp8 import use_float8
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision
 from pretrain.train.ema import EMA_FILE, WeightEMA
@@ -51,6 +52,7 @@ from pretrain.train.setup import (
     ResolvedRun,
     build_model,
     build_sample_source,
+    check_fp8,
     compile_for_this_machine,
     config_from_dict,
     model_config_for,
@@ -230,6 +232,7 @@ class Trainer:
         )
         schedule = Schedule.of(cfg)
         schedule.check_split(world, t.max_steps)
+        check_fp8(cfg)
         if latest is not None:
             saved = TrainState.load(latest)
             check_resume(
@@ -247,6 +250,7 @@ class Trainer:
             record_start(cfg, config, config_text, latest)
 
         model = build_model(compile_for_this_machine(cfg), run.tokens)
+        in_fp8 = use_float8(model.encoder) if t.precision == "fp8" else []  # float8 products (pretrain.model.fp8)
         # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
         universal = latest is not None and ckpt.needs_universal(latest, world)
         if universal:
@@ -272,7 +276,9 @@ class Trainer:
             logger.write(f"applied on resume: {'; '.join(applied)} (lr now {engine.ds.get_lr()[0]:g} at this step)")
         logger.write(
             f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
-            f"process(es), {run.precision}, global batch {run.global_batch} "
+            f"process(es), {run.precision}"
+            + (f" with float8 products in {len(in_fp8)} encoder Linears" if in_fp8 else "")
+            + f", global batch {run.global_batch} "
             f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks)"
             + (
                 f"; schedule: {len(schedule.phases)} phase(s), {len(schedule.values)} scheduled value(s)"
