@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # not benchmarks/: its data_pipeline.py would hide the package
 
 STAGES = [
-    *("syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "varlen", "local"),
+    *("syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "fp8", "varlen", "local"),
     *("demo", "eval", "finetune"),
 ]
 
@@ -179,6 +179,19 @@ def report(res: Path) -> str:
             )
         else:
             line(stage, what, "-")
+    fp8 = data["fp8"]
+    what = f"train.precision=fp8 vs bf16: {shape('fp8', 'BERT-base, seq 128, batch 128')}"
+    if fp8:
+        bf16, f8 = fp8["rows"][0], fp8["rows"][1]
+        loss = f"; final loss {f8['loss']:.3f} vs {bf16['loss']:.3f}" if f8.get("loss") and bf16.get("loss") else ""
+        line(
+            "fp8",
+            what,
+            f"fp8 {_rate(f8['tokens_per_s'])} vs bf16 {_rate(bf16['tokens_per_s'])} tokens/s: "
+            f"**{f8['tokens_per_s'] / bf16['tokens_per_s']:.2f}x**{loss}",
+        )
+    else:
+        line("fp8", what, "-")
     varlen = data["varlen"]
     what = "unpadded encoder on flash's varlen kernel (parity tests, then 40% padding, BERT-mini, attn dropout 0)"
     if varlen:
@@ -237,7 +250,7 @@ def report(res: Path) -> str:
         )
     else:
         line("finetune", "`pretrain finetune` of the demo's export", "-")
-    for stage in ("base128", "base128c", "base512", "rtd", "nsp"):
+    for stage in ("base128", "base128c", "base512", "rtd", "nsp", "fp8"):
         if data[stage]:
             out += ["", f"### {stage}", "", f"`{data[stage]['meta']['command']}`", ""]
             out.append(format_table(data[stage]["meta"], data[stage]["rows"]))

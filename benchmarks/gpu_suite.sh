@@ -14,6 +14,8 @@
 #   base512    BERT-base, seq 512, batch 32: ours vs the Trainer
 #   rtd        rtd vs mlm tokens/s, BERT-mini, batch 1024
 #   nsp        NSP segment pairs (padded) vs packed MLM, BERT-base, batch 128
+#   fp8        train.precision=fp8 vs bf16, BERT-base, seq 128, batch 128: tokens/s and final loss (the CPU's
+#              fp8 kernel is torch's reference one: the --tiny rehearsal takes a minute)
 #   varlen     the unpadded encoder on flash attention's variable-length kernel: its parity tests against the padded
 #              encoder on CUDA (tests/test_varlen_attention.py), then padded vs unpadded at 40% padding
 #              (benchmarks/train_throughput.py --shapes padding)
@@ -31,12 +33,12 @@ stages=()
 for arg in "$@"; do
   case "$arg" in
     --tiny) tiny=1 ;;
-    all) stages+=(syncs base128 base128c step base512 rtd nsp varlen local demo eval finetune report) ;;
-    syncs|base128|base128c|step|base512|rtd|nsp|varlen|local|demo|eval|finetune|report) stages+=("$arg") ;;
+    all) stages+=(syncs base128 base128c step base512 rtd nsp fp8 varlen local demo eval finetune report) ;;
+    syncs|base128|base128c|step|base512|rtd|nsp|fp8|varlen|local|demo|eval|finetune|report) stages+=("$arg") ;;
     *) echo "unknown stage or option: $arg (see the top of $0)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -gt 0 ] || { sed -n '2,26p' "$0"; exit 2; }
+[ ${#stages[@]} -gt 0 ] || { sed -n '2,28p' "$0"; exit 2; }
 
 if [ -f .gpu/env.sh ] && command -v nvidia-smi >/dev/null && [[ ":${PYTHONPATH:-}:" != *":/tmp/site:"* ]]; then
   source .gpu/env.sh || exit 1
@@ -111,6 +113,7 @@ stage() {
     base512) tvh base512 "${base512[@]}" --peers eager ;;
     rtd) tvh rtd "${mini[@]}" --objectives mlm,rtd --peers none ;;
     nsp) tvh nsp "${base[@]}" --objectives mlm,mlm+nsp --peers none ;;
+    fp8) tvh fp8 "${base[@]}" --peers none --fp8 ;;
     varlen)
       $PY -m pytest -q -p no:cacheprovider tests/test_varlen_attention.py &&
       $PY benchmarks/train_throughput.py "${varlen[@]}" --json "$RES/varlen.json" ;;

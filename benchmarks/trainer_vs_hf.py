@@ -20,6 +20,7 @@ about 3% of a step's FLOPs at seq 128, 10% at 512).
     python benchmarks/trainer_vs_hf.py --shape base --batch 32 --seq 512 --objectives mlm,rtd
     python benchmarks/trainer_vs_hf.py --shape mini --batch 1024 --objectives mlm,rtd --peers none
     python benchmarks/trainer_vs_hf.py --shape base --objectives mlm,mlm+nsp --peers none   # pairs vs packed
+    python benchmarks/trainer_vs_hf.py --shape base --batch 128 --peers none --fp8          # float8 vs bf16
 
 The peer in its best configuration: transformers' Trainer with BertForMaskedLM (sdpa attention),
 DataCollatorForLanguageModeling (15%, 80/10/10), torch's fused AdamW (`optim="adamw_torch_fused"`), bf16 autocast,
@@ -91,9 +92,9 @@ def window(records: list[dict], warm: int) -> dict:
     return {"tokens": tokens, "seconds": seconds, "steps": timed[-1]["step"] - warm, "flops": flops}
 
 
-def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat: int) -> dict:
+def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat: int, fp8: bool = False) -> dict:
     layers, hidden, heads, inter = SHAPES[a.shape]
-    name = f"ours-{objective}-{repeat}"
+    name = f"ours-{objective}{'-fp8' if fp8 else ''}-{repeat}"
     # a log line at step --warm and at the last step, and as few as that allows (each reads the device once)
     log_every = math.gcd(a.warm, a.steps - a.warm)
     args = [
@@ -117,7 +118,7 @@ def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat:
         f"train.log_every={log_every}",
         "train.save_every=0",
         "train.max_minutes=0",
-        f"train.precision={'fp32' if a.fp32 else 'bf16'}",
+        f"train.precision={'fp8' if fp8 else 'fp32' if a.fp32 else 'bf16'}",
         "wandb.mode=disabled",
         # unset: as a user runs it (compiled where CUDA is, `model.compile`'s default)
         *(["model.compile=true"] if a.compile else ["model.compile=false"] if a.eager else []),
@@ -237,6 +238,7 @@ def main() -> None:
     p.add_argument("--lr", type=float, default=1e-4)
     p.add_argument("--warmup", type=int, default=10)
     p.add_argument("--fp32", action="store_true", help="fp32 instead of bf16 (autocast)")
+    p.add_argument("--fp8", action="store_true", help="each of ours also with train.precision=fp8, after bf16")
     p.add_argument("--compile", action="store_true", help="ours with model.compile=true (default: as configured)")
     p.add_argument("--eager", action="store_true", help="ours with model.compile=false")
     p.add_argument("--peers", default="eager", help="the Trainer's variants: eager, compile, eager,compile or none")
@@ -252,6 +254,8 @@ def main() -> None:
     peers = [] if a.peers == "none" else a.peers.split(",")
     if a.hf_compile and "compile" not in peers:
         peers.append("compile")
+    if a.fp8 and a.fp32:
+        raise SystemExit("--fp8 runs beside bf16: leave out --fp32")
     if not 0 < a.warm < a.steps:
         raise SystemExit("--warm must be between 0 and --steps")
     if peers and importlib.util.find_spec("accelerate") is None:  # transformers' Trainer needs it; ours does not
@@ -275,6 +279,9 @@ def main() -> None:
     for repeat in range(a.repeats):  # alternated, so load from other jobs hits every variant alike
         for objective in objectives:
             runs.setdefault(f"ours {objective}", []).append(run_ours(a, runs_dir, tok, shards, objective, repeat))
+            if a.fp8:
+                result = run_ours(a, runs_dir, tok, shards, objective, repeat, fp8=True)
+                runs.setdefault(f"ours {objective} fp8", []).append(result)
         for peer in peers:
             name = "HF Trainer" + (" + compile" if peer == "compile" else "")
             runs.setdefault(name, []).append(run_peer(a, work, tok, peer == "compile"))
@@ -295,6 +302,7 @@ def main() -> None:
                 "per_repeat": [r["tokens_per_s"] for r in results],
                 "tflops": tflops,
                 "mfu": tflops / peak if peak else None,
+                "loss": statistics.median(r["loss"] for r in results) if all("loss" in r for r in results) else None,
             }
         )
     reference = rows[0]["tokens_per_s"]

@@ -12,7 +12,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_suite.sh"
 
 
-def _tvh(shape: str, rows: list[tuple[str, float, float]], compiled: bool = False) -> dict:
+def _tvh(shape: str, rows: list[tuple[str, float, float]], compiled: bool = False, losses=()) -> dict:
     """A trainer_vs_hf.py --json result: (run, tokens/s, TFLOP/s) per row, the first the reference."""
     meta = {
         "shape": shape,
@@ -32,6 +32,8 @@ def _tvh(shape: str, rows: list[tuple[str, float, float]], compiled: bool = Fals
         {"run": run, "tokens_per_s": rate, "per_repeat": [rate] * 3, "tflops": tf, "mfu": tf / 989.0}
         for run, rate, tf in rows
     ]
+    for row, loss in zip(out, losses):
+        row["loss"] = loss
     for row in out:
         row["first_over_this"] = out[0]["tokens_per_s"] / row["tokens_per_s"]
     return {"meta": meta, "rows": out, "runs": {}}
@@ -44,6 +46,7 @@ def _write_results(res: Path, failed: str = "") -> None:
         "base512": _tvh("base", [("ours mlm", 300000.0, 280.0), ("HF Trainer", 150000.0, 200.0)]),
         "rtd": _tvh("mini", [("ours mlm", 2000000.0, 100.0), ("ours rtd", 1000000.0, 90.0)]),
         "nsp": _tvh("base", [("ours mlm", 400000.0, 300.0), ("ours mlm+nsp", 300000.0, 220.0)]),
+        "fp8": _tvh("base", [("ours mlm", 400000.0, 300.0), ("ours mlm fp8", 560000.0, 420.0)], losses=(6.1, 6.12)),
         "varlen": {
             "meta": {"command": "python benchmarks/train_throughput.py --shapes padding --device cuda"},
             "rows": [
@@ -116,7 +119,7 @@ def test_report_reads_every_stage(tmp_path):
     table = proc.stdout
     assert "## GPU suite: 1 x NVIDIA H100" in table and "rehearsal" not in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]
-    assert len(rows) == 12, table  # one per stage
+    assert len(rows) == 13, table  # one per stage
     assert "**2.00x**" in table and "**1.60x**" in table  # ours vs eager, vs compiled
     # the trainer compiled (as on a GPU by default): 400,000 of the compiled model step's 512,000 tokens/s
     assert "model step (ours + compile) 512,000 (batch 128): the trainer at **78%**" in table
@@ -124,6 +127,7 @@ def test_report_reads_every_stage(tmp_path):
     assert "unpadded 165,000 vs padded 110,000 tokens/s (fwd+bwd+AdamW): **1.50x** (with attention dropout, " in table
     assert "base, seq 1024, batch 16 | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
+    assert "fp8 560,000 vs bf16 400,000 tokens/s: **1.40x**; final loss 6.120 vs 6.100" in table
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
     assert "### base512" in table and "### step" in table
 
