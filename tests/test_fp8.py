@@ -162,6 +162,8 @@ def test_a_gpu_without_fp8_kernels_is_named_and_the_run_refused_before_it_writes
 @pytest.mark.slow  # the CPU's reference fp8 kernel: ~20 s
 def test_an_fp8_run_through_the_cli_trains_saves_and_exports(tmp_path):
     corpus = small_corpus(tmp_path)
+    dry = run_cli("train", *run_args(tmp_path / "out", corpus, "train.precision=fp8"), "--dry-run", cwd=tmp_path)
+    assert "(ZeRO stage 0, bf16-autocast with float8 products in the encoder layers, 1 rank(s)" in dry.stdout
     proc = run_cli("run", *run_args(tmp_path / "out", corpus, "train.precision=fp8"), cwd=tmp_path)
     assert "bf16-autocast with float8 products in 4 encoder Linears" in proc.stdout + proc.stderr
     run = tmp_path / "out" / "r"

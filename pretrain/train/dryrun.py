@@ -168,7 +168,9 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     lines += [
         f"{'total':<24} {total:>14,}",
         "",
-        f"# memory per device (ZeRO stage {t.zero_stage}, {precision}, {world} rank(s) on {nodes} node(s))",
+        f"# memory per device (ZeRO stage {t.zero_stage}, {precision}"
+        + (" with float8 products in the encoder layers" if t.precision == "fp8" else "")
+        + f", {world} rank(s) on {nodes} node(s))",
     ]
     if t.zero_stage == 0:
         weights = {"fp32": 4, BF16_AUTOCAST: 4, "fp16": 2}[precision]  # autocast: fp32 weights and gradients
