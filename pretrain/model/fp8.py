@@ -47,7 +47,8 @@ def quantize(t: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.T
     top = torch.finfo(dtype).max
     amax = t.detach().abs().amax().float()
     scale = top / amax.clamp(min=1e-12)
-    return (t.float() * scale).clamp(-top, top).to(dtype), scale.reciprocal()
+    # row-major whatever t's strides: `_scaled_mm` takes its first operand row-major
+    return (t.float() * scale).clamp(-top, top).to(dtype).contiguous(), scale.reciprocal()
 
 
 def _column_major(t: torch.Tensor) -> torch.Tensor:
