@@ -36,9 +36,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from pretrain.core.config import doc, nearest
 from pretrain.core.errors import ConfigError
 from pretrain.core.measures import BinaryAUC, Mean
+from pretrain.core.parsing import doc, nearest
 from pretrain.core.provenance import PLUGINS_ENV, plugin_modules
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 
@@ -99,7 +99,7 @@ def option(
     choices: tuple = (),
     schedulable: bool = False,
 ) -> Any:
-    """An objective's option: `pretrain.core.config.doc`'s one-line documentation plus the values it admits, which
+    """An objective's option: `pretrain.core.parsing.doc`'s one-line documentation plus the values it admits, which
     `ObjectiveOptions` checks for every objective alike and `pretrain objectives` shows. `schedulable`: the option
     may follow `schedule.values` (`pretrain.core.schedule`); it must then be read by `prepare` at every call, never
     kept in the objective at construction."""
@@ -240,7 +240,7 @@ def register(cls: type[Objective]) -> type[Objective]:
 
 def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
     """Typed options for each objective in a config mapping {name: {option: value}}; checks the mix."""
-    from pretrain.core.config import _nearest, from_dict
+    from pretrain.core.parsing import from_dict, nearest
 
     if not spec:
         raise ConfigError("objectives: at least one objective is needed (e.g. objectives.mlm.weight=1)")
@@ -248,8 +248,7 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
     for name, options in spec.items():
         if name not in REGISTRY:
             raise ConfigError(
-                f"objectives: unknown objective '{name}'{_nearest(name, REGISTRY)}; "
-                f"known: {', '.join(sorted(REGISTRY))}"
+                f"objectives: unknown objective '{name}'{nearest(name, REGISTRY)}; known: {', '.join(sorted(REGISTRY))}"
             )
         cls = REGISTRY[name]
         if dataclasses.is_dataclass(options) and isinstance(options, cls.Options):

@@ -21,8 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from pretrain.core.config import CHOICES, DataConfig, RunConfig, field_default, field_doc, field_type
+from pretrain.core.config import CHOICES, DataConfig, RunConfig
 from pretrain.core.errors import UserError
+from pretrain.core.parsing import field_default, field_doc, field_type
 
 CONFIG_HELP = "a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); see `pretrain presets`"
 OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
@@ -127,7 +128,8 @@ class Parser(argparse.ArgumentParser):
 
 
 def _config_epilog() -> str:
-    from pretrain.core.config import RunConfig, describe_fields
+    from pretrain.core.config import RunConfig
+    from pretrain.core.parsing import describe_fields
 
     rows = describe_fields(RunConfig)
     width = max(len(k) for k, _, _ in rows)
@@ -300,14 +302,14 @@ def cmd_average(args) -> int:
 def cmd_config(args) -> int:
     import yaml
 
-    from pretrain.core.config import to_dict
+    from pretrain.core.parsing import to_dict
 
     print(yaml.safe_dump(to_dict(_load(args)), sort_keys=False), end="")
     return 0
 
 
 def cmd_presets(args) -> int:
-    from pretrain.core.config import CONFIG_DIR
+    from pretrain.core.parsing import CONFIG_DIR
 
     paths = sorted(CONFIG_DIR.glob("*.yaml"))
     width = max(len(p.stem) for p in paths)

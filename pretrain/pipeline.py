@@ -5,7 +5,8 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from pretrain.core.config import RunConfig, to_dict
+from pretrain.core.config import RunConfig
+from pretrain.core.parsing import to_dict
 from pretrain.train.checkpoint import latest_checkpoint
 from pretrain.train.setup import load_checkpoint_model
 

@@ -8,7 +8,8 @@ import sys
 import pytest
 
 from pretrain.cli import Mirrored, build_parser, main, resolve_mirrored
-from pretrain.core.config import RunConfig, field_default, field_type
+from pretrain.core.config import RunConfig
+from pretrain.core.parsing import field_default, field_type
 
 # (command, option) -> (owner, field or parameter): the options that must mirror it; a plain add_argument with its
 # own default in their place fails `test_listed_options_parse_to_the_mirrored_default`.

@@ -4,8 +4,9 @@ import pytest
 import torch._dynamo
 import yaml
 
-from pretrain.core.config import RunConfig, describe_fields, save_config
+from pretrain.core.config import RunConfig, save_config
 from pretrain.core.errors import ConfigError
+from pretrain.core.parsing import describe_fields
 from pretrain.train.setup import load_config
 
 
@@ -150,7 +151,7 @@ def test_public_api_types_any_dataclass_tree(tmp_path):
     from dataclasses import dataclass, field
     from typing import Literal
 
-    from pretrain.core.config import apply_overrides, doc, field_default, field_doc, from_dict, load_typed
+    from pretrain.core.parsing import apply_overrides, doc, field_default, field_doc, from_dict, load_typed
 
     @dataclass(frozen=True)
     class Probe:
@@ -179,7 +180,7 @@ def test_public_api_types_any_dataclass_tree(tmp_path):
 
 
 def test_base_resolution_is_shared_by_every_config_kind(tmp_path):
-    from pretrain.core.config import deep_merge, load_yaml_with_base, merge_base, nearest
+    from pretrain.core.parsing import deep_merge, load_yaml_with_base, merge_base, nearest
 
     (tmp_path / "a.yaml").write_text("x: {p: 1, q: 2}\n")
     (tmp_path / "b.yaml").write_text("base: a.yaml\nx: {q: 3}\n")

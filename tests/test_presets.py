@@ -8,7 +8,7 @@ import pytest
 import torch
 from transformers import ModernBertConfig, ModernBertForMaskedLM
 
-from pretrain.core.config import resolve_preset
+from pretrain.core.parsing import resolve_preset
 from pretrain.core.schedule import Schedule
 from pretrain.train.dryrun import dry_run
 from pretrain.train.setup import load_config

@@ -134,7 +134,7 @@ def run_provenance(
     """The record of one run (a resolved `RunConfig`): its config, and its corpus, tokenizer and shards. `full=False`
     (every start of a training run, whose corpus may be terabytes): the shards' manifest stands for the data, with
     the sha256 of every shard and the size and time of every corpus file, and only it and the tokenizer are read."""
-    from pretrain.core.config import to_dict
+    from pretrain.core.parsing import to_dict
 
     if full:
         files = {"corpus": list(cfg.data.corpus), "tokenizer": cfg.tokenizer_dir, "shards": cfg.shards_dir}

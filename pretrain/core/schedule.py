@@ -25,16 +25,9 @@ from typing import Any
 
 import numpy as np
 
-from pretrain.core.config import (
-    GLOBAL_BATCH,
-    RunConfig,
-    ScheduleConfig,
-    ScheduledValue,
-    TrainConfig,
-    from_dict,
-    to_dict,
-)
+from pretrain.core.config import GLOBAL_BATCH, RunConfig, ScheduleConfig, ScheduledValue, TrainConfig
 from pretrain.core.errors import ConfigError
+from pretrain.core.parsing import from_dict, to_dict
 
 
 @dataclass(frozen=True)

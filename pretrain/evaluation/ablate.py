@@ -48,21 +48,17 @@ from typing import Any
 import numpy as np
 import yaml
 
-from pretrain.core.config import (
-    REPLACED_BY_PRESET,
-    RunConfig,
+from pretrain.core.config import REPLACED_BY_PRESET, RunConfig, check_config, load_yaml, save_config
+from pretrain.core.errors import ConfigError, UserError
+from pretrain.core.outputs import claim_output, mark_output
+from pretrain.core.parsing import (
     apply_overrides,
-    check_config,
     deep_merge,
     from_dict,
-    load_yaml,
     load_yaml_with_base,
     merge_base,
     resolve_preset,
-    save_config,
 )
-from pretrain.core.errors import ConfigError, UserError
-from pretrain.core.outputs import claim_output, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Schedule, config_at
 from pretrain.evaluation.configs import AblationConfig, EvalConfig, LaunchConfig, missing_task_hint

@@ -1,4 +1,4 @@
-"""Typed configs of fine-tuning and ablations: frozen dataclasses parsed by `pretrain.core.config.from_dict`.
+"""Typed configs of fine-tuning and ablations: frozen dataclasses parsed by `pretrain.core.parsing.from_dict`.
 
 One declaration per option and default: `pretrain finetune`'s options read theirs from `FinetuneConfig`, an
 ablation's `eval:` block is an `EvalConfig`, and the whole ablation file an `AblationConfig`. Unknown keys and wrong
@@ -12,8 +12,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
-from pretrain.core.config import doc, nearest
 from pretrain.core.errors import ConfigError
+from pretrain.core.parsing import doc, nearest
 
 MODES = ("probe", "full")
 BUDGET_KINDS = ("tokens", "flops", "time")

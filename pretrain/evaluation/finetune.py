@@ -30,8 +30,8 @@ import torch.nn.functional as F
 from tqdm import tqdm
 
 from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
-from pretrain.core.config import from_dict
 from pretrain.core.errors import UserError
+from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig
 from pretrain.evaluation.fit import autocast, batches, device, fit
 from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task

@@ -115,7 +115,7 @@ def ablation_provenance(ab, command: str | None = None) -> dict:
     for it, budget applied), and the sha256 of the corpus, tokenizer, shards and task files."""
     import yaml
 
-    from pretrain.core.config import to_dict
+    from pretrain.core.parsing import to_dict
 
     configs = {"ablation": ab.raw}
     for arm in ab.arms:

@@ -17,10 +17,11 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.core.config import RunConfig, apply_overrides, build_config, load_yaml, to_dict
+from pretrain.core.config import RunConfig, build_config, load_yaml
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, mark_output, marked_kind
+from pretrain.core.parsing import apply_overrides, to_dict
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.metrics import read_metrics
 from pretrain.train.optim import decay_steps, lr_factor

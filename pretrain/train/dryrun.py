@@ -16,7 +16,8 @@ import numpy as np
 import torch
 import yaml
 
-from pretrain.core.config import GLOBAL_BATCH, RunConfig, to_dict
+from pretrain.core.config import GLOBAL_BATCH, RunConfig
+from pretrain.core.parsing import to_dict
 from pretrain.core.schedule import Schedule
 from pretrain.train.distributed import BF16_AUTOCAST
 from pretrain.train.engine import deepspeed_config

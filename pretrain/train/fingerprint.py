@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from pretrain.core.config import GLOBAL_BATCH, ModelConfig, RunConfig, ScheduleConfig, to_dict
+from pretrain.core.config import GLOBAL_BATCH, ModelConfig, RunConfig, ScheduleConfig
 from pretrain.core.errors import UserError
+from pretrain.core.parsing import to_dict
 from pretrain.core.schedule import Schedule, first_change
 
 # Model fields that change neither the weights' shapes nor their meaning: free to change on resume.

@@ -31,10 +31,11 @@ from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
 from objectives import sample_builder_for
 from pretrain.core.batch import Batch
-from pretrain.core.config import RunConfig, load_yaml, to_dict
+from pretrain.core.config import RunConfig, load_yaml
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, exclusive, mark_output
+from pretrain.core.parsing import to_dict
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Phase, Schedule, config_at
 from pretrain.core.tokens import SpecialTokens
