@@ -55,6 +55,8 @@ RUNS = {
     ),
     "lamb": (["objectives={mlm: {}}", "train.precision=fp32", "train.optimizer=lamb"], None),
     "zero2": (["objectives={mlm: {}}", "train.precision=bf16", "train.zero_stage=2"], None),
+    # float8 products: scales computed and applied on the device
+    "fp8": (["objectives={mlm: {}}", "train.precision=fp8"], None),
     # DeepSpeed's throughput timer as it is by default (a config without "timers")
     "timers-on": (["objectives={mlm: {}}", "train.precision=fp32"], "timers"),
     # DeepSpeed's gradient all-reduce at world size 1, as it is by default

@@ -25,7 +25,7 @@ import torch
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "benchmarks" / "step_syncs.py"
 pytestmark = pytest.mark.slow
-ONE_RANK = ["mlm-fp32", "mlm-bf16", "span", "rtd", "plm", "sop", "unpadded", "lamb", "zero2"]
+ONE_RANK = ["mlm-fp32", "mlm-bf16", "span", "rtd", "plm", "sop", "unpadded", "lamb", "zero2", "fp8"]
 PROBES = ["timers-on", "allreduce-on"]
 TWO_RANKS = ["mlm-bf16", "zero2"]
 
