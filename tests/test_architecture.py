@@ -16,6 +16,7 @@ ORDER = [
     "pretrain.train",
     "pretrain.pipeline",
     "pretrain.evaluation",
+    "pretrain.cli_options",
     "pretrain.cli",
 ]
 NOT = {"pretrain.model": {"data_pipeline"}, "objectives": {"data_pipeline"}}

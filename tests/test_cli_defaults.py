@@ -7,7 +7,8 @@ import sys
 
 import pytest
 
-from pretrain.cli import Mirrored, build_parser, main, resolve_mirrored
+from pretrain.cli import build_parser, main
+from pretrain.cli_options import Mirrored, resolve_mirrored
 from pretrain.core.config import RunConfig
 from pretrain.core.parsing import field_default, field_type
 

@@ -1,0 +1,366 @@
+"""What each `pretrain` subcommand accepts (`pretrain.cli` runs them): its arguments, and the options that mirror a
+config field or a library parameter, whose default, help, type and choices are declared there, once.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import importlib
+import inspect
+import typing
+from typing import Any
+
+from pretrain.core.config import CHOICES, DataConfig, RunConfig
+from pretrain.core.parsing import field_default, field_doc, field_type
+
+CONFIG_HELP = "a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); see `pretrain presets`"
+OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
+
+
+# ----------------------------------------------------------------------------------------------
+# Options that mirror a config field or a library parameter: the default is declared there, once
+
+
+class Mirrored:
+    """The default of field (or parameter) `name` of `owner`: a dataclass, a function, or "module:attribute" for one
+    imported only when the value is wanted (building every parser must not import torch for `finetune`'s)."""
+
+    def __init__(self, owner: Any, name: str):
+        self.owner, self.name = owner, name
+
+    def target(self) -> Any:
+        if not isinstance(self.owner, str):
+            return self.owner
+        module, _, attr = self.owner.partition(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def value(self) -> Any:
+        target = self.target()
+        if dataclasses.is_dataclass(target):
+            return field_default(target, self.name)
+        default = inspect.signature(target).parameters[self.name].default
+        assert default is not inspect.Parameter.empty, f"{self.owner}: parameter {self.name} has no default"
+        return default
+
+    def __str__(self) -> str:  # what --help shows as the default
+        return str(self.value())
+
+
+class ArchChoices:
+    """--arch's choices: the registered HF architectures (`pretrain.hf.architectures`), imported only when the
+    choices are wanted (building the parser must not import torch)."""
+
+    def names(self) -> tuple[str, ...]:
+        return importlib.import_module("pretrain.hf.architectures").names()
+
+    def __contains__(self, name: object) -> bool:
+        return name in self.names()
+
+    def __iter__(self):
+        return iter(self.names())
+
+
+def config_key(owner: Any, name: str) -> str | None:
+    """'data.num_workers' for DataConfig's num_workers: the dotted key of a RunConfig section's field."""
+    for f in dataclasses.fields(RunConfig):
+        if field_type(RunConfig, f.name) is owner:
+            return f"{f.name}.{name}"
+    return None
+
+
+def add_field_option(p: argparse.ArgumentParser, flag: str, owner: Any, name: str, **kwargs) -> argparse.Action:
+    """`--flag`, its default taken from `owner`'s field or parameter `name` (see `Mirrored`), so it is declared once.
+
+    A dataclass field also gives the help (its `doc`), type, choices (`CHOICES`, or a Literal) and, for a bool, the
+    action: a flag that turns the default off or on. The action records `mirrors`, which tests/test_cli_defaults.py
+    checks."""
+    source = Mirrored(owner, name)
+    key = config_key(owner, name)
+    if dataclasses.is_dataclass(owner):
+        default, tp = source.value(), field_type(owner, name)
+        kwargs.setdefault("help", field_doc(owner, name).replace("%", "%%"))  # argparse formats help
+        if tp is bool:  # args.<field>, whichever way the flag turns it (--cased: args.lowercase = False)
+            kwargs.setdefault("action", "store_false" if default else "store_true")
+            kwargs.setdefault("dest", name)
+        elif tp in (int, float):
+            kwargs.setdefault("type", tp)
+        choices = CHOICES.get(key or "") or (typing.get_args(tp) if typing.get_origin(tp) is typing.Literal else None)
+        if choices and "action" not in kwargs:
+            kwargs.setdefault("choices", list(choices))
+    else:
+        default = source  # resolved after parsing (`resolve_mirrored`) or when --help prints it
+    if kwargs.get("action") in ("store_true", "store_false"):
+        said = f"sets {key}={str(kwargs['action'] == 'store_true').lower()}" if key else "default: off"
+    else:
+        said = f"default: %(default)s{f'; config key {key}' if key else ''}"
+    kwargs["help"] = f"{kwargs.get('help', '').rstrip('.')} ({said})".lstrip()
+    action = p.add_argument(flag, default=default, **kwargs)
+    action.mirrors = source  # type: ignore[attr-defined]
+    return action
+
+
+def resolve_mirrored(args: argparse.Namespace) -> argparse.Namespace:
+    """Replace the defaults left lazy by `add_field_option` by their values (importing their module only now)."""
+    for key, value in vars(args).items():
+        if isinstance(value, Mirrored):
+            setattr(args, key, value.value())
+    return args
+
+
+class Parser(argparse.ArgumentParser):
+    """Parses to plain values: the lazy defaults of `add_field_option` resolved (its subparsers are of this class)."""
+
+    def parse_known_args(self, args=None, namespace=None):
+        parsed, extra = super().parse_known_args(args, namespace)
+        return resolve_mirrored(parsed), extra
+
+
+def config_epilog() -> str:
+    from pretrain.core.config import RunConfig
+    from pretrain.core.parsing import describe_fields
+
+    rows = describe_fields(RunConfig)
+    width = max(len(k) for k, _, _ in rows)
+    lines = [f"  {k:<{width}}  {doc} (default: {default})" for k, default, doc in rows]
+    return (
+        "config keys (set in the YAML file or as key=value overrides):\n"
+        + "\n".join(lines)
+        + "\n\nobjectives: objectives.<name>.<option>=value, e.g. objectives.mlm.mask_prob=0.2; "
+        "see `pretrain objectives`"
+    )
+
+
+# The library functions whose parameters the evaluation commands mirror (imported lazily: they import torch)
+INSPECT = "pretrain.evaluation.inspect:inspect_data"
+EVALUATE = "pretrain.evaluation.evaluate:evaluate_mlm"
+FINETUNE = "pretrain.evaluation.configs:FinetuneConfig"
+ST_EXPORT = "pretrain.hf.sentence_transformers:export_sentence_transformers"
+
+
+def config_args(p: argparse.ArgumentParser, what: str = CONFIG_HELP) -> None:
+    p.add_argument("config", help=what)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help=OVERRIDE_HELP)
+
+
+def bad_input_args(p: argparse.ArgumentParser) -> None:
+    add_field_option(
+        p,
+        "--on-bad",
+        DataConfig,
+        "on_bad_document",
+        help="bad documents (invalid UTF-8, bad JSON, missing field, too long): skip and count, or stop "
+        "naming file and line",
+    )
+    add_field_option(p, "--max-document-bytes", DataConfig, "max_document_bytes")
+
+
+def run_args(p):
+    config_args(p)
+    p.add_argument("--no-demo", action="store_true", help="do not print the fill-mask example at the end")
+
+
+def train_args(p):
+    config_args(p)
+    p.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the resolved config, batch arithmetic, parameter "
+        "counts and a per-device memory estimate, then exit without training",
+    )
+    p.add_argument(
+        "--world-size", type=int, help="with --dry-run: data-parallel ranks to plan for (default: $WORLD_SIZE or 1)"
+    )
+    p.add_argument("--gpus-per-node", type=int, help="with --dry-run: ranks per node (default: all on one node)")
+
+
+def tokenizer_args(p):
+    p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
+    p.add_argument("--out", required=True, help="output directory")
+    add_field_option(
+        p,
+        "--type",
+        DataConfig,
+        "tokenizer_type",
+        help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram",
+    )
+    add_field_option(p, "--vocab-size", DataConfig, "vocab_size")
+    add_field_option(p, "--min-frequency", DataConfig, "min_frequency")
+    add_field_option(p, "--cased", DataConfig, "lowercase", help="keep case")
+    add_field_option(p, "--keep-accents", DataConfig, "strip_accents", help="keep accents")
+    add_field_option(p, "--text-field", DataConfig, "text_field")
+    add_field_option(
+        p,
+        "--sample-docs",
+        DataConfig,
+        "tokenizer_sample_docs",
+        help="train on about N documents, an equal share from the start of each input file (0 = all)",
+    )
+    bad_input_args(p)
+
+
+def shards_args(p):
+    p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
+    p.add_argument("--tokenizer", required=True, help="tokenizer directory (from `pretrain tokenizer`)")
+    p.add_argument("--out", required=True, help="output shard directory")
+    add_field_option(p, "--workers", DataConfig, "num_workers")
+    add_field_option(p, "--docs-per-shard", DataConfig, "docs_per_shard")
+    add_field_option(p, "--text-field", DataConfig, "text_field")
+    bad_input_args(p)
+
+
+def data_inspect_args(p):
+    config_args(p, CONFIG_HELP + "; or a shard directory")
+    p.add_argument(
+        "--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, tokenizer/ beside it)"
+    )
+    p.add_argument("--out", help="histogram PNG path (default: inspect/doc_lengths.png beside the shard directory)")
+    add_field_option(p, "--samples", INSPECT, "num_samples", type=int, help="decoded samples to show")
+
+
+def export_args(p):
+    p.add_argument("run_or_checkpoint", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    p.add_argument(
+        "--out",
+        help="output directory (default: hf/ in the run directory given, or the one holding the checkpoint "
+        "given; needed for a checkpoint outside a run). A symlink is written through. Re-exporting replaces only "
+        "the files an export writes: anything else you keep there stays",
+    )
+    p.add_argument(
+        "--no-verify",
+        action="store_true",
+        help="skip the parity check with transformers (by default it runs on the new export before it replaces "
+        "the previous one)",
+    )
+    p.add_argument("--demo", action="store_true", help="print a fill-mask example from the exported model")
+    p.add_argument(
+        "--arch",
+        choices=ArchChoices(),
+        metavar="ARCH",  # argparse would list the choices now, importing the registry (and torch) for every command
+        help="HF architecture to write (default: the one the model options match: bert, or albert with "
+        "embedding_size/share_layers, modernbert with pre-LN+rope+geglu+no bias, electra for rtd; "
+        "roberta only on request). Options with no HF equivalent are an error",
+    )
+    p.add_argument(
+        "--push-to-hub",
+        metavar="REPO",
+        help="upload the export to this Hub model repo (created if missing); needs HF_TOKEN or a stored "
+        "`hf auth login` token, checked before anything is exported",
+    )
+    p.add_argument(
+        "--raw-weights",
+        action="store_true",
+        help="a run that kept a weight EMA (train.ema_decay) exports the EMA; this exports the training weights",
+    )
+    p.add_argument(
+        "--format",
+        choices=["transformers", "sentence-transformers"],
+        default="transformers",
+        help="sentence-transformers: also write the encoder with a pooling layer for SentenceTransformer(dir)",
+    )
+    add_field_option(
+        p, "--pooling", ST_EXPORT, "pooling", choices=["mean", "cls"], help="sentence-transformers pooling"
+    )
+    p.add_argument("--normalize", action="store_true", help="sentence-transformers: unit-length embeddings")
+    p.add_argument(
+        "--st-out", help="sentence-transformers directory (default: <export>-sentence-transformers beside the export)"
+    )
+
+
+def average_args(p):
+    p.add_argument("checkpoints", nargs="+", help="checkpoint directories (or run directories: their latest)")
+    p.add_argument("--out", required=True, help="output directory of the averaged export")
+    p.add_argument("--arch", choices=ArchChoices(), metavar="ARCH", help="as for export")
+    p.add_argument("--no-verify", action="store_true", help="skip the parity check with transformers")
+
+
+def eval_args(p):
+    p.add_argument("target", help="run directory, checkpoint directory, or exported HF directory")
+    p.add_argument("--shards", help="held-out shard directory built with the model's tokenizer")
+    p.add_argument(
+        "--corpus",
+        nargs="+",
+        help="held-out corpus file(s): shards are built with the model's tokenizer (cached beside the target)",
+    )
+    add_field_option(
+        p, "--max-samples", EVALUATE, "max_samples", type=int, help="evaluate at most N sequences (0 = all)"
+    )
+    add_field_option(p, "--max-seq-len", EVALUATE, "max_seq_len", type=int, help="tokens per sequence")
+    add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=int, help="sequences per batch")
+    p.add_argument("--json", help="also write the result to this JSON file")
+
+
+def finetune_args(p):
+    p.add_argument("model_dir", help="exported HuggingFace directory (BERT, ELECTRA, any *ForSequenceClassification)")
+    p.add_argument(
+        "task_dir",
+        help="directory with train.tsv and dev.tsv, or with train.txt and dev.txt in CoNLL columns (token-level: "
+        "BIO tags, scored by chunk F1)",
+    )
+    p.add_argument("--seeds", type=int, default=3, help="number of seeds, 1..N (default: 3)")
+    p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
+    add_field_option(
+        p,
+        "--mode",
+        FINETUNE,
+        "mode",
+        help="full fine-tuning, or a linear probe on frozen features",
+    )
+    p.add_argument("--epochs", type=int, help="epochs (default: 3 full, 20 probe)")
+    p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
+    p.add_argument("--batch-size", type=int, help="batch size (default: 32 full, 64 probe)")
+    add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len", type=int, help="truncate inputs to this many tokens")
+    add_field_option(
+        p,
+        "--task-type",
+        FINETUNE,
+        "task_type",
+        help="auto: inferred from the labels (CoNLL columns are token-level)",
+    )
+    add_field_option(p, "--pooling", FINETUNE, "pooling", help="probe features")
+    add_field_option(
+        p, "--max-train", FINETUNE, "max_train", type=int, help="use a fixed subset of N training examples (0 = all)"
+    )
+    add_field_option(
+        p,
+        "--random-init",
+        FINETUNE,
+        "random_init",
+        action="store_true",
+        help="same config, random weights (a no-pretraining baseline)",
+    )
+    p.add_argument(
+        "--lrs",
+        type=float,
+        nargs="+",
+        help="learning rates to sweep: each trained on train minus a held-out part and scored there (never on dev); "
+        "the best is trained on all of train and scored on dev",
+    )
+    add_field_option(p, "--heldout-fraction", FINETUNE, "heldout_fraction", type=float, help="with --lrs")
+    p.add_argument("--json", help="also write the result to this JSON file")
+
+
+def decay_args(p):
+    p.add_argument("source", help="a run directory (its latest checkpoint) or a checkpoint directory")
+    p.add_argument("--steps", type=int, required=True, help="length of the decay, in optimizer steps")
+    p.add_argument("--name", help="the new run's name (default: <source name>-decay<step>), beside the source run")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="e.g. train.decay_shape=1-sqrt")
+
+
+def ablate_args(p):
+    p.add_argument("config", help="ablation config file (or a preset name in configs/)")
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the ablation config")
+    p.add_argument(
+        "--print-commands",
+        action="store_true",
+        help="write each arm's config and print launch commands for a cluster instead of running",
+    )
+
+
+def compare_args(p):
+    p.add_argument("runs", nargs="+", metavar="RUN", help="two or more run directories, e.g. runs/mlm runs/electra")
+    p.add_argument(
+        "--out",
+        default="compare",
+        help="output directory: new, empty, or an earlier comparison (default: compare/ in the current directory)",
+    )
