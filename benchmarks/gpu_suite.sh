@@ -25,7 +25,8 @@
 #              the unigram entropy, on its corpus and on held-out text (en-mix.valid)
 #   eval       pretrain eval of the demo's export on en-mix.valid, timed (runs the demo first if it is missing)
 #   finetune   pretrain finetune of the demo's export on the mr task, 3 seeds, timed (likewise)
-# On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/.
+# On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/: fill .gpu
+# with `bash benchmarks/gpu_prepare.sh` on the machine that prepares the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tiny=0
@@ -38,7 +39,7 @@ for arg in "$@"; do
     *) echo "unknown stage or option: $arg (see the top of $0)" >&2; exit 2 ;;
   esac
 done
-[ ${#stages[@]} -gt 0 ] || { sed -n '2,28p' "$0"; exit 2; }
+[ ${#stages[@]} -gt 0 ] || { sed -n '2,29p' "$0"; exit 2; }
 
 if [ -f .gpu/env.sh ] && command -v nvidia-smi >/dev/null && [[ ":${PYTHONPATH:-}:" != *":/tmp/site:"* ]]; then
   source .gpu/env.sh || exit 1
@@ -53,6 +54,13 @@ mkdir -p "$RES" "$WORK"
 RES=$(cd "$RES" && pwd)
 WORK=$(cd "$WORK" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+# Every stage but the report needs DeepSpeed, the varlen stage pytest: on a machine without them, say so at once
+# rather than after the first stage has spent its minutes
+if [[ " ${stages[*]} " != " report " ]] && ! missing=$($PY -c "import deepspeed, pytest" 2>&1 >/dev/null); then
+  echo "[gpu_suite] $PY cannot import what the stages need: ${missing##*$'\n'}" >&2
+  echo "[gpu_suite] (a lent GPU machine gets it from .gpu/wheels: run 'bash benchmarks/gpu_prepare.sh' before carrying .gpu)" >&2
+  exit 2
+fi
 
 # Shapes: the issue's on a GPU; --tiny the same stages in seconds on a CPU (no figure of it means anything)
 if [ $tiny = 1 ]; then

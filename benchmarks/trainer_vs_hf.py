@@ -36,7 +36,6 @@ import argparse
 import importlib.util
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -45,16 +44,16 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+from pretrain.train.distributed import single_process_env
+
 # layers, hidden, heads, intermediate; tiny: the CPU rehearsal of benchmarks/gpu_suite.sh
 SHAPES = {"tiny": (2, 64, 2, 128), "mini": (4, 256, 4, 1024), "base": (12, 768, 12, 3072)}
 DEFAULT_CORPUS = ROOT.parent / "shared" / "data" / "corpus" / "en-mix.train.jsonl"
 
 
 def _env() -> dict:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
+    return single_process_env(WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
 
 
 def prepare(work: Path, corpus: Path, vocab: int) -> tuple[Path, Path]:
@@ -125,14 +124,16 @@ def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat:
         *a.ours_overrides,
     ]
     started = time.time()
-    subprocess.run(
+    proc = subprocess.run(
         [sys.executable, "-m", "pretrain.cli", *args],
-        check=True,
         env=_env(),
         cwd=runs_dir,
         stdout=subprocess.DEVNULL,
-        stderr=None if a.verbose else subprocess.DEVNULL,
+        stderr=None if a.verbose else subprocess.PIPE,
+        text=True,
     )
+    if proc.returncode != 0:  # its message, into the stage's log: a GPU run's minutes are not spent twice to read it
+        raise SystemExit(f"our run {name} failed (exit {proc.returncode}):\n{(proc.stderr or '')[-3000:]}")
     records = [json.loads(line) for line in (runs_dir / name / "metrics.jsonl").read_text().splitlines()]
     w = window(records, a.warm)
     return {

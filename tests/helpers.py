@@ -4,7 +4,6 @@
 from __future__ import annotations
 
 import json
-import os
 import random
 import sys
 from pathlib import Path
@@ -16,6 +15,7 @@ from data_pipeline.loader import Collator
 from objectives import build_objectives
 from pretrain.core.config import ModelConfig
 from pretrain.core.tokens import SpecialTokens
+from pretrain.train.distributed import single_process_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -29,9 +29,7 @@ def run_cli(*args, cwd, rc=0, wait=True, wandb_mode="disabled"):
     it); asserts the exit status `rc` (None: any). wait=False returns the running Popen."""
     import subprocess
 
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": wandb_mode, "PYTHONPATH": str(ROOT)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
+    env = single_process_env(DS_ACCELERATOR="cpu", WANDB_MODE=wandb_mode)
     cmd = [sys.executable, "-m", "pretrain.cli", *map(str, args)]
     if not wait:
         return subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -16,6 +16,8 @@ import pytest
 import torch
 from helpers import requires_fp16
 
+from pretrain.train.distributed import single_process_env
+
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
 pytestmark = pytest.mark.slow
@@ -25,10 +27,7 @@ EXACT = ["train.precision=fp32", "model.hidden_dropout=0", "model.attention_drop
 
 
 def _env():
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
+    return single_process_env(DS_ACCELERATOR="cpu", WANDB_MODE="disabled")
 
 
 def _port() -> int:
@@ -338,3 +337,17 @@ def test_export_from_zero3_and_two_rank_checkpoints(data, tmp_path):
     with torch.no_grad():
         a, b = (outs[n](input_ids=ids).logits for n in ("z3", "z0"))
     assert (a - b).abs().max().item() < 1e-4
+
+
+def test_a_child_run_keeps_what_pythonpath_held_and_drops_the_launchers_ranks(monkeypatch):
+    """A lent GPU machine has DeepSpeed only on PYTHONPATH (/tmp/site): a benchmark's or an ablation arm's process
+    that replaced PYTHONPATH with the repository could not import it."""
+    monkeypatch.setenv("PYTHONPATH", "/tmp/site")
+    for key, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}.items():
+        monkeypatch.setenv(key, value)
+    env = single_process_env(WANDB_MODE="disabled")
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/tmp/site"]
+    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"} & env.keys()
+    assert env["WANDB_MODE"] == "disabled" and env["PATH"] == os.environ["PATH"]
+    monkeypatch.delenv("PYTHONPATH")
+    assert single_process_env()["PYTHONPATH"] == str(ROOT)

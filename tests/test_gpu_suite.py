@@ -139,3 +139,17 @@ def test_report_names_a_failed_stage_and_the_script_refuses_unknown_ones(tmp_pat
     assert "failed (see rtd.log) | 1, 42 |" in proc.stdout
     bad = subprocess.run(["bash", str(SCRIPT), "nonsense"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
+
+
+def test_a_python_without_deepspeed_stops_the_suite_before_its_first_stage(tmp_path):
+    """A lent GPU machine lacking one of DeepSpeed's needs (einops, which ../shared/gpu/prepare.sh does not carry)
+    would fail every stage after minutes each: the suite says at once what is missing and how .gpu gets it."""
+    python = tmp_path / "python"  # a Python whose `import deepspeed` fails as it did on such a machine
+    python.write_text("#!/bin/sh\necho \"ModuleNotFoundError: No module named 'einops'\" >&2\nexit 1\n")
+    python.chmod(0o755)
+    out = tmp_path / "out"
+    env = {**os.environ, "OUT": str(out), "PY": str(python), "GPU_SUITE_WORK": str(tmp_path / "work")}
+    proc = subprocess.run(["bash", str(SCRIPT), "base128", "report"], env=env, capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert "No module named 'einops'" in proc.stderr and "bash benchmarks/gpu_prepare.sh" in proc.stderr
+    assert not list(out.glob("base128*"))  # no stage ran

@@ -13,7 +13,6 @@ torch.cuda.set_sync_debug_mode("error").
 """
 
 import json
-import os
 import socket
 import subprocess
 import sys
@@ -21,6 +20,8 @@ from pathlib import Path
 
 import pytest
 import torch
+
+from pretrain.train.distributed import single_process_env
 
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "benchmarks" / "step_syncs.py"
@@ -31,12 +32,7 @@ TWO_RANKS = ["mlm-bf16", "zero2"]
 
 
 def _env(cpu: bool = True) -> dict:
-    env = {**os.environ, "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    if cpu:
-        env["DS_ACCELERATOR"] = "cpu"
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(key, None)
-    return env
+    return single_process_env(WANDB_MODE="disabled", **({"DS_ACCELERATOR": "cpu"} if cpu else {}))
 
 
 def _port() -> int:

@@ -2,12 +2,13 @@
 and overfits a tiny repeated corpus: its loss falls well below where it started."""
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pretrain.train.distributed import single_process_env
 
 ROOT = Path(__file__).resolve().parent.parent
 CORPUS = ROOT / "data" / "us-speeches.public-domain.jsonl"
@@ -30,8 +31,7 @@ def repeated_corpus(tmp_path_factory):
 @pytest.mark.slow
 @pytest.mark.parametrize("recipe", RECIPES)
 def test_recipe_overfits_a_tiny_repeated_corpus(recipe, repeated_corpus, tmp_path):
-    env = {**os.environ, "DS_ACCELERATOR": "cpu", "WANDB_MODE": "disabled", "PYTHONPATH": str(ROOT)}
-    env.pop("RANK", None)
+    env = single_process_env(DS_ACCELERATOR="cpu", WANDB_MODE="disabled")
     overrides = [
         f"output_dir={tmp_path}",
         f"name={recipe}",

@@ -13,12 +13,13 @@ head), through `benchmarks/rtd_reference.py` as a user runs it, at a tiny scale 
 """
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from pretrain.train.distributed import single_process_env
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "rtd_reference.py"
@@ -39,7 +40,7 @@ def data(tmp_path_factory):
 
 
 def compare(data: Path, out: Path, *options: str) -> tuple[dict, list[dict]]:
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "WANDB_MODE": "disabled", "TOKENIZERS_PARALLELISM": "false"}
+    env = single_process_env(WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
     cmd = [sys.executable, str(SCRIPT), "--tokenizer", str(data / "tok"), "--shards", str(data / "shards")]
     proc = subprocess.run([*cmd, "--out", str(out), *TINY, *options], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

@@ -63,9 +63,8 @@ from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Schedule, config_at
 from pretrain.evaluation.configs import AblationConfig, EvalConfig, LaunchConfig, missing_task_hint
 from pretrain.evaluation.token_tasks import is_conll_dir
+from pretrain.train.distributed import single_process_env
 from pretrain.train.setup import config_from_dict
-
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/, for the arms' processes
 
 
 def say(message: str) -> None:
@@ -355,10 +354,7 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
         save_config(arm.cfg, cfg_path)
     if done.get("step", 0) >= t.max_steps:
         return done
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))}
-    env.pop("RANK", None)  # a single-process run, even inside a launcher's environment
-    env.pop("LOCAL_RANK", None)
-    env.pop("WORLD_SIZE", None)
+    env = single_process_env()  # a single-process run, even inside a launcher's environment
     import torch
 
     if not torch.cuda.is_available():

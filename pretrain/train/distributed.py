@@ -6,6 +6,10 @@ import os
 import socket
 from datetime import timedelta
 from functools import lru_cache
+from pathlib import Path
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/
+LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
 
 
 def has_cuda() -> bool:
@@ -58,6 +62,16 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def single_process_env(**extra: str) -> dict[str, str]:
+    """The environment for a fresh one-process run of this package in a subprocess (an ablation arm, a benchmark's
+    run, a test's CLI call): this package's root ahead of what PYTHONPATH holds already (replacing it would lose
+    what a machine without a registry installs there, DeepSpeed on a lent GPU machine), no launcher's rank
+    variables (the child is a world of its own, on a port of its own), then `extra`."""
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+    return env | extra
 
 
 def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
