@@ -131,12 +131,15 @@ def report(res: Path) -> str:
         ds = sum(sum(x["syncs_library"].values()) for x in normal)
         probes = {x["probe"]: x for x in r["runs"] if x["probe"]}
         timers = sum(probes["timers"]["syncs_library"].values()) if "timers" in probes else "-"
-        debug = f"; CUDA sync debug mode '{r['sync_debug']}' held" if r["cuda"] else ""
+        failed = [x["run"] for x in r["runs"] if x["rc"] != 0]
+        debug = f"; CUDA sync debug mode '{r['sync_debug']}' held" if r["cuda"] and not failed else ""
+        steps = max((x["steps"] for x in normal), default=0)
         line(
             "syncs",
-            "host waits in the steps that do not log (4 steps x 2 micro-batches per run)",
+            f"host waits in the steps that do not log ({steps} steps after the first x 2 micro-batches per run)",
             f"{len(normal)} runs: ours {ours} (reads, syncs, copies of Python data), DeepSpeed's syncs {ds} "
-            f"(with its throughput timer back on: {timers}){debug}",
+            f"(with its throughput timer back on: {timers}){debug}"
+            + (f"; **failed: {', '.join(failed)}** (their errors: syncs.json)" if failed else ""),
         )
     else:
         line("syncs", "host waits in the steps that do not log", "-")

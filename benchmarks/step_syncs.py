@@ -1,5 +1,6 @@
 """What makes the host wait for the device in the training steps that do not log, counted around real optimizer
-steps of the trainer (`Trainer.train_step`, and `after_step` of the steps that do not log):
+steps of the trainer (`Trainer.train_step`, and `after_step` of the steps that do not log; not the first step,
+which compiles where the trainer compiles):
 
 - reads of a tensor back to the host (`.item()`, `bool`/`int`/`float` of a tensor, `.tolist()`, `.numpy()`,
   `nonzero`, boolean-mask indexing), seen by a TorchFunctionMode;
@@ -40,8 +41,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-# name: (overrides, probe). Every run: 6 steps of 2 micro-batches, logging at 3 and 6, so steps 1, 2, 4, 5 are
-# counted. A probe turns back on what the engine turns off, to show the counters see it.
+# name: (overrides, probe). Every run: 7 steps of 2 micro-batches, logging at 3, 6 and 7; step 1 warms up (on a GPU
+# it compiles: inductor benchmarks its kernels with synchronize()), so steps 2, 4, 5 are counted. A probe turns back
+# on what the engine turns off, to show the counters see it.
 RUNS = {
     "mlm-fp32": (["objectives={mlm: {}}", "train.precision=fp32"], None),
     "mlm-bf16": (["objectives={mlm: {whole_word: true}}", "train.precision=bf16"], None),
@@ -64,7 +66,7 @@ RUNS = {
 }
 COMMON = [
     "model.num_layers=1",
-    "train.max_steps=6",
+    "train.max_steps=7",
     "train.log_every=3",
     "train.save_every=0",
     "train.grad_accum_steps=2",
@@ -253,9 +255,10 @@ def run(work: Path, names: list[str], sync_debug: str) -> dict:
     counted = {"steps": 0}
     original_step, original_after = T.Trainer.train_step, T.Trainer.after_step
 
-    def logs_at(self, step):
+    def counts(self, step):  # neither the warm-up step nor one that logs
         t = self.cfg.train
-        return step % t.log_every == 0 or step == t.max_steps or bool(t.save_every and step % t.save_every == 0)
+        logs = step % t.log_every == 0 or step == t.max_steps or bool(t.save_every and step % t.save_every == 0)
+        return step > 1 and not logs
 
     @contextlib.contextmanager
     def counting():
@@ -271,14 +274,14 @@ def run(work: Path, names: list[str], sync_debug: str) -> dict:
             active[0] = False
 
     def train_step(self, micro_batches, *args):
-        if logs_at(self, self.state.step + 1):
+        if not counts(self, self.state.step + 1):
             return original_step(self, micro_batches, *args)
         counted["steps"] += 1
         with counting():
             return original_step(self, micro_batches, *args)
 
     def after_step(self, stopping):
-        if logs_at(self, self.state.step):
+        if not counts(self, self.state.step):
             return original_after(self, stopping)
         with counting():
             return original_after(self, stopping)

@@ -98,9 +98,12 @@ def _write_results(res: Path, failed: str = "") -> None:
     }
     for stage, data in files.items():
         (res / f"{stage}.json").write_text(json.dumps(data))
-    run = {"probe": None, "reads_ours": {}, "h2d_ours": {}, "syncs_ours": {}, "syncs_library": {}}
+    run = {"run": "mlm", "rc": 0, "steps": 3, "probe": None, "reads_ours": {}, "h2d_ours": {}, "syncs_ours": {}}
+    run["syncs_library"] = {}
     timers = run | {"probe": "timers", "syncs_library": {"deepspeed/utils/timer.py:238": 8}}
-    syncs = {"rank": 0, "world": 1, "cuda": True, "sync_debug": "error", "runs": [run, run, timers]}
+    # a run that raised under the sync debug mode: rc 1, the steps it counted before
+    bad = run | {"run": "rtd", "rc": int(failed == "syncs-run"), "error": "RuntimeError: called a synchronizing op"}
+    syncs = {"rank": 0, "world": 1, "cuda": True, "sync_debug": "error", "runs": [run, bad, timers]}
     (res / "syncs.json").write_text(json.dumps(syncs) + "\n")
     for stage in [*files, "syncs"]:
         status = {"stage": stage, "rc": int(stage == failed), "seconds": 42.0, "tiny": False, "gpu": True}
@@ -129,6 +132,7 @@ def test_report_reads_every_stage(tmp_path):
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
     assert "fp8 560,000 vs bf16 400,000 tokens/s: **1.40x**; final loss 6.120 vs 6.100" in table
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
+    assert "(3 steps after the first x 2 micro-batches per run)" in table and "mode 'error' held" in table
     assert "### base512" in table and "### step" in table
 
 
@@ -137,6 +141,9 @@ def test_report_names_a_failed_stage_and_the_script_refuses_unknown_ones(tmp_pat
     proc = _report(tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "failed (see rtd.log) | 1, 42 |" in proc.stdout
+    _write_results(tmp_path, failed="syncs-run")  # the stage ran, one of its runs raised
+    table = _report(tmp_path).stdout
+    assert "**failed: rtd** (their errors: syncs.json)" in table and "mode 'error' held" not in table
     bad = subprocess.run(["bash", str(SCRIPT), "nonsense"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "unknown stage" in bad.stderr
 
