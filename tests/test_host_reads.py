@@ -32,7 +32,10 @@ TWO_RANKS = ["mlm-bf16", "zero2"]
 
 
 def _env(cpu: bool = True) -> dict:
-    return single_process_env(WANDB_MODE="disabled", **({"DS_ACCELERATOR": "cpu"} if cpu else {}))
+    env = single_process_env(WANDB_MODE="disabled", DS_ACCELERATOR="cpu")
+    if not cpu:  # conftest set DS_ACCELERATOR=cpu for this process: the GPU run's DeepSpeed finds CUDA itself
+        del env["DS_ACCELERATOR"]
+    return env
 
 
 def _port() -> int:
