@@ -5,14 +5,15 @@
 #   bash benchmarks/gpu_prepare.sh
 #
 # It runs ../shared/gpu/prepare.sh (DeepSpeed's wheel, pydantic and hjson, the shared data, the Trainer peer), then
-# adds for Python 3.12 what that leaves out and the GPU suite needs there:
-#   - the rest of DeepSpeed's own requirements, read from its wheel: `import deepspeed` fails without einops, which
-#     such a machine lacks. What the machine has (torch, numpy, tqdm, psutil, packaging) is not shadowed.
-#   - pytest and its requirements: the varlen stage runs the CUDA parity tests before measuring.
-# On the GPU machine, `source .gpu/env.sh` installs every wheel of .gpu/wheels, these included.
+# carries in .gpu/extra, for Python 3.12, what the suite needs there and a machine may lack: the rest of DeepSpeed's
+# own requirements, read from its wheel (`import deepspeed` fails without einops: the lent machines' image has it,
+# the machine ../shared/gpu/README.md describes does not), and pytest (the varlen stage's CUDA parity tests). `source
+# .gpu/env.sh` there installs, after prepare.sh's wheels, only those of .gpu/extra that the machine has no version
+# of: the machine's own packages (pytest and its plugins among them) are never shadowed.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 SHARED_GPU=${SHARED_GPU:-../shared/gpu}
+rm -rf .gpu/wheels .gpu/extra  # this script's own output: made again below, so no wheel of an earlier run is left
 bash "$SHARED_GPU/prepare.sh"
 
 on_machine='^(torch|numpy|tqdm|psutil|packaging)$'  # what every lent machine has: never shadowed from /tmp/site
@@ -26,8 +27,20 @@ for name in "${ds_needs[@]}" pytest iniconfig pluggy pygments; do
   # a wheel prepare.sh already put there (pydantic, hjson) stays as it chose it
   compgen -G ".gpu/wheels/$(echo "${name//-/_}" | tr '[:upper:]' '[:lower:]')-*.whl" >/dev/null || needs+=("$name")
 done
+mkdir -p .gpu/extra
 python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
   --platform manylinux_2_28_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
-  --platform manylinux1_x86_64 -d .gpu/wheels "${needs[@]}" 2> >(grep -v 'is ignored' >&2)
-echo "[gpu_prepare] .gpu/wheels now also holds: ${needs[*]}"
+  --platform manylinux1_x86_64 -d .gpu/extra "${needs[@]}" 2> >(grep -v 'is ignored' >&2)
+cat >> .gpu/env.sh <<'ENV'
+# benchmarks/gpu_prepare.sh: the wheels of .gpu/extra whose package this Python has no version of
+python3 - <<'PY' | xargs -r python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site || return 1
+import importlib.metadata as metadata, pathlib
+for wheel in sorted(pathlib.Path(".gpu/extra").glob("*.whl")):
+    try:
+        metadata.distribution(wheel.name.split("-")[0])
+    except metadata.PackageNotFoundError:
+        print(wheel)
+PY
+ENV
+echo "[gpu_prepare] .gpu/extra (installed there where missing): ${needs[*]}"
 du -sh .gpu
