@@ -58,7 +58,7 @@ export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # rather than after the first stage has spent its minutes
 if [[ " ${stages[*]} " != " report " ]] && ! missing=$($PY -c "import deepspeed, pytest" 2>&1 >/dev/null); then
   echo "[gpu_suite] $PY cannot import what the stages need: ${missing##*$'\n'}" >&2
-  echo "[gpu_suite] (a lent GPU machine gets it from .gpu/wheels: run 'bash benchmarks/gpu_prepare.sh' before carrying .gpu)" >&2
+  echo "[gpu_suite] (a lent GPU machine gets them from .gpu: run 'bash benchmarks/gpu_prepare.sh' here before carrying it)" >&2
   exit 2
 fi
 
