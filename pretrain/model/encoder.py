@@ -27,7 +27,8 @@ compose freely, because each lives in one place:
                         attention; global layers run exactly as without the option.
 - unpadded              BertEncoder: real tokens packed to [T, H] for embeddings, projections, FFN and LN;
                         attention runs flash's variable-length kernel on [T] where it can (CUDA, half precision,
-                        no attention dropout: `padding.varlen_usable`), else re-pads q/k/v only (see `Packed`).
+                        with or without attention dropout: `padding.varlen_usable`), else re-pads q/k/v only (see
+                        `Packed`).
 - compile               torch.compile of plain functions over the modules (state-dict names unchanged): the
                         embeddings (`_embed`) and the layer stack (`_layer_stack`), as the objectives' heads and
                         losses are; how, in `pretrain.model.compiling` (model.compile_mode).
@@ -262,8 +263,9 @@ class SelfAttention(nn.Module):
         where flash attention's variable-length kernel can run, on the packed tokens themselves)."""
         if packed is not None:
             qkv = self.qkv_heads(x, rope)  # [T, 3, N, D]
-            if varlen_usable(qkv, self.dropout_p if self.training else 0.0):
-                y = varlen_attention(*qkv.unbind(1), packed, self.window)  # [T, N, D]
+            dropout_p = self.dropout_p if self.training else 0.0
+            if varlen_usable(qkv, dropout_p):
+                y = varlen_attention(*qkv.unbind(1), packed, self.window, dropout_p)  # [T, N, D]
                 return self.out(y.flatten(1))
             q, k, v = packed.to_attention(qkv).permute(2, 0, 3, 1, 4)  # 3 x [B, N, Lp, D]
             return self.attend(q, k, v, attn_bias, packed)

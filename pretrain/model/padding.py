@@ -4,6 +4,7 @@ sliding-window (local) attention, combined with either (`window_mask`). Shapes a
 
 from __future__ import annotations
 
+import inspect
 from dataclasses import dataclass
 
 import torch
@@ -127,9 +128,9 @@ def local_mask(
 class Packed:
     """The real tokens of a padded [B, L] batch, packed row-major into [T].
 
-    Everything but attention runs on [T, ...]. On a CUDA GPU, in half precision and without attention dropout,
-    attention runs on [T] too: flash attention's variable-length kernel (`varlen_attention`), each row one
-    sequence, a local layer's band as its window. Elsewhere attention re-pads q, k, v to [B, Lp] (Lp = the last
+    Everything but attention runs on [T, ...]. On a CUDA GPU, in half precision, attention runs on [T] too: flash
+    attention's variable-length kernel (`varlen_attention`), each row one sequence, a local layer's band as its
+    window, attention dropout in the kernel. Elsewhere attention re-pads q, k, v to [B, Lp] (Lp = the last
     column holding a real token, <= L) and runs SDPA with a key mask, then keeps the T real rows. Measured on this
     CPU (torch 2.13, B=32, L=128, 37% padding, fwd+bwd of attention alone): that costs about as much as padded
     SDPA (the scatter/gather is small), while the varlen alternatives were slower: nested jagged tensors ~4x
@@ -198,8 +199,16 @@ class Packed:
 
 try:
     from torch.nn.attention.varlen import varlen_attn as _VARLEN_ATTN
+
+    if "window_size" not in inspect.signature(_VARLEN_ATTN).parameters:  # a torch before local windows
+        _VARLEN_ATTN = None
 except ImportError:  # an older torch
     _VARLEN_ATTN = None
+# aten's flash forward under torch's varlen_attn, which fixes dropout at 0: with dropout it is what runs, its backward
+# replaying the forward's dropout mask from the philox state the forward returns
+_FLASH_FORWARD = getattr(torch.ops.aten, "_flash_attention_forward", None) if _VARLEN_ATTN is not None else None
+if _FLASH_FORWARD is not None and "window_size_left" not in str(_FLASH_FORWARD.default._schema):
+    _FLASH_FORWARD = None
 
 
 def _varlen_attn():
@@ -207,24 +216,35 @@ def _varlen_attn():
     return _VARLEN_ATTN
 
 
+def _flash_forward():
+    """aten's flash forward, which takes dropout, or None (a seam the CPU tests replace, as `_varlen_attn`)."""
+    return _FLASH_FORWARD
+
+
 def varlen_usable(q: torch.Tensor, dropout_p: float) -> bool:
     """Whether `varlen_attention` can run q [T, N, D]: flash attention's kernel is CUDA-only, half precision, head
-    dim a multiple of 8 up to 256, and has no dropout (a layer with attention dropout, while training, re-pads)."""
+    dim a multiple of 8 up to 256."""
     return (
         q.is_cuda
         and q.dtype in (torch.float16, torch.bfloat16)
-        and dropout_p == 0.0
         and q.shape[-1] % 8 == 0
         and q.shape[-1] <= 256
-        and _varlen_attn() is not None
+        and (_varlen_attn() if dropout_p == 0.0 else _flash_forward()) is not None
     )
 
 
-def varlen_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, window: int) -> torch.Tensor:
+def varlen_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, packed: Packed, window: int, dropout_p: float = 0.0
+) -> torch.Tensor:
     """Attention of the packed tokens q, k, v [T, N, D] -> [T, N, D], each row of the batch one sequence
     (`Packed.cu_seqlens`); a local layer sees window // 2 positions on either side (flash's window, inclusive), as
-    `band`. The same function as the re-padded SDPA path for right-padded rows."""
+    `band`; `dropout_p` on the attention probabilities, as SDPA's. The same function as the re-padded SDPA path for
+    right-padded rows."""
     half = window // 2 if window else -1
-    return _varlen_attn()(
-        q, k, v, packed.cu_seqlens, packed.cu_seqlens, packed.length, packed.length, window_size=(half, half)
+    cu, length = packed.cu_seqlens, packed.length
+    if dropout_p == 0.0:
+        return _varlen_attn()(q, k, v, cu, cu, length, length, window_size=(half, half))
+    out = _flash_forward()(
+        q, k, v, cu, cu, length, length, dropout_p, False, False, window_size_left=half, window_size_right=half
     )
+    return out[0]  # (output, logsumexp, philox state, -, debug mask)
