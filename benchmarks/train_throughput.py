@@ -13,8 +13,9 @@ each side's own FLOP count (torch's FlopCounterMode over one step).
 
 Shapes: mini (4 layers, 256 wide, 4 heads, 1024 FFN), base (12/768/12/3072), padding (mini with ~40% of every
 batch padding: our padded vs our unpadded encoder, with BERT's attention dropout and without it; the unpadded encoder
-runs flash attention's variable-length kernel on a GPU, either way; --compile adds the unpadded one compiled). Sequence length 128, vocabulary 30522. Batch: on a
-CPU 32 for mini and padding, 8 for base; on a GPU 128 for every shape (--batch overrides).
+runs flash attention's variable-length kernel on a GPU, either way; --compile adds the unpadded one compiled).
+Sequence length 128, vocabulary 30522. Batch: on a CPU 32 for mini and padding, 8 for base; on a GPU 128 for every
+shape (--batch overrides).
 
     python benchmarks/train_throughput.py                       # CPU: all shapes, fp32 and bf16 autocast
     python benchmarks/train_throughput.py --shapes mini --precision bf16 --compile

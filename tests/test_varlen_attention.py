@@ -3,7 +3,9 @@ flash attention's kernel over the packed tokens, each row one sequence, a local 
 kernel is CUDA-only: on a CPU the path runs on a per-sequence reference of the kernel's documented contract (q, k,
 v [T, N, D], cumulative row starts, an inclusive (left, right) window), which checks everything around it (row
 starts, rotary positions, windows, the output projection, gradients) against the padded encoder; where CUDA is,
-the real kernel is checked against the padded encoder in bf16."""
+the real kernel is checked against the padded encoder in bf16. Attention dropout runs in the kernel too (aten's
+flash forward): an exact reading of the probabilities it drops, and of what its backward drops, is checked on the
+reference here and on the kernel where CUDA is."""
 
 from __future__ import annotations
 
