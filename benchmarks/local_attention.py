@@ -51,7 +51,7 @@ def make_encoder(args, window: int, device: torch.device) -> BertEncoder:
         local_attention=window,
         global_every=3,
         unpadded=args.unpadded,
-        hidden_dropout=0.0,  # ModernBERT trains without dropout (and the unpadded path then runs flash's varlen)
+        hidden_dropout=0.0,  # ModernBERT trains without dropout
         attention_dropout=0.0,
     )
     torch.manual_seed(0)

@@ -343,11 +343,12 @@ def test_a_child_run_keeps_what_pythonpath_held_and_drops_the_launchers_ranks(mo
     """A lent GPU machine has DeepSpeed only on PYTHONPATH (/tmp/site): a benchmark's or an ablation arm's process
     that replaced PYTHONPATH with the repository could not import it."""
     monkeypatch.setenv("PYTHONPATH", "/tmp/site")
-    for key, value in {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "MASTER_PORT": "29500"}.items():
+    ranks = {"RANK": "3", "WORLD_SIZE": "4", "LOCAL_RANK": "1", "LOCAL_WORLD_SIZE": "2", "MASTER_PORT": "29500"}
+    for key, value in {**ranks, "TORCHELASTIC_RUN_ID": "x"}.items():
         monkeypatch.setenv(key, value)
     env = single_process_env(WANDB_MODE="disabled")
     assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/tmp/site"]
-    assert not {"RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_PORT"} & env.keys()
+    assert not {*ranks, "TORCHELASTIC_RUN_ID"} & env.keys()  # LOCAL_WORLD_SIZE would split its loader's workers
     assert env["WANDB_MODE"] == "disabled" and env["PATH"] == os.environ["PATH"]
     monkeypatch.delenv("PYTHONPATH")
     assert single_process_env()["PYTHONPATH"] == str(ROOT)

@@ -10,6 +10,7 @@ reference here and on the kernel where CUDA is."""
 from __future__ import annotations
 
 from dataclasses import replace
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -177,12 +178,24 @@ def test_dropped_attention_check_on_the_reference(window, monkeypatch):
     check_dropped_attention(torch.device("cpu"), torch.float32, window)
 
 
-def test_the_kernel_is_used_only_where_it_runs():
+def test_the_kernel_is_used_only_where_it_runs(monkeypatch):
     q = torch.randn(10, 2, 16)
     assert not padding.varlen_usable(q, 0.0)  # a CPU tensor
-    if torch.cuda.is_available():
-        assert padding.varlen_usable(q.cuda().bfloat16(), 0.0) == (padding._varlen_attn() is not None)
-        assert padding.varlen_usable(q.cuda().bfloat16(), 0.1) == (padding._flash_forward() is not None)
+    # what q looks like on a GPU (all varlen_usable reads of it): without dropout torch's varlen_attn must be there,
+    # with it aten's flash forward
+    cuda = SimpleNamespace(is_cuda=True, dtype=torch.bfloat16, shape=(10, 2, 16))
+    for varlen, flash in [(None, None), (object(), None), (None, object()), (object(), object())]:
+        monkeypatch.setattr(padding, "_varlen_attn", lambda v=varlen: v)
+        monkeypatch.setattr(padding, "_flash_forward", lambda f=flash: f)
+        assert padding.varlen_usable(cuda, 0.0) == (varlen is not None)
+        assert padding.varlen_usable(cuda, 0.1) == (flash is not None)
+        assert not padding.varlen_usable(SimpleNamespace(**{**vars(cuda), "dtype": torch.float32}), 0.0)
+        assert not padding.varlen_usable(SimpleNamespace(**{**vars(cuda), "shape": (10, 2, 12)}), 0.0)  # head dim % 8
+    monkeypatch.undo()
+    if torch.cuda.is_available() and padding._varlen_attn() is not None:
+        # this torch has the varlen kernel: dropout must run in it too, not fall back to re-padding in silence
+        assert padding._flash_forward() is not None
+        assert padding.varlen_usable(q.cuda().bfloat16(), 0.0) and padding.varlen_usable(q.cuda().bfloat16(), 0.1)
         assert not padding.varlen_usable(q.cuda(), 0.0)  # fp32
 
 
@@ -206,7 +219,8 @@ def test_the_cuda_kernel_gives_the_padded_encoders_loss(case):
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="flash attention's varlen kernel needs CUDA")
 @pytest.mark.parametrize("window", [0, 8])
-def test_the_cuda_kernel_drops_attention_as_sdpa_does(window):
-    if padding._flash_forward() is None:
-        pytest.skip("this torch's flash forward takes no window")
+def test_the_cuda_kernel_drops_exactly_what_it_should(window):
+    if padding._varlen_attn() is None:
+        pytest.skip("this torch has no torch.nn.attention.varlen")
+    assert padding._flash_forward() is not None  # else dropout would re-pad in silence
     check_dropped_attention(torch.device("cuda"), torch.bfloat16, window)

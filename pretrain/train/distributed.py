@@ -9,7 +9,11 @@ from functools import lru_cache
 from pathlib import Path
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/
-LAUNCHER_VARS = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "MASTER_ADDR", "MASTER_PORT")
+# what torchrun, the deepspeed launcher and this module set for a rank (TORCHELASTIC_* too, by prefix)
+LAUNCHER_VARS = (
+    *("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
+    *("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME"),
+)
 
 
 def has_cuda() -> bool:
@@ -69,7 +73,7 @@ def single_process_env(**extra: str) -> dict[str, str]:
     run, a test's CLI call): this package's root ahead of what PYTHONPATH holds already (replacing it would lose
     what a machine without a registry installs there, DeepSpeed on a lent GPU machine), no launcher's rank
     variables (the child is a world of its own, on a port of its own), then `extra`."""
-    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS}
+    env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
     return env | extra
 
