@@ -25,13 +25,9 @@ from tqdm import tqdm
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
+from pretrain.train.distributed import local_device
 
 EVAL_SEED = 20240607  # fixed, independent of any run's seed: every model is scored on the same masks
-
-
-def eval_device() -> torch.device:
-    """The GPU when there is one (this process's), else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
 
 
 def _is_hf_dir(path: Path) -> bool:
@@ -54,7 +50,7 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
             model_dir = target / "generator"
         try:
             AutoConfig.from_pretrained(str(model_dir))
-            model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval().to(eval_device())
+            model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval().to(local_device())
         except (OSError, ValueError) as err:
             raise UserError(f"{model_dir}: cannot load a masked-LM model with transformers ({err})") from None
 
@@ -75,7 +71,7 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
     from pretrain.train.setup import load_checkpoint_model
 
     cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
-    model.to(eval_device())
+    model.to(local_device())
     head = model.get_submodule(lm_head_name(model))  # raises a UserError without a token-prediction head
 
     def logits_fn(ids, types, mask):
@@ -167,7 +163,7 @@ def _score_masked(logits_fn, samples, n: int, masker, pad: int, batch_size: int,
                 for i in range(start, min(start + batch_size, n))
             ]
         )
-        batch = {k: v.to(eval_device(), non_blocking=True) for k, v in batch.items()}
+        batch = {k: v.to(local_device(), non_blocking=True) for k, v in batch.items()}
         labels = batch["mlm_labels"]
         logits = logits_fn(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"]).float()
         selected = labels != IGNORE_INDEX

@@ -33,8 +33,9 @@ from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig
-from pretrain.evaluation.fit import autocast, batches, device, fit
+from pretrain.evaluation.fit import autocast, batches, fit
 from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task
+from pretrain.train.distributed import local_device
 
 csv.field_size_limit(1 << 24)
 DEFAULTS = FinetuneConfig()  # the options' defaults, declared once there (the command line reads them too)
@@ -257,10 +258,10 @@ def _encode(tokenizer, split, max_seq_len: int, config) -> dict[str, torch.Tenso
 
 
 def _trim(enc: dict[str, torch.Tensor], idx: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Rows `idx`, cut to their longest real length (padding was to the whole split's longest), on `device()`."""
+    """Rows `idx`, cut to their longest real length (padding was to the whole split's longest), on `local_device()`."""
     mask = enc["attention_mask"][idx]
     width = int(mask.sum(1).max())  # host tensors: no device read
-    return {k: v[idx, :width].to(device(), non_blocking=True) for k, v in enc.items()}
+    return {k: v[idx, :width].to(local_device(), non_blocking=True) for k, v in enc.items()}
 
 
 @torch.no_grad()
@@ -278,7 +279,7 @@ def encoder_features(
     tokenizer, cls_model = load_model(model_dir, task.num_labels, task.kind, random_init)
     base = getattr(cls_model, cls_model.base_model_prefix, None)
     encoder = base if base is not None else AutoModel.from_config(cls_model.config)
-    encoder.eval().to(device())
+    encoder.eval().to(local_device())
     out = []
     for split_name, split in (("train", task.train), ("dev", task.dev)):
         enc = _encode(tokenizer, split, max_seq_len, cls_model.config)
@@ -361,12 +362,12 @@ def train_full(
     """Fine-tune the whole model (`fit`: AdamW, linear warmup then linear decay to 0) and score dev."""
     torch.manual_seed(seed)  # the head's initialisation and dropout
     tokenizer, model = load_model(model_dir, task.num_labels, task.kind, random_init)
-    model.to(device())
+    model.to(local_device())
     train_enc, dev_enc = (_encode(tokenizer, split, max_seq_len, model.config) for split in (task.train, task.dev))
     y = torch.tensor(task.train[2])
 
     def loss_of(idx):
-        labels = (y[idx].float() if task.kind == "regression" else y[idx]).to(device())
+        labels = (y[idx].float() if task.kind == "regression" else y[idx]).to(local_device())
         return model(**_trim(train_enc, idx), labels=labels).loss
 
     fit(model, loss_of, len(y), seed, epochs, lr, batch_size, warmup_frac, f"finetune {task.name} seed {seed}")

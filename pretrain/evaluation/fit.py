@@ -12,11 +12,6 @@ import torch
 from tqdm import tqdm
 
 
-def device() -> torch.device:
-    """The GPU when there is one (this process's), else the CPU."""
-    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-
-
 def autocast():
     """bf16 on the GPU (as transformers' Trainer with bf16), fp32 on the CPU."""
     if torch.cuda.is_available():

@@ -32,7 +32,8 @@ from tqdm import tqdm
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
-from pretrain.evaluation.fit import autocast, batches, device, fit, linear_schedule
+from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule
+from pretrain.train.distributed import local_device
 
 SPLITS = ("train.txt", "dev.txt")
 DOCSTART = "-DOCSTART-"
@@ -248,10 +249,10 @@ def word_tags(token_preds: torch.Tensor, first: torch.Tensor, sentences: list[li
 
 
 def _rows(enc: dict[str, torch.Tensor], idx: torch.Tensor, *extra: torch.Tensor) -> list:
-    """Rows `idx` of the inputs (and of `extra` [N, L] tensors), cut to their longest real length, on `device()`."""
+    """Rows `idx` of the inputs (and of `extra` [N, L] tensors), cut to their longest real length, on the device."""
     width = int(enc["attention_mask"][idx].sum(1).max())
-    batch = {k: v[idx, :width].to(device(), non_blocking=True) for k, v in enc.items()}
-    return [batch, *(t[idx, :width].to(device(), non_blocking=True) for t in extra)]
+    batch = {k: v[idx, :width].to(local_device(), non_blocking=True) for k, v in enc.items()}
+    return [batch, *(t[idx, :width].to(local_device(), non_blocking=True) for t in extra)]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -297,7 +298,7 @@ def fit_token_model(
     """(tokenizer, model) fine-tuned on the train split: AdamW, warmup then linear decay, as finetune.train_full."""
     torch.manual_seed(seed)  # the head's initialisation and dropout
     tokenizer, model = load_token_model(model_dir, task.labels, random_init)
-    model.to(device())
+    model.to(local_device())
     words, _, tags = task.train
     enc, first = encode_words(tokenizer, words, max_seq_len)
     index = {t: i for i, t in enumerate(task.labels)}
@@ -348,7 +349,7 @@ def token_features(model_dir: Path, task: TokenTask, max_seq_len: int = 128, bat
     """Each split's frozen features of the words that have a token: (features [W, H], first [N, W])."""
     tokenizer, model = load_token_model(model_dir, task.labels, random_init)
     encoder = getattr(model, model.base_model_prefix)
-    encoder.eval().to(device())
+    encoder.eval().to(local_device())
     out = []
     for split_name, (words, _, _) in (("train", task.train), ("dev", task.dev)):
         enc, first = encode_words(tokenizer, words, max_seq_len)
@@ -360,7 +361,8 @@ def token_features(model_dir: Path, task: TokenTask, max_seq_len: int = 128, bat
             pos = first[idx]  # [B, W]
             rows = torch.arange(len(idx))[:, None].expand_as(pos)
             kept = pos >= 0
-            feats.append(hidden[rows[kept].to(device()), pos[kept].to(device())].cpu())  # [words with a token, H]
+            at = rows[kept].to(local_device()), pos[kept].to(local_device())
+            feats.append(hidden[at].cpu())  # [words with a token, H]
         out.append((torch.cat(feats), first))
     return out[0], out[1]
 
@@ -377,16 +379,16 @@ def train_token_probe(task: TokenTask, train, dev, seed: int, epochs: int = 20, 
         [index[t] for s, f in zip(task.train[2], train_first) for t, p in zip(s, f.tolist()) if p >= 0]
     )  # [W]: the words with a token, in the features' order
     mean, std = train_x.mean(0), train_x.std(0).clamp(min=1e-6)
-    xs, xd = ((train_x - mean) / std).to(device()), ((dev_x - mean) / std).to(device())
-    y = y.to(device())
-    head = torch.nn.Linear(xs.shape[1], task.num_labels).to(device())
+    xs, xd = ((train_x - mean) / std).to(local_device()), ((dev_x - mean) / std).to(local_device())
+    y = y.to(local_device())
+    head = torch.nn.Linear(xs.shape[1], task.num_labels).to(local_device())
     opt = torch.optim.AdamW(head.parameters(), lr=lr, weight_decay=1e-4)
     words_per_batch = batch_size * max(1, round(len(xs) / max(1, len(task.train[0]))))
     total = max(1, epochs * math.ceil(len(xs) / words_per_batch))
     sched = linear_schedule(opt, total, 0.0)
     for _ in range(epochs):
         for idx in batches(len(xs), words_per_batch, gen):
-            idx = idx.to(device())
+            idx = idx.to(local_device())
             loss = F.cross_entropy(head(xs[idx]), y[idx])
             opt.zero_grad()
             loss.backward()

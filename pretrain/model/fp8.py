@@ -103,8 +103,8 @@ def use_float8(encoder: nn.Module) -> list[str]:
     converted = []
     for name, module in encoder.named_modules():
         in_a_layer = name.startswith(("layers.", "shared_layer."))  # BertEncoder's (ALBERT: one shared layer)
-        aligned = isinstance(module, nn.Linear) and module.in_features % ALIGN == 0 and module.out_features % ALIGN == 0
-        if in_a_layer and type(module) is nn.Linear and aligned:
+        plain = type(module) is nn.Linear  # not a subclass (nor an already converted one)
+        if in_a_layer and plain and module.in_features % ALIGN == 0 and module.out_features % ALIGN == 0:
             module.__class__ = Float8Linear
             converted.append(name)
     return converted

@@ -6,9 +6,9 @@ import os
 import socket
 from datetime import timedelta
 from functools import lru_cache
-from pathlib import Path
 
-PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the directory holding pretrain/
+from pretrain.core.provenance import SOURCE_ROOT
+
 # what torchrun, the deepspeed launcher and this module set for a rank (TORCHELASTIC_* too, by prefix)
 LAUNCHER_VARS = (
     *("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
@@ -20,6 +20,13 @@ def has_cuda() -> bool:
     import torch
 
     return torch.cuda.is_available()
+
+
+def local_device():
+    """This process's device: its GPU where there is one (`init_distributed` picks it by LOCAL_RANK), else the CPU."""
+    import torch
+
+    return torch.device("cuda", torch.cuda.current_device()) if has_cuda() else torch.device("cpu")
 
 
 @lru_cache(maxsize=1)
@@ -74,7 +81,7 @@ def single_process_env(**extra: str) -> dict[str, str]:
     what a machine without a registry installs there, DeepSpeed on a lent GPU machine), no launcher's rank
     variables (the child is a world of its own, on a port of its own), then `extra`."""
     env = {k: v for k, v in os.environ.items() if k not in LAUNCHER_VARS and not k.startswith("TORCHELASTIC_")}
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(SOURCE_ROOT), os.environ.get("PYTHONPATH")]))
     return env | extra
 
 

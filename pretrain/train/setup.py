@@ -22,7 +22,7 @@ from pretrain.hf.init_from import load_init_from, resolve_init_from
 from pretrain.model.fp8 import float8_problem
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train import checkpoint as ckpt
-from pretrain.train.distributed import run_precision
+from pretrain.train.distributed import local_device, run_precision
 from pretrain.train.state import TrainState
 
 
@@ -122,8 +122,7 @@ def check_fp8(cfg: RunConfig) -> None:
     """train.precision=fp8 on a device without fp8 kernels: a ConfigError, raised before the run writes anything."""
     if cfg.train.precision != "fp8":
         return
-    device = torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
-    problem = float8_problem(device)
+    problem = float8_problem(local_device())
     if problem:
         raise ConfigError(f"train.precision=fp8: {problem}; train with train.precision=bf16 on this machine")
 
