@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import BASE, TOKENS, make_batch, run_args, run_cli, small_corpus
+from helpers import BASE, TOKENS, loss_and_grads, make_batch, run_args, run_cli, small_corpus
 from torch import nn
 
 from objectives import build_objectives
@@ -125,15 +125,9 @@ def test_compiled_fp8_matches_eager_fp8(monkeypatch):
         use_float8(model.encoder)
     for seed, lengths in enumerate([(30, 17, 24, 9), (12, 20, 5, 31)]):  # 80 and 68 real tokens: padded to 80
         batch = make_batch(lengths, seed=seed, objectives=objectives)
-        results = []
-        for model in (eager, compiled):
-            model.zero_grad(set_to_none=True)
-            loss = model(batch)[0]
-            loss.backward()
-            results.append((loss.detach(), [p.grad for p in model.parameters()]))
-        (loss_e, grads_e), (loss_c, grads_c) = results
+        (loss_e, grads_e), (loss_c, grads_c) = (loss_and_grads(model, batch) for model in (eager, compiled))
         assert torch.allclose(loss_c, loss_e, rtol=1e-5, atol=1e-6)
-        assert all(torch.allclose(c, e, rtol=1e-4, atol=1e-6) for c, e in zip(grads_c, grads_e) if e is not None)
+        assert all(torch.allclose(grads_c[n], e, rtol=1e-4, atol=1e-6) for n, e in grads_e.items())
 
 
 def test_a_gpu_without_fp8_kernels_is_named_and_the_run_refused_before_it_writes(monkeypatch, tmp_path):
