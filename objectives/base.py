@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 from pretrain.core.errors import ConfigError
@@ -52,6 +53,12 @@ def flat_targets(labels: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     flat = labels.reshape(-1)
     positions = np.flatnonzero(flat != IGNORE_INDEX).astype(np.int64)
     return positions, flat[positions].astype(np.int64)
+
+
+def summed_ce_and_correct(logits: torch.Tensor, targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(cross-entropy of logits [M, C] summed over targets [M], how many the argmax gets right): what each
+    classification head's compiled loss returns, the mean taken by the caller's `Mean`."""
+    return F.cross_entropy(logits, targets, reduction="sum"), (logits.argmax(-1) == targets).sum()
 
 
 @dataclass(frozen=True)

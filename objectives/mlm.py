@@ -15,10 +15,17 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
+from objectives.base import (
+    Objective,
+    ObjectiveOptions,
+    ObjectiveOutput,
+    flat_targets,
+    option,
+    register,
+    summed_ce_and_correct,
+)
 from objectives.lm_head import MLMHead, lm_head
 from objectives.masking import (
     SpanLengths,
@@ -97,8 +104,7 @@ def _token_loss(
     """(cross-entropy summed over targets [M], how many the argmax gets right) of the head on the rows `positions`
     (flat indices into [B * L]) of hidden [B, L, H]. A plain function, compiled with the model."""
     rows = hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)  # [M, H]
-    logits = head(rows).float()  # [M, V]
-    return F.cross_entropy(logits, targets, reduction="sum"), (logits.argmax(-1) == targets).sum()
+    return summed_ce_and_correct(head(rows).float(), targets)  # logits [M, V]
 
 
 def token_predictions(

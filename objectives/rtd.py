@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOutput, flat_targets, option, register
+from objectives.base import Objective, ObjectiveOutput, flat_targets, option, register, summed_ce_and_correct
 from objectives.lm_head import TiedLMHead, lm_head
 from objectives.mlm import MaskingRates, candidate_positions, choose_positions, corrupt
 from pretrain.core.measures import BinaryAUC, Mean
@@ -222,11 +222,11 @@ def _generate(
     so a resumed run draws the same samples."""
     hidden = generator.encode(x, attention_mask)  # [B, L, Hg]
     logits = generator.head(hidden.reshape(-1, hidden.shape[-1]).index_select(0, positions)).float()  # [M, V]
-    gen_sum = F.cross_entropy(logits, targets, reduction="sum")
+    gen_sum, correct = summed_ce_and_correct(logits, targets)
     with torch.no_grad():
         scores = (logits / temperature).index_fill(1, special_ids, float("-inf"))
         sampled = sample_categorical(torch.softmax(scores, dim=-1))  # [M]
-    return gen_sum, (logits.argmax(-1) == targets).sum(), sampled
+    return gen_sum, correct, sampled
 
 
 def _discriminator_loss(

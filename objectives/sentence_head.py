@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOutput
+from objectives.base import Objective, ObjectiveOutput, summed_ce_and_correct
 from pretrain.core.measures import Mean
 from pretrain.model.compiling import compiled
 
@@ -128,5 +127,4 @@ class SentencePairObjective(Objective):
 def _pair_loss(head: SentencePairHead, hidden: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(cross-entropy summed over the rows, argmax right) of the pair head's logits [B, 2] over hidden [B, L, H]
     against labels [B]. A plain function, compiled with the model."""
-    logits = head(hidden).float()  # [B, 2]
-    return F.cross_entropy(logits, labels, reduction="sum"), (logits.argmax(-1) == labels).sum()
+    return summed_ce_and_correct(head(hidden).float(), labels)  # logits [B, 2]

@@ -17,7 +17,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
+from objectives.base import (
+    Objective,
+    ObjectiveOptions,
+    ObjectiveOutput,
+    flat_targets,
+    option,
+    register,
+    summed_ce_and_correct,
+)
 from objectives.lm_head import MLMHead, lm_head
 from objectives.masking import (
     SpanLengths,
@@ -194,4 +202,4 @@ def _boundary_loss(
     the MLM head; a plain function, compiled with the model."""
     flat = hidden.reshape(-1, hidden.shape[-1])  # [B * L, H]
     logits = sbo(flat.index_select(0, left_at), flat.index_select(0, right_at), pos_at).float()  # [M, V]
-    return F.cross_entropy(logits, targets, reduction="sum"), (logits.argmax(-1) == targets).sum()
+    return summed_ce_and_correct(logits, targets)
