@@ -198,6 +198,18 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, sta
     return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
 
 
+def compile_with(monkeypatch, make) -> None:
+    """The model's compiled functions (`pretrain.model.compiling`) made by `make(fn, mode)` instead, from a fresh
+    start: dynamo reset and none made yet."""
+    import torch
+
+    from pretrain.model import compiling
+
+    torch._dynamo.reset()
+    monkeypatch.setattr(compiling, "_made", {})
+    monkeypatch.setattr(compiling, "_make", make)
+
+
 def loss_and_grads(model, batch):
     """(the loss, {parameter name: its gradient}) of one forward and backward of `model` on `batch`."""
     model.zero_grad(set_to_none=True)

@@ -9,7 +9,7 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import BASE, TOKENS, loss_and_grads, make_batch
+from helpers import BASE, TOKENS, compile_with, loss_and_grads, make_batch
 
 from objectives import build_objectives
 from pretrain.model.pretraining import PretrainingModel
@@ -79,9 +79,7 @@ def test_compiled_heads_and_losses_match_eager(spec, monkeypatch):
     every gradient, over batches with different numbers of targets."""
     from pretrain.model import compiling
 
-    torch._dynamo.reset()
-    monkeypatch.setattr(compiling, "_made", {})
-    monkeypatch.setattr(compiling, "_make", lambda fn, mode: torch.compile(fn, backend="aot_eager", dynamic=None))
+    compile_with(monkeypatch, lambda fn, mode: torch.compile(fn, backend="aot_eager", dynamic=None))
     objectives = build_objectives(spec, TOKENS)
     torch.manual_seed(0)
     cfg = replace(BASE, hidden_dropout=0.0, attention_dropout=0.0)

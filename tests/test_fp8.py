@@ -9,11 +9,10 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import BASE, TOKENS, loss_and_grads, make_batch, run_args, run_cli, small_corpus
+from helpers import BASE, TOKENS, compile_with, loss_and_grads, make_batch, run_args, run_cli, small_corpus
 from torch import nn
 
 from objectives import build_objectives
-from pretrain.model import compiling
 from pretrain.model.fp8 import E4M3, E5M2, Float8Linear, float8_problem, quantize, use_float8
 from pretrain.model.pretraining import PretrainingModel
 
@@ -113,9 +112,7 @@ def test_fp8_training_follows_bf16():
 def test_compiled_fp8_matches_eager_fp8(monkeypatch):
     """The float8 autograd function traced by dynamo and AOTAutograd (the graph inductor fuses the scaling into):
     the same loss and gradients as eager."""
-    torch._dynamo.reset()
-    monkeypatch.setattr(compiling, "_made", {})
-    monkeypatch.setattr(compiling, "_make", lambda fn, mode: torch.compile(fn, backend="aot_eager"))
+    compile_with(monkeypatch, lambda fn, mode: torch.compile(fn, backend="aot_eager"))
     objectives = build_objectives({"mlm": {}}, TOKENS)
     cfg = replace(BASE, hidden_dropout=0.0, attention_dropout=0.0, unpadded=True)
     eager = PretrainingModel(cfg, objectives)

@@ -10,10 +10,9 @@ from dataclasses import replace
 
 import pytest
 import torch
-from helpers import BASE, TOKENS, make_batch
+from helpers import BASE, TOKENS, compile_with, make_batch
 
 from objectives import build_objectives
-from pretrain.model import compiling
 from pretrain.model.pretraining import PretrainingModel
 
 # Four rows each (the trainer's micro-batch is fixed): shorter rows, other lengths, then every row full.
@@ -32,9 +31,7 @@ def graphs(monkeypatch):
 
         return torch.compile(fn, backend=backend)
 
-    torch._dynamo.reset()
-    monkeypatch.setattr(compiling, "_made", {})
-    monkeypatch.setattr(compiling, "_make", make)
+    compile_with(monkeypatch, make)
     yield compiled
     torch._dynamo.reset()
 
@@ -121,8 +118,7 @@ def test_the_compile_mode_reaches_torch_compile_once_per_function_and_mode(monke
     from pretrain.train.setup import load_config
 
     made = []
-    monkeypatch.setattr(compiling, "_made", {})
-    monkeypatch.setattr(compiling, "_make", lambda fn, mode: made.append((fn.__name__, mode)) or fn)  # runs eager
+    compile_with(monkeypatch, lambda fn, mode: made.append((fn.__name__, mode)) or fn)  # runs eager
     for mode, unpadded in (
         ("reduce-overhead", False),
         ("reduce-overhead", False),
