@@ -3,6 +3,7 @@
 python benchmarks/gpu_suite.py report RESULTS_DIR
 python benchmarks/gpu_suite.py demo-summary --run RUN_DIR --heldout FILE --seconds S --json OUT
 python benchmarks/gpu_suite.py add-seconds FILE.json SECONDS
+python benchmarks/gpu_suite.py ablation-progress [--before FILE] --json OUT CONFIG [key=value ...]
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ sys.path.insert(0, str(ROOT))  # not benchmarks/: its data_pipeline.py would hid
 
 STAGES = [
     *("syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "fp8", "varlen", "local"),
-    *("demo", "eval", "finetune"),
+    *("demo", "eval", "finetune", "ablate"),
 ]
 
 
@@ -51,6 +52,25 @@ def demo_summary(run: Path, heldout: Path, seconds: float, max_samples: int) -> 
         "heldout_mlm_loss": held["loss"],
         "heldout_accuracy": held["accuracy"],
         "heldout_unigram_entropy": unigram_entropy(ShardSet(Path(held["shards"]), verify=False), specials),
+    }
+
+
+def ablation_progress(config: str, overrides: list[str], before: Path | None) -> dict:
+    """How far the ablation that the `ablate` stage works on in chunks has come: its runs, those finished (and, given
+    the progress written before the chunk, those the chunk finished), those left, and whether its report is written."""
+    from pretrain.evaluation.ablate import finished, load_ablation, read_state
+
+    ab = load_ablation(config, overrides)
+    done = [arm.name for arm in ab.arms if finished(ab, read_state(arm))]
+    earlier = json.loads(before.read_text())["finished"] if before and before.is_file() else []
+    left = [arm.name for arm in ab.arms if arm.name not in done]
+    return {
+        "config": config,
+        "runs": len(ab.arms),
+        "finished": done,
+        "new": [name for name in done if name not in earlier],
+        "left": left,
+        "report": not left and (ab.out / "report.md").is_file(),
     }
 
 
@@ -255,6 +275,21 @@ def report(res: Path) -> str:
         )
     else:
         line("finetune", "`pretrain finetune` of the demo's export", "-")
+    ab = data["ablate"]
+    line(
+        "ablate",
+        f"`pretrain ablate {ab['config']}`, one chunk (--within-minutes)" if ab else "`pretrain ablate`, one chunk",
+        (
+            f"{len(ab['finished'])} of {ab['runs']} runs finished, {len(ab['new'])} in this chunk; "
+            + (
+                "every run done: the report is ablation/report.md"
+                if ab["report"]
+                else f"left: {', '.join(ab['left'])} (carry ablation/ back for the next chunk)"
+            )
+        )
+        if ab
+        else "-",
+    )
     for stage in ("base128", "base128c", "base512", "rtd", "nsp", "fp8"):
         if data[stage]:
             out += ["", f"### {stage}", "", f"`{data[stage]['meta']['command']}`", ""]
@@ -282,12 +317,19 @@ def main() -> None:
     d.add_argument("--seconds", type=float, required=True)
     d.add_argument("--max-samples", type=int, default=0)
     d.add_argument("--json", type=Path, required=True)
+    g = sub.add_parser("ablation-progress")
+    g.add_argument("config")
+    g.add_argument("overrides", nargs="*")
+    g.add_argument("--before", type=Path)
+    g.add_argument("--json", type=Path, required=True)
     s = sub.add_parser("add-seconds")
     s.add_argument("file", type=Path)
     s.add_argument("seconds", type=float)
     a = p.parse_args()
     if a.what == "report":
         print(report(a.results))
+    elif a.what == "ablation-progress":
+        a.json.write_text(json.dumps(ablation_progress(a.config, a.overrides, a.before), indent=1))
     elif a.what == "demo-summary":
         summary = demo_summary(a.run, a.heldout, a.seconds, a.max_samples)
         a.json.write_text(json.dumps(summary, indent=1))

@@ -268,14 +268,21 @@ def cmd_finetune(args) -> int:
 def cmd_ablate(args) -> int:
     import shlex
 
-    from pretrain.evaluation.ablate import load_ablation, print_commands, run_ablation
+    from pretrain.evaluation.ablate import copy_record, load_ablation, print_commands, run_ablation
 
     ablation = load_ablation(args.config, args.overrides)
     if args.print_commands:
         print("\n".join(print_commands(ablation)))
         return 0
+    if args.copy_record:
+        done = copy_record(ablation, Path(args.copy_record))
+        print(
+            f"[ablate] copied the record of {len(done)} of {len(ablation.arms)} finished runs and the tokenizer from "
+            f"{ablation.out} to {args.copy_record}: with output_dir={args.copy_record}, the same command skips them"
+        )
+        return 0
     command = " ".join(shlex.quote(a) for a in ["pretrain", "ablate", args.config, *args.overrides])
-    run_ablation(ablation, command)
+    run_ablation(ablation, command, args.within_minutes)
     return 0
 
 

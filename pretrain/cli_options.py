@@ -18,6 +18,17 @@ CONFIG_HELP = "a config file, or the name of a preset in configs/ (e.g. 'default
 OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
 
 
+def positive_float(text: str) -> float:
+    """argparse type: a number above 0 (argparse names the option in its error)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = float("nan")
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}")
+    return value
+
+
 # ----------------------------------------------------------------------------------------------
 # Options that mirror a config field or a library parameter: the default is declared there, once
 
@@ -350,10 +361,26 @@ def decay_args(p):
 def ablate_args(p):
     p.add_argument("config", help="ablation config file (or a preset name in configs/)")
     p.add_argument("overrides", nargs="*", metavar="key=value", help="dotted overrides of the ablation config")
-    p.add_argument(
+    how = p.add_mutually_exclusive_group()
+    how.add_argument(
         "--print-commands",
         action="store_true",
         help="write each arm's config and print launch commands for a cluster instead of running",
+    )
+    how.add_argument(
+        "--within-minutes",
+        type=positive_float,
+        default=0.0,
+        metavar="M",
+        help="start no run that would not finish within M minutes (judged by the runs timed so far) and stop there; "
+        "the same command again goes on, and writes the report once every run has finished",
+    )
+    how.add_argument(
+        "--copy-record",
+        metavar="DIR",
+        help="instead of running, copy into the new directory DIR what the report and a resumed ablation need "
+        "(the tokenizer, each finished run's config, state, metrics and provenance), without weights, checkpoints "
+        "or shards: with output_dir=DIR, on another machine, the same command skips those runs",
     )
 
 

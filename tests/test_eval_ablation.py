@@ -124,6 +124,65 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
 
 
 @pytest.mark.slow
+def test_the_record_of_an_ablation_goes_on_elsewhere_without_its_weights(ablation):
+    """What a short-lived machine sends back (--copy-record): the finished runs' records and the tokenizer, no weights.
+    From it the same command skips those runs and reports the same numbers; --within-minutes leaves a run that would not
+    fit for the next invocation, which finishes it and writes the report."""
+    import shutil
+
+    tmp, corpus, task = ablation["tmp"], ablation["corpus"], ablation["task"]
+    original = json.loads((ablation["dir"] / "results.json").read_text())
+    runs = set(original["runs"])
+    record = tmp / "elsewhere" / "abl"  # where ablation_args(tmp / "elsewhere") writes
+    pretrain(*ablation_args(tmp, corpus, task), "--copy-record", record, cwd=ROOT)
+    files = {p.relative_to(record).as_posix() for p in record.rglob("*") if p.is_file()}
+    assert {f"arms/{run}/state.json" for run in runs} | {"tokenizer/tokenizer.json", "ablation.yaml"} <= files
+    assert not [f for f in files if f.endswith(".safetensors") or "checkpoints/" in f or f.startswith("shards/")]
+    assert sum((record / f).stat().st_size for f in files) < 2_000_000
+    # a second copy into the same place is refused, and leaves the first whole
+    again = pretrain(*ablation_args(tmp, corpus, task), "--copy-record", record, cwd=ROOT, rc=2)
+    assert f"--copy-record {record}: not a new or empty directory" in again.stderr
+    assert {p.relative_to(record).as_posix() for p in record.rglob("*") if p.is_file()} == files
+
+    partial = tmp / "partial" / "abl"  # a record sent back before `none` had run
+    shutil.copytree(record, partial)
+    for leftover in ("arms/none", "configs/none.yaml", "report.md", "results.json"):
+        shutil.rmtree(partial / leftover) if (partial / leftover).is_dir() else (partial / leftover).unlink()
+
+    proc = pretrain(*ablation_args(tmp / "elsewhere", corpus, task), cwd=ROOT)
+    assert proc.stdout.count("finished earlier, skipped") == len(runs) and "training (" not in proc.stdout
+    rebuilt = json.loads((record / "results.json").read_text())
+    assert {k: v for k, v in rebuilt.items() if k != "provenance"} == {
+        k: v for k, v in original.items() if k != "provenance"
+    }
+
+    # the mlm and span runs took seconds each: none, judged by them, does not fit in a few milliseconds
+    args = ablation_args(tmp / "partial", corpus, task)
+    proc = pretrain(*args, "--within-minutes", "0.0001", cwd=ROOT)
+    assert ": none left for the next run (it should take ~" in proc.stdout
+    assert "left for the next run of the same command: none" in proc.stdout
+    assert not (partial / "arms" / "none" / "state.json").exists() and not (partial / "report.md").exists()
+    proc = pretrain(*args, "--within-minutes", "60", cwd=ROOT)
+    assert "arm none: downstream" in proc.stdout and (partial / "report.md").is_file()
+    finished = json.loads((partial / "results.json").read_text())
+    assert set(finished["runs"]) == runs
+    assert finished["runs"]["none"]["downstream"] == original["runs"]["none"]["downstream"]  # the same inputs
+
+
+def test_a_run_is_expected_to_take_as_long_as_the_runs_timed_so_far(tmp_path):
+    from pretrain.evaluation.ablate import expected_seconds, load_ablation
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [task, "seeds=[7, 8]"])
+    arm = {a.name: a for a in ab.arms}
+    assert expected_seconds(ab, arm["span-seed7"], {}) is None  # nothing timed: the run starts
+    timed = {"mlm-seed7": 30.0, "mlm-seed8": 50.0, "span-seed7": 20.0}
+    assert expected_seconds(ab, arm["span-seed8"], timed) == 20.0  # another seed of the same arm
+    assert expected_seconds(ab, arm["mlm-seed8"], timed) == 50.0  # the longest of that arm
+    assert expected_seconds(ab, arm["none-seed7"], timed) == 50.0  # no run of its arm yet: the longest of any
+
+
+@pytest.mark.slow
 def test_flops_budget_is_equal_within_one_step(ablation):
     from pretrain.evaluation.ablate import apply_budget, load_ablation, measure_phase_flops
 

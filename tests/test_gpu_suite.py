@@ -4,9 +4,12 @@ which stage failed, and the script refuses an unknown stage."""
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_suite.sh"
@@ -89,6 +92,14 @@ def _write_results(res: Path, failed: str = "") -> None:
             "heldout_unigram_entropy": 7.0,
         },
         "eval": {"seconds": 12.0, "samples": 900, "accuracy": 0.2, "loss": 5.9},
+        "ablate": {
+            "config": "configs/ablation-gpu.yaml",
+            "runs": 4,
+            "finished": ["mlm-seed1", "mlm-seed2", "rtd-seed1"],
+            "new": ["rtd-seed1"],
+            "left": ["rtd-seed2"],
+            "report": False,
+        },
         "finetune": {
             "seconds": 60.0,
             "task": "mr",
@@ -123,7 +134,7 @@ def test_report_reads_every_stage(tmp_path):
     table = proc.stdout
     assert "## GPU suite: 1 x NVIDIA H100" in table and "rehearsal" not in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]
-    assert len(rows) == 13, table  # one per stage
+    assert len(rows) == 14, table  # one per stage
     assert "**2.00x**" in table and "**1.60x**" in table  # ours vs eager, vs compiled
     # the trainer compiled (as on a GPU by default): 400,000 of the compiled model step's 512,000 tokens/s
     assert "model step (ours + compile) 512,000 (batch 128): the trainer at **78%**" in table
@@ -136,6 +147,7 @@ def test_report_reads_every_stage(tmp_path):
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
     assert "(3 steps after the first x 2 micro-batches per run)" in table and "mode 'error' held" in table
     assert "### base512" in table and "### step" in table
+    assert "3 of 4 runs finished, 1 in this chunk; left: rtd-seed2 (carry ablation/ back" in table
 
 
 def test_report_names_a_failed_stage_and_the_script_refuses_unknown_ones(tmp_path):
@@ -162,3 +174,30 @@ def test_a_python_without_deepspeed_stops_the_suite_before_its_first_stage(tmp_p
     assert proc.returncode == 2
     assert "No module named 'einops'" in proc.stderr and "bash benchmarks/gpu_prepare.sh" in proc.stderr
     assert not list(out.glob("base128*"))  # no stage ran
+
+
+@pytest.mark.slow
+def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(tmp_path):
+    """A lent GPU machine starts bare and keeps nothing: a chunk of the ablation sends back the record of its finished
+    runs ($OUT/ablation, no weights), which the next machine gets as the ablation directory and goes on from."""
+    work = tmp_path / "work"
+
+    def chunk(out: Path, minutes: str) -> dict:
+        env = {**os.environ, "PY": sys.executable, "GPU_SUITE_WORK": str(work), "OUT": str(out)}
+        env["GPU_SUITE_ABLATE_MINUTES"] = minutes
+        proc = subprocess.run(
+            ["bash", str(SCRIPT), "--tiny", "ablate"], env=env, capture_output=True, text=True, timeout=600
+        )
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return json.loads((out / "ablate.json").read_text())
+
+    first = chunk(tmp_path / "out1", "0.005")  # the first run always starts; the others, judged by it, do not fit
+    assert (first["finished"], first["left"], first["report"]) == (["mlm"], ["span", "none"], False)
+    record = tmp_path / "out1" / "ablation"
+    assert (record / "arms" / "mlm" / "state.json").is_file() and not list(record.rglob("*.safetensors"))
+    shutil.rmtree(work / "ablation")  # the next machine has only what came back
+    shutil.copytree(record, work / "ablation")
+    second = chunk(tmp_path / "out2", "30")
+    assert (second["new"], second["left"], second["report"]) == (["span", "none"], [], True)
+    assert "arm mlm: finished earlier, skipped" in (tmp_path / "out2" / "ablate.log").read_text()
+    assert (tmp_path / "out2" / "ablation" / "report.md").is_file()

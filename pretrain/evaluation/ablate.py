@@ -30,7 +30,9 @@ and every dev prediction, from which the report's paired tests are computed: `pr
 Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed engines, signal handlers and
 the distributed group are per process, and it is exactly the command a cluster runs. state.json records
 each finished stage (trained, exported, evaluated), so a re-run skips finished arms and stages; a
-half-trained arm resumes from its checkpoint (the trainer does that itself).
+half-trained arm resumes from its checkpoint (the trainer does that itself). Where a machine keeps nothing between
+short loans, `--within-minutes` ends an invocation at a finished run rather than mid-way, and `--copy-record` copies
+what the next machine needs to go on, without weights: the tokenizer and each finished run's state (`copy_record`).
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ from __future__ import annotations
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 import time
@@ -50,7 +53,7 @@ import yaml
 
 from pretrain.core.config import REPLACED_BY_PRESET, RunConfig, check_config, load_yaml, save_config
 from pretrain.core.errors import ConfigError, UserError
-from pretrain.core.outputs import claim_output, mark_output
+from pretrain.core.outputs import LOCK, claim_output, mark_output
 from pretrain.core.parsing import (
     apply_overrides,
     deep_merge,
@@ -521,7 +524,7 @@ def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
 def run_arm(ab: Ablation, arm: Arm) -> dict:
     state = read_state(arm)
     state["hyperparameters"] = hyperparameters(arm)  # (re)written: a resumed arm's record matches its config
-    if state.get("evaluated") and evaluated(ab, state):
+    if finished(ab, state):
         say(f"arm {arm.name}: finished earlier, skipped ({arm.cfg.run_dir / 'state.json'})")
         return state
     cfg_path = ab.arm_config_path(arm)
@@ -544,25 +547,41 @@ def run_arm(ab: Ablation, arm: Arm) -> dict:
     return state
 
 
-def run_ablation(ab: Ablation, command: str | None = None) -> Path:
+def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float = 0.0) -> Path | None:
+    """Run every arm that has not finished, then write the report. With `within_minutes`, a run that would not finish
+    within that many minutes of this invocation (judged by `expected_seconds`) is left for the next invocation of
+    the same command, and the report waits for it: None is returned then."""
     import torch
 
     from pretrain.evaluation.report import write_report
 
+    started = time.monotonic()
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
     claim_output(ab.out, "ablation", "output_dir")
     mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
     prepare_data(ab)
-    results, failed = {}, {}
+    timed = recorded_seconds(ab)
+    results, failed, left = {}, {}, []
     for i, arm in enumerate(ab.arms, 1):
+        expected = expected_seconds(ab, arm, timed)
+        remaining = within_minutes * 60 - (time.monotonic() - started)
+        if within_minutes and expected is not None and expected > remaining and not finished(ab, read_state(arm)):
+            say(
+                f"arm {i}/{len(ab.arms)}: {arm.name} left for the next run (it should take ~{expected / 60:.1f} min; "
+                f"{max(remaining, 0) / 60:.1f} of --within-minutes {within_minutes:g} are left)"
+            )
+            left.append(arm.name)
+            continue
         say(
             f"arm {i}/{len(ab.arms)}: {arm.name} "
             f"({', '.join(arm.cfg.objectives) if arm.pretrain else 'no pretraining'})"
         )
         try:
             results[arm.name] = run_arm(ab, arm)
+            if "eval_s" in results[arm.name]:
+                timed[arm.name] = results[arm.name]["eval_s"]
         except KeyboardInterrupt:
             raise
         except Exception as err:  # one broken arm must not cost the others: report it, carry on
@@ -570,14 +589,78 @@ def run_ablation(ab: Ablation, command: str | None = None) -> Path:
             say(f"arm {arm.name} FAILED ({message}); the other arms go on, re-run to retry it")
             failed[arm.name] = message
             results[arm.name] = {**read_state(arm), "failed": message}
+    failures = ", ".join(f"{k} ({v})" for k, v in failed.items())
+    if left:
+        say(
+            f"--within-minutes {within_minutes:g}: {len(ab.arms) - len(left) - len(failed)} of {len(ab.arms)} runs "
+            f"have finished; left for the next run of the same command: {', '.join(left)} (the report is written "
+            f"once every run has finished)"
+        )
+        if failed:
+            raise UserError(f"{len(failed)} arm(s) failed: {failures}; re-run the same command to retry")
+        return None
     report = write_report(ab, results, command)
     say(f"report: {report}")
     if failed:
         raise UserError(
-            f"{len(failed)} arm(s) failed: {', '.join(f'{k} ({v})' for k, v in failed.items())}; "
-            f"the report at {report} shows the others; re-run the same command to retry"
+            f"{len(failed)} arm(s) failed: {failures}; the report at {report} shows the others; re-run the same "
+            f"command to retry"
         )
     return report
+
+
+# ----------------------------------------------------------------------------------------------
+# Chunks: a time limit per invocation, and a record without weights that another machine goes on from
+
+
+def finished(ab: Ablation, state: dict) -> bool:
+    """Whether a run's state says it was evaluated on every mode and task of this ablation."""
+    return bool(state.get("evaluated")) and evaluated(ab, state)
+
+
+def recorded_seconds(ab: Ablation) -> dict[str, float]:
+    """Run name -> seconds from start to evaluated, as recorded by the invocation that finished it (`eval_s`; a run
+    resumed from an earlier invocation's checkpoint records only its last part), for the finished runs."""
+    states = {arm.name: read_state(arm) for arm in ab.arms}
+    return {name: s["eval_s"] for name, s in states.items() if finished(ab, s) and "eval_s" in s}
+
+
+def expected_seconds(ab: Ablation, arm: Arm, timed: dict[str, float]) -> float | None:
+    """How long `arm` should take: the longest timed run of the same arm (another seed), else the longest timed run
+    of any arm; None while nothing is timed (the first run always starts). `timed`: run name -> seconds."""
+    same = [timed[a.name] for a in ab.arms if a.group == arm.group and a.name in timed]
+    pool = same or list(timed.values())
+    return max(pool) if pool else None
+
+
+def copy_record(ab: Ablation, dest: Path) -> list[str]:
+    """Copy into `dest` (new or empty) what the report and a resumed ablation need, without weights, checkpoints or
+    shards: the files at the ablation's top (ablation.yaml, the report), the tokenizer and, for each finished run, its
+    config, state, metrics and provenance. `pretrain ablate` with output_dir=dest then skips those runs (it rebuilds
+    the shards from the corpus with this tokenizer) and writes the report from them. Returns the finished runs."""
+    if not (ab.out / "ablation.yaml").is_file():
+        raise UserError(f"{ab.out} holds no ablation yet (no ablation.yaml): there is no record to copy")
+    dest = Path(dest)
+    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
+        raise UserError(f"--copy-record {dest}: not a new or empty directory; it was left untouched")
+    done = [arm for arm in ab.arms if finished(ab, read_state(arm))]
+    files = [p for p in sorted(ab.out.iterdir()) if p.is_file() and p.name != LOCK]  # ablation.yaml, the report
+    files += [p for p in sorted((ab.out / "tokenizer").rglob("*")) if p.is_file()]
+    for arm in done:
+        files += [p for p in [ab.arm_config_path(arm)] if p.is_file()]
+        files += [p for p in sorted(arm.cfg.run_dir.iterdir()) if p.is_file() and p.name != LOCK]
+    # copied beside dest, then renamed: an interrupted copy never looks like a record
+    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    try:
+        for src in files:
+            target = tmp / src.relative_to(ab.out)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(src, target)
+        os.replace(tmp, dest)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return [arm.name for arm in done]
 
 
 # ----------------------------------------------------------------------------------------------
