@@ -1,5 +1,6 @@
 """Reading a finished shard directory: `ShardSet` verifies it against its manifest and memory-maps it for random
-access by global document and token index; `unigram_entropy` of its tokens."""
+access by global document and token index; `unigram_entropy` of its tokens, and `unigram_cross_entropy` of
+another corpus's tokens under its frequencies."""
 
 from __future__ import annotations
 
@@ -210,12 +211,35 @@ class ShardSet:
         return np.split(self.doc_tokens(doc_index), offsets[1:-1])
 
 
+def unigram_counts(shards, special_ids: tuple[int, ...] = (), max_tokens: int = 10_000_000, size: int = 0):
+    """[max(size, largest id + 1)] float64 count of each token id over the first `max_tokens` tokens, specials 0."""
+    n = min(shards.num_tokens, max_tokens)
+    counts = np.bincount(shards.read_span(0, n)[0].astype(np.int64), minlength=size).astype(np.float64)
+    counts[[i for i in special_ids if i < len(counts)]] = 0
+    return counts
+
+
 def unigram_entropy(shards, special_ids: tuple[int, ...] = (), max_tokens: int = 10_000_000) -> float:
     """Entropy (nats) of the corpus's token frequencies, specials left out, over its first `max_tokens` tokens: the
     masked-LM loss of a model that predicts every masked token from frequency alone, ignoring its context (the
     'unigram plateau' a short run sits on before it learns to use context)."""
-    n = min(shards.num_tokens, max_tokens)
-    counts = np.bincount(shards.read_span(0, n)[0].astype(np.int64)).astype(np.float64)
-    counts[[i for i in special_ids if i < len(counts)]] = 0
+    counts = unigram_counts(shards, special_ids, max_tokens)
     p = counts[counts > 0] / counts.sum()
     return float(-(p * np.log(p)).sum())
+
+
+def unigram_cross_entropy(
+    train, heldout, vocab_size: int, special_ids: tuple[int, ...] = (), max_tokens: int = 10_000_000
+) -> float:
+    """Cross-entropy (nats) of `heldout`'s tokens under `train`'s token frequencies (add-one smoothed over the
+    vocabulary, specials left out): the masked-LM loss on held-out text of a model that learned frequencies alone
+    from `train`. It exceeds `heldout`'s own unigram entropy by the divergence of the two corpora's frequencies: a
+    model trained on one corpus and scored on another sits on this plateau until it uses context."""
+    seen = unigram_counts(train, special_ids, max_tokens, vocab_size)
+    held = unigram_counts(heldout, special_ids, max_tokens, vocab_size)
+    if max(len(seen), len(held)) > vocab_size or not held.sum():
+        raise ValueError(f"token ids beyond the vocabulary of {vocab_size}, or no held-out tokens but specials")
+    ids = np.setdiff1d(np.arange(vocab_size), special_ids)
+    seen, held = seen[ids] + 1.0, held[ids]
+    p = held / held.sum()
+    return float(-(p[held > 0] * np.log(seen[held > 0] / seen.sum())).sum())

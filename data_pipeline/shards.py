@@ -25,7 +25,7 @@ from data_pipeline.shard_format import (
     shards_hash,
     token_dtype,
 )
-from data_pipeline.shard_read import ShardSet, unigram_entropy
+from data_pipeline.shard_read import ShardSet, unigram_cross_entropy, unigram_entropy
 
 __all__ = [
     "BUILD_STATE",
@@ -43,6 +43,7 @@ __all__ = [
     "shards_current",
     "shards_hash",
     "token_dtype",
+    "unigram_cross_entropy",
     "unigram_entropy",
     "write_mixture",
 ]

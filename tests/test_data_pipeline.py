@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import gzip
 import json
+import math
 import shutil
 import time
 from pathlib import Path
@@ -304,3 +305,30 @@ def test_outputs_are_replaced_only_when_ours(tmp_path, tok_dir):
     with pytest.raises(UserError, match=r"--out .*/run holds the corpus \("):
         check_not_input(tmp_path / "run", {"the corpus": tmp_path / "run" / "data" / "c.jsonl"})
     check_not_input(tmp_path / "run" / "tok", {"the corpus": tmp_path / "run" / "c.jsonl"})  # beside it: fine
+
+
+class _Tokens:
+    """What the unigram measures read of a ShardSet: num_tokens and read_span(start, n)[0]."""
+
+    def __init__(self, ids):
+        self.ids = np.asarray(ids, dtype=np.uint16)
+        self.num_tokens = len(self.ids)
+
+    def read_span(self, start, n):
+        return self.ids[start : start + n], None
+
+
+def test_unigram_plateaus_by_hand():
+    from data_pipeline.shards import unigram_cross_entropy, unigram_entropy
+
+    # specials (0, 1) are left out: a, b, b, c -> entropy of (1/4, 1/2, 1/4)
+    train = _Tokens([0, 2, 3, 3, 4, 1])
+    assert unigram_entropy(train, (0, 1)) == pytest.approx(1.5 * math.log(2))
+    # held-out 2, 5 under train's add-one counts over ids 2..5: (2, 3, 2, 1) / 8
+    held = _Tokens([0, 2, 5, 1])
+    expected = -(0.5 * math.log(2 / 8) + 0.5 * math.log(1 / 8))
+    assert unigram_cross_entropy(train, held, vocab_size=6, special_ids=(0, 1)) == pytest.approx(expected)
+    # on its own corpus it is the entropy plus what smoothing costs; never below the held-out's own entropy
+    assert unigram_cross_entropy(held, held, 6, (0, 1)) >= unigram_entropy(held, (0, 1))
+    with pytest.raises(ValueError, match="beyond the vocabulary of 4"):
+        unigram_cross_entropy(train, held, vocab_size=4, special_ids=(0, 1))

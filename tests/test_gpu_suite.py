@@ -90,6 +90,7 @@ def _write_results(res: Path, failed: str = "") -> None:
             "heldout_mlm_loss": 5.9,
             "heldout_accuracy": 0.2,
             "heldout_unigram_entropy": 7.0,
+            "heldout_unigram_cross_entropy": 7.6,
         },
         "eval": {"seconds": 12.0, "samples": 900, "accuracy": 0.2, "loss": 5.9},
         "ablate": {
@@ -143,6 +144,7 @@ def test_report_reads_every_stage(tmp_path):
     assert varlen + ", in the kernel too: 1.20x; compiled, with it: 200,000)" in table
     assert "base, seq 1024, batch 16 | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
+    assert "held-out (en-mix.valid.jsonl) 5.90 vs 7.60 from its corpus's frequencies (the text's own: 7.00)" in table
     assert "fp8 560,000 vs bf16 400,000 tokens/s: **1.40x**; final loss 6.120 vs 6.100" in table
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
     assert "(3 steps after the first x 2 micro-batches per run)" in table and "mode 'error' held" in table
