@@ -26,9 +26,9 @@
 #   eval       pretrain eval of the demo's export on en-mix.valid, timed (runs the demo first if it is missing)
 #   finetune   pretrain finetune of the demo's export on the mr task, 3 seeds, timed (likewise)
 #   ablate     one chunk of `pretrain ablate configs/ablation-gpu.yaml` (runs/ablation-gpu): the runs that fit in
-#              GPU_SUITE_ABLATE_MINUTES (default 8), then the record of every finished run, without weights, in
-#              $OUT/ablation. Copied back to runs/ablation-gpu and carried to the next machine, it is where the next
-#              chunk goes on from (benchmarks/RESULTS.md says how)
+#              GPU_SUITE_ABLATE_MINUTES (default 7; stopped a minute later), then the record of every finished run,
+#              without weights, in $OUT/ablation. Copied back to runs/ablation-gpu and carried to the next machine, it
+#              is where the next chunk goes on from (benchmarks/RESULTS.md says how)
 # On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/: fill .gpu
 # with `bash benchmarks/gpu_prepare.sh` on the machine that prepares the run.
 set -uo pipefail
@@ -76,6 +76,7 @@ if [ $tiny = 1 ]; then
   local=(--shape tiny --seq 256 --batch 2 --repeats 2 --warmup 1)
   varlen=(--shapes padding --batch 8 --steps 1 --warmup 1 --repeats 2 --precision bf16)
   ablate=(configs/ablation-tiny.yaml "output_dir=$WORK/ablation" launch.threads=1); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-5}
+  ablate_grace=600  # a loaded CPU: the stop is for a GPU call's limit
 else
   corpus=$DATA/corpus/en-mix.train.jsonl
   # GPU_SUITE_REPEATS: fewer alternated repeats where a session's 30 device minutes would not hold every stage
@@ -85,7 +86,7 @@ else
   demo=(default-gpu train.max_minutes=7); finetune=(--seeds 3); eval=()
   local=(--shape base --seq 1024 --batch 16 --repeats 7)
   varlen=(--shapes padding --repeats 5)
-  ablate=(configs/ablation-gpu.yaml); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-8}
+  ablate=(configs/ablation-gpu.yaml); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-7}; ablate_grace=60
 fi
 [ $gpu = 1 ] && step+=(--device cuda --compile) || step+=(--precision bf16)  # on a GPU the trainer compiles
 [ $gpu = 1 ] && varlen+=(--device cuda --compile)  # compiled as the trainer runs there
@@ -147,9 +148,11 @@ stage() {
       $PY -m pretrain.cli finetune "$(demo_dir)/hf" "$DATA/tasks/mr" --mode full "${finetune[@]}" --json "$RES/finetune.json" \
         || return $?
       $PY benchmarks/gpu_suite.py add-seconds "$RES/finetune.json" "$(since "$start")" ;;
-    ablate)  # a chunk: the runs that fit, then the record of every finished run (whatever the chunk's exit)
+    ablate)  # a chunk: the runs that fit, then the record of every finished run (whatever the chunk's exit). A run
+      # that overruns its estimate by $ablate_grace s is stopped (SIGTERM), so that the record goes back in the call
       $PY benchmarks/gpu_suite.py ablation-progress --json "$WORK/ablate-before.json" "${ablate[@]}" || return $?
-      $PY -m pretrain.cli ablate "${ablate[@]}" --within-minutes "$ablate_minutes"
+      timeout "$(awk "BEGIN {print $ablate_minutes * 60 + $ablate_grace}")" \
+        $PY -m pretrain.cli ablate "${ablate[@]}" --within-minutes "$ablate_minutes"
       local rc=$?
       rm -rf "$RES/ablation"
       $PY -m pretrain.cli ablate "${ablate[@]}" --copy-record "$RES/ablation" || return $?
