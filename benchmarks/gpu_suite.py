@@ -63,7 +63,8 @@ def demo_summary(run: Path, heldout: Path, seconds: float, max_samples: int) -> 
 def ablation_progress(config: str, overrides: list[str], before: Path | None) -> dict:
     """How far the ablation that the `ablate` stage works on in chunks has come: its runs, those finished (and, given
     the progress written before the chunk, those the chunk finished), those left, and whether its report is written."""
-    from pretrain.evaluation.ablate import finished, load_ablation, read_state
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import finished, read_state
 
     ab = load_ablation(config, overrides)
     done = [arm.name for arm in ab.arms if finished(ab, read_state(arm))]

@@ -268,7 +268,9 @@ def cmd_finetune(args) -> int:
 def cmd_ablate(args) -> int:
     import shlex
 
-    from pretrain.evaluation.ablate import copy_record, load_ablation, print_commands, run_ablation
+    from pretrain.evaluation.ablate import print_commands, run_ablation
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import copy_record
 
     ablation = load_ablation(args.config, args.overrides)
     if args.print_commands:

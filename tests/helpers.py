@@ -233,3 +233,26 @@ def _deepspeed_fp16_here() -> bool:
 requires_fp16 = pytest.mark.skipif(
     not _deepspeed_fp16_here(), reason="DeepSpeed refuses fp16 on this CPU (oneDNN without fp16 kernels)"
 )
+
+
+PAIR_WORDS = (
+    "river stone cloud apple night music paper window garden silver engine forest letter market bridge "
+    "candle winter summer doctor island"
+).split()
+
+
+def make_pair_task(directory: Path, n_train: int = 48, n_dev: int = 24, seed: int = 0) -> Path:
+    """Do two short sentences share a word? Label 1 if they do (half the examples), 0 otherwise."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        rows = ["sentence1\tsentence2\tlabel"]
+        for i in range(n):
+            a = rng.sample(PAIR_WORDS, 3)
+            rest = [w for w in PAIR_WORDS if w not in a]
+            b = rng.sample(rest, 3)
+            if i % 2:
+                b[rng.randrange(3)] = rng.choice(a)
+            rows.append(f"the {' '.join(a)} .\tthe {' '.join(b)} .\t{i % 2}")
+        (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return directory

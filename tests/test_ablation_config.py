@@ -61,7 +61,7 @@ def tiny_model(directory: Path) -> Path:
     ],
 )
 def test_ablation_errors_name_file_key_and_nearest(override, message, monkeypatch):
-    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.ablation_plan import load_ablation
 
     monkeypatch.chdir(ROOT)
     with pytest.raises(ConfigError, match=message):
@@ -69,7 +69,7 @@ def test_ablation_errors_name_file_key_and_nearest(override, message, monkeypatc
 
 
 def test_ablation_file_with_a_bad_key_is_named(tmp_path):
-    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.ablation_plan import load_ablation
 
     cfg = tmp_path / "mine.yaml"
     cfg.write_text(f"base: {TINY}\neval: {{tasks: [{make_task(tmp_path / 't')}], epocs: 3}}\n")
@@ -79,7 +79,7 @@ def test_ablation_file_with_a_bad_key_is_named(tmp_path):
 
 def test_an_ablation_inherits_another_with_base(tmp_path):
     """`base:` at the top of an ablation file: its keys over the base's, and arms it names replace the base's."""
-    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.ablation_plan import load_ablation
 
     cfg = tmp_path / "mine.yaml"
     task = make_task(tmp_path / "t")
@@ -89,7 +89,7 @@ def test_an_ablation_inherits_another_with_base(tmp_path):
 
 
 def test_missing_task_says_where_to_get_it(tmp_path):
-    from pretrain.evaluation.ablate import load_ablation
+    from pretrain.evaluation.ablation_plan import load_ablation
 
     with pytest.raises(ConfigError, match=r"eval\.tasks: '.*/rte' has no train\.tsv.*nltk_data's `rte` corpus"):
         load_ablation(TINY, [f"eval.tasks=[{tmp_path / 'rte'}]"])
@@ -99,7 +99,8 @@ def test_missing_task_says_where_to_get_it(tmp_path):
 def test_presets_parse_and_arms_carry_their_own_lr(preset, monkeypatch):
     """Every ablation preset is a valid typed config (its tasks replaced by the shipped ones, which a clean clone
     has); an arm's train options (rtd's learning rate) reach its runs and its recorded hyper-parameters."""
-    from pretrain.evaluation.ablate import hyperparameters, load_ablation
+    from pretrain.evaluation.ablate import hyperparameters
+    from pretrain.evaluation.ablation_plan import load_ablation
 
     monkeypatch.chdir(ROOT)
     ab = load_ablation(preset, ["eval.tasks=[data/tasks/mr]"] if preset != "ablation-tiny" else [])
@@ -198,7 +199,7 @@ def test_a_budget_follows_an_arms_schedule_and_refuses_to_cut_off_a_phase():
     from types import SimpleNamespace
 
     from pretrain.core.schedule import Schedule
-    from pretrain.evaluation.ablate import apply_budget
+    from pretrain.evaluation.ablation_plan import apply_budget
     from pretrain.train.setup import load_config
 
     def plan(kind, amount, *overrides, flops=None):

@@ -282,3 +282,30 @@ def test_run_provenance_from_a_run_config(tmp_path):
     record = run_provenance(cfg, "pretrain train tiny.yaml")
     assert record["configs"]["run"]["name"] == "r" and set(record["sha256"]) == {"corpus", "tokenizer", "shards"}
     assert record["sha256"]["tokenizer"] == {str(cfg.tokenizer_dir): "missing"}  # not built yet: said, not raised
+
+
+def test_paired_bootstrap_against_hand_computed_cases():
+    import numpy as np
+
+    from pretrain.evaluation.stats import holm, paired_bootstrap
+
+    y = np.array([0, 1] * 50)
+    same = np.tile(y, (2, 3, 1))  # 2 pretraining seeds x 3 probe seeds, all right
+    r = paired_bootstrap("accuracy", y, same, same)
+    assert (r["diff"], r["low"], r["high"], r["p"]) == (0.0, 0.0, 0.0, 1.0)
+    wrong = 1 - same
+    r = paired_bootstrap("accuracy", y, same, wrong, replicates=999)
+    assert r["diff"] == r["low"] == r["high"] == 1.0 and r["p"] == pytest.approx(2 / 1000)  # (0 + 1) / (999 + 1), x2
+    # independent errors: the interval's half width is the normal one, 1.96 sqrt(var(a - b) / n)
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 2000)
+    right_a, right_b = rng.random(2000) < 0.8, rng.random(2000) < 0.7
+    a, b = np.where(right_a, y, 1 - y)[None, None], np.where(right_b, y, 1 - y)[None, None]
+    r = paired_bootstrap("accuracy", y, a, b)
+    half = 1.96 * np.sqrt(np.var(right_a.astype(float) - right_b) / 2000)
+    assert r["diff"] == pytest.approx(right_a.mean() - right_b.mean())
+    assert (r["high"] - r["low"]) / 2 == pytest.approx(half, rel=0.1) and r["p"] < 0.01
+    # MCC (CoLA's metric) resamples whole confusion matrices: a perfect and a constant predictor differ by 1
+    r = paired_bootstrap("mcc", y, y[None, None], np.zeros_like(y)[None, None], replicates=200)
+    assert r["diff"] == 1.0 and r["low"] == 1.0
+    assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])

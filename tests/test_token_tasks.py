@@ -208,7 +208,8 @@ def test_fine_tuned_model_loads_with_identical_logits(model_dir, tmp_path):
 def test_ablation_downstream_mixes_a_conll_task_with_a_sequence_task(model_dir, tmp_path):
     import numpy as np
 
-    from pretrain.evaluation.ablate import downstream, load_ablation
+    from pretrain.evaluation.ablate import downstream
+    from pretrain.evaluation.ablation_plan import load_ablation
 
     conll = write_conll(tmp_path / "chunks")
     tsv = tmp_path / "polarity"

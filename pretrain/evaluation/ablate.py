@@ -37,292 +37,33 @@ what the next machine needs to go on, without weights: the tokenizer and each fi
 
 from __future__ import annotations
 
-import json
-import os
 import shlex
-import shutil
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import yaml
 
-from pretrain.core.config import REPLACED_BY_PRESET, RunConfig, check_config, load_yaml, save_config
-from pretrain.core.errors import ConfigError, UserError
-from pretrain.core.outputs import LOCK, claim_output, mark_output
-from pretrain.core.parsing import (
-    apply_overrides,
-    deep_merge,
-    from_dict,
-    load_yaml_with_base,
-    merge_base,
-    resolve_preset,
-)
+from pretrain.core.config import RunConfig, load_yaml, save_config
+from pretrain.core.errors import UserError
+from pretrain.core.outputs import claim_output, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
-from pretrain.core.schedule import Schedule, config_at
-from pretrain.evaluation.configs import AblationConfig, EvalConfig, LaunchConfig, missing_task_hint
-from pretrain.evaluation.token_tasks import is_conll_dir
+from pretrain.core.schedule import Schedule
+from pretrain.evaluation.ablation_plan import Ablation, Arm, apply_budget, measure_phase_flops, say
+from pretrain.evaluation.ablation_record import (
+    expected_seconds,
+    finished,
+    read_state,
+    recorded_seconds,
+    write_state,
+)
 from pretrain.train.distributed import single_process_env
 from pretrain.train.setup import config_from_dict
 
-
-def say(message: str) -> None:
-    print(f"[ablate] {message}", flush=True)
-
-
-@dataclass
-class Arm:
-    """One run of an arm: its objectives at one pretraining seed."""
-
-    name: str  # the run: the arm's name, or <arm>-seed<S> when the ablation has several seeds
-    cfg: RunConfig  # resolved; run_dir = <ablation>/arms/<name>
-    pretrain: bool = True
-    group: str = ""  # the arm this run belongs to
-    seed: int = 0
-    overrides: dict = field(default_factory=dict)  # what the arm changes of the shared run, as written
-
-
-@dataclass
-class Ablation:
-    path: Path
-    out: Path
-    base: RunConfig
-    arms: list[Arm]
-    config: AblationConfig  # the file as typed (budget, eval, launch)
-    raw: dict = field(default_factory=dict)
-    seeds: list[int] = field(default_factory=list)
-
-    @property
-    def eval(self) -> EvalConfig:
-        return self.config.eval
-
-    @property
-    def launch(self) -> LaunchConfig:
-        return self.config.launch
-
-    @property
-    def budget_kind(self) -> str:
-        return self.config.budget.kind
-
-    @property
-    def budget_amount(self) -> float:
-        return self.config.budget.amount
-
-    def groups(self) -> dict[str, list[Arm]]:
-        """Arm name -> its runs (one per pretraining seed), in config order."""
-        out: dict[str, list[Arm]] = {}
-        for arm in self.arms:
-            out.setdefault(arm.group, []).append(arm)
-        return out
-
-    def arm_config_path(self, arm: Arm) -> Path:
-        return self.out / "configs" / f"{arm.name}.yaml"
-
-
 # ----------------------------------------------------------------------------------------------
-# Config
-
-
-def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig]:
-    """The file (a path or a preset; its own `base:` followed, whose arms it replaces), overrides applied, typed."""
-    path = Path(config)
-    if not path.is_file():
-        path = resolve_preset(config)
-    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides)
-    if isinstance(raw.get("seeds"), int):  # `seeds: 7` for one seed
-        raw["seeds"] = [raw["seeds"]]
-    return path, raw, from_dict(AblationConfig, raw, source=path).check(str(path))
-
-
-def _check_tasks(tasks: list[str], path: Path) -> None:
-    """Each task is a directory with train.tsv (GLUE format) or CoNLL train.txt/dev.txt; a missing one says where the
-    presets' tasks come from."""
-    for task in tasks:
-        if not ((Path(task) / "train.tsv").is_file() or is_conll_dir(Path(task))):
-            raise ConfigError(
-                f"{path}: eval.tasks: '{task}' has no train.tsv nor CoNLL train.txt/dev.txt (paths are relative to "
-                f"the directory you run from, {Path.cwd()}){missing_task_hint(task)}"
-            )
-
-
-def _shared_run(run: dict, out: Path, path: Path) -> tuple[dict, RunConfig]:
-    """The run config every arm starts from (as a mapping, and typed): the tokenizer and shards are built once, in the
-    ablation directory."""
-    data = deep_merge(
-        run,
-        {"output_dir": str(out / "arms"), "data": {"tokenizer": str(out / "tokenizer"), "shards": str(out / "shards")}},
-    )
-    try:
-        return data, config_from_dict({**data, "name": "base"})
-    except ConfigError as err:
-        raise ConfigError(f"{path}: run: {err}") from None
-
-
-def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[int], path: Path) -> list[Arm]:
-    """One Arm per pretraining seed: the shared run with the arm's overrides (its objectives replace the shared
-    ones; train options such as its learning rate may differ; the encoder, sequence length and seed may not)."""
-    spec = dict(spec or {})
-    pretrain = bool(spec.pop("pretrain", name != "none"))
-    overrides = deep_merge({}, spec)  # as written, for the results: what this arm changes
-    data = dict(shared)
-    if "objectives" in spec:
-        data["objectives"] = spec.pop("objectives")
-    if not pretrain:  # the baseline exports an mlm model: the same encoder and tokenizer, untrained
-        data["objectives"] = {"mlm": {}}
-    data = deep_merge(data, spec)
-    runs = []
-    for seed in seeds:
-        run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
-        seeded = deep_merge(data, {"train": {"seed": seed}, "data": shared["data"]})
-        try:
-            cfg = config_from_dict({**seeded, "name": run_name, "output_dir": shared["output_dir"]})
-        except ConfigError as err:
-            raise ConfigError(f"{path}: arms.{name}: {err}") from None
-        if (
-            cfg.model != base.model
-            or cfg.data.max_seq_len != base.data.max_seq_len
-            or "seed" in (spec.get("train") or {})
-        ):
-            raise ConfigError(
-                f"{path}: arms.{name}: an arm may change objectives and training options, not the "
-                "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
-                "pretraining seeds of every arm)"
-            )
-        runs.append(Arm(run_name, cfg, pretrain, str(name), seed, overrides))
-    return runs
-
-
-def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
-    """An ablation config (a file or preset name, with dotted overrides), typed and checked, its arms resolved."""
-    path, raw, cfg = _read(config, overrides or [])
-    _check_tasks(cfg.eval.tasks, path)
-    out = Path(cfg.output_dir)
-    run = merge_base(cfg.run, path, REPLACED_BY_PRESET)  # `run.base:`: a preset, or a file relative to this one
-    shared, base = _shared_run(run, out, path)
-    seeds = list(cfg.seeds) or [base.train.seed]
-    if "full" in cfg.eval.modes and len(cfg.eval.seeds) < 5:
-        say(f"note: {len(cfg.eval.seeds)} fine-tuning seed(s): a median over seeds, as GLUE papers report, wants 5+")
-    arms = [arm for name, spec in cfg.arms.items() for arm in _arm_runs(str(name), spec, shared, base, seeds, path)]
-    # saved as <dir>/ablation.yaml: self-contained (the `run.base` preset merged in, overrides applied)
-    resolved = {**raw, "run": run}
-    return Ablation(path, out, base, arms, cfg, resolved, seeds)
-
-
-# ----------------------------------------------------------------------------------------------
-# Budget
-
-
-def measure_phase_flops(cfg: RunConfig) -> list[int]:
-    """FLOPs of one micro-batch (forward + backward) of this arm on one process, for each phase of its schedule (its
-    length and micro-batch; one entry without a schedule), counted as the trainer counts them for MFU
-    (`probe_flops_per_sample`) over a micro-batch of real samples; phases of the same shape are measured once.
-    Scheduled masking rates are taken at their configured value (they move only the sparse heads' share)."""
-    from data_pipeline.loader import PretrainDataset
-    from data_pipeline.shards import ShardSet
-    from data_pipeline.tokenizer import load_tokenizer, special_tokens
-    from objectives import build_objectives
-    from pretrain.train.setup import build_sample_source
-    from pretrain.train.trainer import probe_flops_per_sample
-
-    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
-    shards = ShardSet(cfg.shards_dir, verify=False)
-    objectives = build_objectives(cfg.objectives, tokens)
-    measured: dict[tuple[int, int], int] = {}
-    for phase in Schedule.of(cfg).phases:
-        shape = (phase.max_seq_len, phase.micro_batch_size)
-        if shape not in measured:
-            at = config_at(cfg, phase.start)
-            dataset = PretrainDataset(build_sample_source(at, shards, tokens, objectives), objectives, at.train.seed)
-            n = phase.micro_batch_size
-            measured[shape] = round(probe_flops_per_sample(at, tokens, dataset, 0, n) * n)
-    return [measured[(p.max_seq_len, p.micro_batch_size)] for p in Schedule.of(cfg).phases]
-
-
-def budget_costs(cfg: RunConfig, phase_flops: list[int], world: int) -> tuple[np.ndarray, np.ndarray]:
-    """(token slots [S], FLOPs [S]) of each optimizer step up to the schedule's last change (S = that step + 1; every
-    later step costs what the last does). A step's FLOPs are its phase's micro-batch FLOPs times the micro-batches
-    of its global batch (over all ranks)."""
-    s = Schedule.of(cfg)
-    last = max([p.start for p in s.phases] + [int(pt[0]) for v in s.spec.values for pt in v.points])
-    a = s.arrays(np.arange(last + 1), world)
-    batch = a["global_batch"]
-    flops = np.asarray(phase_flops, np.float64)[a["phase"]] * (batch // a["micro_batch_size"])
-    return batch * a["max_seq_len"], flops
-
-
-def steps_within(costs: np.ndarray, budget: float) -> int:
-    """How many steps of these costs [S] (the last repeated after S) fit in `budget`."""
-    total = np.cumsum(costs, dtype=np.float64)
-    n = int(np.searchsorted(total, budget, side="right"))
-    if n == len(costs):
-        n += int((budget - total[-1]) // costs[-1])
-    return n
-
-
-def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1) -> dict:
-    """Give the arm its budget (a new config: max_steps for tokens and flops, max_minutes for time); returns the plan
-    for the report. A scheduled arm's steps cost what its schedule says at each step (length, global batch);
-    `phase_flops`: `measure_phase_flops` (zeros when the budget is not in FLOPs)."""
-    t = arm.cfg.train
-    tokens, flops = budget_costs(arm.cfg, phase_flops, world)
-    minutes = t.max_minutes
-    if ab.budget_kind in ("tokens", "flops"):
-        steps = steps_within(tokens if ab.budget_kind == "tokens" else flops, ab.budget_amount)
-    else:
-        steps, minutes = t.max_steps, ab.budget_amount  # steps an upper bound: the clock stops training first
-    if steps < 1:
-        raise ConfigError(
-            f"{ab.path}: budget.amount {ab.budget_amount:g} {ab.budget_kind} is less than one step "
-            f"of arm '{arm.name}' ({tokens[0]} tokens, {flops[0]:.3g} FLOPs)"
-        )
-    # warmup must fit in the budget; keep the shared value unless it would eat most of the run
-    arm.cfg = replace(
-        arm.cfg,
-        train=replace(
-            t,
-            max_steps=steps,
-            max_minutes=minutes,
-            save_every=min(t.save_every, steps),
-            warmup_steps=min(t.warmup_steps, max(1, steps // 10)),
-        ),
-    )
-    try:  # what the budget's length may break: a phase or ramp point past the end, a WSD decay longer than the run
-        check_config(arm.cfg)
-    except ConfigError as err:
-        where = f"{ab.path}: arm '{arm.name}': its {ab.budget_kind} budget ends it at step {steps}"
-        raise ConfigError(f"{where}: {err}") from None
-    # per step, averaged over the planned steps (what the report multiplies the steps trained by)
-    planned = np.arange(steps)
-    per_step = [float(c[np.minimum(planned, len(c) - 1)].mean()) for c in (tokens, flops)]
-    return {
-        "kind": ab.budget_kind,
-        "amount": ab.budget_amount,
-        "max_steps": steps,
-        "global_batch": int(arm.cfg.train.global_batch(world)),
-        "tokens_per_step": per_step[0] if per_step[0] % 1 else int(per_step[0]),
-        "flops_per_step": per_step[1],
-    }
-
-
-# ----------------------------------------------------------------------------------------------
-# State
-
-
-def read_state(arm: Arm) -> dict:
-    path = arm.cfg.run_dir / "state.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
-
-
-def write_state(arm: Arm, state: dict) -> None:
-    path = arm.cfg.run_dir / "state.json"
-    mark_output(path.parent, "run")  # an arm is a run directory of ours, also before its first step
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(state, indent=1))
-    os.replace(tmp, path)  # atomic: an interruption leaves the previous state, never half of one
+# Running
 
 
 def _trainer_state(cfg: RunConfig) -> dict:
@@ -331,10 +72,6 @@ def _trainer_state(cfg: RunConfig) -> dict:
 
     latest = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
     return TrainState.load(latest).to_dict() if latest else {}
-
-
-# ----------------------------------------------------------------------------------------------
-# Running
 
 
 def prepare_data(ab: Ablation) -> None:
@@ -434,12 +171,6 @@ def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=Non
             if save is not None:
                 save(results)
     return results
-
-
-def evaluated(ab: Ablation, state: dict) -> bool:
-    """Whether a run has a downstream result for every eval mode and task of this ablation."""
-    done = state.get("downstream") or {}
-    return all(Path(task).name in done.get(mode, {}) for mode in ab.eval.modes for task in ab.eval.tasks)
 
 
 def _final_losses(cfg: RunConfig) -> dict[str, float]:
@@ -607,60 +338,6 @@ def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float
             f"command to retry"
         )
     return report
-
-
-# ----------------------------------------------------------------------------------------------
-# Chunks: a time limit per invocation, and a record without weights that another machine goes on from
-
-
-def finished(ab: Ablation, state: dict) -> bool:
-    """Whether a run's state says it was evaluated on every mode and task of this ablation."""
-    return bool(state.get("evaluated")) and evaluated(ab, state)
-
-
-def recorded_seconds(ab: Ablation) -> dict[str, float]:
-    """Run name -> seconds from start to evaluated, as recorded by the invocation that finished it (`eval_s`; a run
-    resumed from an earlier invocation's checkpoint records only its last part), for the finished runs."""
-    states = {arm.name: read_state(arm) for arm in ab.arms}
-    return {name: s["eval_s"] for name, s in states.items() if finished(ab, s) and "eval_s" in s}
-
-
-def expected_seconds(ab: Ablation, arm: Arm, timed: dict[str, float]) -> float | None:
-    """How long `arm` should take: the longest timed run of the same arm (another seed), else the longest timed run
-    of any arm; None while nothing is timed (the first run always starts). `timed`: run name -> seconds."""
-    same = [timed[a.name] for a in ab.arms if a.group == arm.group and a.name in timed]
-    pool = same or list(timed.values())
-    return max(pool) if pool else None
-
-
-def copy_record(ab: Ablation, dest: Path) -> list[str]:
-    """Copy into `dest` (new or empty) what the report and a resumed ablation need, without weights, checkpoints or
-    shards: the files at the ablation's top (ablation.yaml, the report), the tokenizer and, for each finished run, its
-    config, state, metrics and provenance. `pretrain ablate` with output_dir=dest then skips those runs (it rebuilds
-    the shards from the corpus with this tokenizer) and writes the report from them. Returns the finished runs."""
-    if not (ab.out / "ablation.yaml").is_file():
-        raise UserError(f"{ab.out} holds no ablation yet (no ablation.yaml): there is no record to copy")
-    dest = Path(dest)
-    if dest.exists() and not (dest.is_dir() and not any(dest.iterdir())):
-        raise UserError(f"--copy-record {dest}: not a new or empty directory; it was left untouched")
-    done = [arm for arm in ab.arms if finished(ab, read_state(arm))]
-    files = [p for p in sorted(ab.out.iterdir()) if p.is_file() and p.name != LOCK]  # ablation.yaml, the report
-    files += [p for p in sorted((ab.out / "tokenizer").rglob("*")) if p.is_file()]
-    for arm in done:
-        files += [p for p in [ab.arm_config_path(arm)] if p.is_file()]
-        files += [p for p in sorted(arm.cfg.run_dir.iterdir()) if p.is_file() and p.name != LOCK]
-    # copied beside dest, then renamed: an interrupted copy never looks like a record
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
-    try:
-        for src in files:
-            target = tmp / src.relative_to(ab.out)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            shutil.copy2(src, target)
-        os.replace(tmp, dest)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return [arm.name for arm in done]
 
 
 # ----------------------------------------------------------------------------------------------

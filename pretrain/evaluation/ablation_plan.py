@@ -1,0 +1,264 @@
+"""What an ablation runs: its config read and checked, one `Arm` per arm and pretraining seed, and each run's budget
+(`apply_budget`: the steps, or minutes, that spend the same tokens, FLOPs or time in every arm). `pretrain ablate`
+(`pretrain.evaluation.ablate`) runs them; its docstring shows the config."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from pretrain.core.config import REPLACED_BY_PRESET, RunConfig, check_config
+from pretrain.core.errors import ConfigError
+from pretrain.core.parsing import (
+    apply_overrides,
+    deep_merge,
+    from_dict,
+    load_yaml_with_base,
+    merge_base,
+    resolve_preset,
+)
+from pretrain.core.schedule import Schedule, config_at
+from pretrain.evaluation.configs import AblationConfig, EvalConfig, LaunchConfig, missing_task_hint
+from pretrain.evaluation.token_tasks import is_conll_dir
+from pretrain.train.setup import config_from_dict
+
+
+def say(message: str) -> None:
+    print(f"[ablate] {message}", flush=True)
+
+
+@dataclass
+class Arm:
+    """One run of an arm: its objectives at one pretraining seed."""
+
+    name: str  # the run: the arm's name, or <arm>-seed<S> when the ablation has several seeds
+    cfg: RunConfig  # resolved; run_dir = <ablation>/arms/<name>
+    pretrain: bool = True
+    group: str = ""  # the arm this run belongs to
+    seed: int = 0
+    overrides: dict = field(default_factory=dict)  # what the arm changes of the shared run, as written
+
+
+@dataclass
+class Ablation:
+    path: Path
+    out: Path
+    base: RunConfig
+    arms: list[Arm]
+    config: AblationConfig  # the file as typed (budget, eval, launch)
+    raw: dict = field(default_factory=dict)
+    seeds: list[int] = field(default_factory=list)
+
+    @property
+    def eval(self) -> EvalConfig:
+        return self.config.eval
+
+    @property
+    def launch(self) -> LaunchConfig:
+        return self.config.launch
+
+    @property
+    def budget_kind(self) -> str:
+        return self.config.budget.kind
+
+    @property
+    def budget_amount(self) -> float:
+        return self.config.budget.amount
+
+    def groups(self) -> dict[str, list[Arm]]:
+        """Arm name -> its runs (one per pretraining seed), in config order."""
+        out: dict[str, list[Arm]] = {}
+        for arm in self.arms:
+            out.setdefault(arm.group, []).append(arm)
+        return out
+
+    def arm_config_path(self, arm: Arm) -> Path:
+        return self.out / "configs" / f"{arm.name}.yaml"
+
+
+# ----------------------------------------------------------------------------------------------
+# Config
+
+
+def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig]:
+    """The file (a path or a preset; its own `base:` followed, whose arms it replaces), overrides applied, typed."""
+    path = Path(config)
+    if not path.is_file():
+        path = resolve_preset(config)
+    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides)
+    if isinstance(raw.get("seeds"), int):  # `seeds: 7` for one seed
+        raw["seeds"] = [raw["seeds"]]
+    return path, raw, from_dict(AblationConfig, raw, source=path).check(str(path))
+
+
+def _check_tasks(tasks: list[str], path: Path) -> None:
+    """Each task is a directory with train.tsv (GLUE format) or CoNLL train.txt/dev.txt; a missing one says where the
+    presets' tasks come from."""
+    for task in tasks:
+        if not ((Path(task) / "train.tsv").is_file() or is_conll_dir(Path(task))):
+            raise ConfigError(
+                f"{path}: eval.tasks: '{task}' has no train.tsv nor CoNLL train.txt/dev.txt (paths are relative to "
+                f"the directory you run from, {Path.cwd()}){missing_task_hint(task)}"
+            )
+
+
+def _shared_run(run: dict, out: Path, path: Path) -> tuple[dict, RunConfig]:
+    """The run config every arm starts from (as a mapping, and typed): the tokenizer and shards are built once, in the
+    ablation directory."""
+    data = deep_merge(
+        run,
+        {"output_dir": str(out / "arms"), "data": {"tokenizer": str(out / "tokenizer"), "shards": str(out / "shards")}},
+    )
+    try:
+        return data, config_from_dict({**data, "name": "base"})
+    except ConfigError as err:
+        raise ConfigError(f"{path}: run: {err}") from None
+
+
+def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[int], path: Path) -> list[Arm]:
+    """One Arm per pretraining seed: the shared run with the arm's overrides (its objectives replace the shared
+    ones; train options such as its learning rate may differ; the encoder, sequence length and seed may not)."""
+    spec = dict(spec or {})
+    pretrain = bool(spec.pop("pretrain", name != "none"))
+    overrides = deep_merge({}, spec)  # as written, for the results: what this arm changes
+    data = dict(shared)
+    if "objectives" in spec:
+        data["objectives"] = spec.pop("objectives")
+    if not pretrain:  # the baseline exports an mlm model: the same encoder and tokenizer, untrained
+        data["objectives"] = {"mlm": {}}
+    data = deep_merge(data, spec)
+    runs = []
+    for seed in seeds:
+        run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
+        seeded = deep_merge(data, {"train": {"seed": seed}, "data": shared["data"]})
+        try:
+            cfg = config_from_dict({**seeded, "name": run_name, "output_dir": shared["output_dir"]})
+        except ConfigError as err:
+            raise ConfigError(f"{path}: arms.{name}: {err}") from None
+        if (
+            cfg.model != base.model
+            or cfg.data.max_seq_len != base.data.max_seq_len
+            or "seed" in (spec.get("train") or {})
+        ):
+            raise ConfigError(
+                f"{path}: arms.{name}: an arm may change objectives and training options, not the "
+                "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
+                "pretraining seeds of every arm)"
+            )
+        runs.append(Arm(run_name, cfg, pretrain, str(name), seed, overrides))
+    return runs
+
+
+def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
+    """An ablation config (a file or preset name, with dotted overrides), typed and checked, its arms resolved."""
+    path, raw, cfg = _read(config, overrides or [])
+    _check_tasks(cfg.eval.tasks, path)
+    out = Path(cfg.output_dir)
+    run = merge_base(cfg.run, path, REPLACED_BY_PRESET)  # `run.base:`: a preset, or a file relative to this one
+    shared, base = _shared_run(run, out, path)
+    seeds = list(cfg.seeds) or [base.train.seed]
+    if "full" in cfg.eval.modes and len(cfg.eval.seeds) < 5:
+        say(f"note: {len(cfg.eval.seeds)} fine-tuning seed(s): a median over seeds, as GLUE papers report, wants 5+")
+    arms = [arm for name, spec in cfg.arms.items() for arm in _arm_runs(str(name), spec, shared, base, seeds, path)]
+    # saved as <dir>/ablation.yaml: self-contained (the `run.base` preset merged in, overrides applied)
+    resolved = {**raw, "run": run}
+    return Ablation(path, out, base, arms, cfg, resolved, seeds)
+
+
+# ----------------------------------------------------------------------------------------------
+# Budget
+
+
+def measure_phase_flops(cfg: RunConfig) -> list[int]:
+    """FLOPs of one micro-batch (forward + backward) of this arm on one process, for each phase of its schedule (its
+    length and micro-batch; one entry without a schedule), counted as the trainer counts them for MFU
+    (`probe_flops_per_sample`) over a micro-batch of real samples; phases of the same shape are measured once.
+    Scheduled masking rates are taken at their configured value (they move only the sparse heads' share)."""
+    from data_pipeline.loader import PretrainDataset
+    from data_pipeline.shards import ShardSet
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens
+    from objectives import build_objectives
+    from pretrain.train.setup import build_sample_source
+    from pretrain.train.trainer import probe_flops_per_sample
+
+    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    shards = ShardSet(cfg.shards_dir, verify=False)
+    objectives = build_objectives(cfg.objectives, tokens)
+    measured: dict[tuple[int, int], int] = {}
+    for phase in Schedule.of(cfg).phases:
+        shape = (phase.max_seq_len, phase.micro_batch_size)
+        if shape not in measured:
+            at = config_at(cfg, phase.start)
+            dataset = PretrainDataset(build_sample_source(at, shards, tokens, objectives), objectives, at.train.seed)
+            n = phase.micro_batch_size
+            measured[shape] = round(probe_flops_per_sample(at, tokens, dataset, 0, n) * n)
+    return [measured[(p.max_seq_len, p.micro_batch_size)] for p in Schedule.of(cfg).phases]
+
+
+def budget_costs(cfg: RunConfig, phase_flops: list[int], world: int) -> tuple[np.ndarray, np.ndarray]:
+    """(token slots [S], FLOPs [S]) of each optimizer step up to the schedule's last change (S = that step + 1; every
+    later step costs what the last does). A step's FLOPs are its phase's micro-batch FLOPs times the micro-batches
+    of its global batch (over all ranks)."""
+    s = Schedule.of(cfg)
+    last = max([p.start for p in s.phases] + [int(pt[0]) for v in s.spec.values for pt in v.points])
+    a = s.arrays(np.arange(last + 1), world)
+    batch = a["global_batch"]
+    flops = np.asarray(phase_flops, np.float64)[a["phase"]] * (batch // a["micro_batch_size"])
+    return batch * a["max_seq_len"], flops
+
+
+def steps_within(costs: np.ndarray, budget: float) -> int:
+    """How many steps of these costs [S] (the last repeated after S) fit in `budget`."""
+    total = np.cumsum(costs, dtype=np.float64)
+    n = int(np.searchsorted(total, budget, side="right"))
+    if n == len(costs):
+        n += int((budget - total[-1]) // costs[-1])
+    return n
+
+
+def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1) -> dict:
+    """Give the arm its budget (a new config: max_steps for tokens and flops, max_minutes for time); returns the plan
+    for the report. A scheduled arm's steps cost what its schedule says at each step (length, global batch);
+    `phase_flops`: `measure_phase_flops` (zeros when the budget is not in FLOPs)."""
+    t = arm.cfg.train
+    tokens, flops = budget_costs(arm.cfg, phase_flops, world)
+    minutes = t.max_minutes
+    if ab.budget_kind in ("tokens", "flops"):
+        steps = steps_within(tokens if ab.budget_kind == "tokens" else flops, ab.budget_amount)
+    else:
+        steps, minutes = t.max_steps, ab.budget_amount  # steps an upper bound: the clock stops training first
+    if steps < 1:
+        raise ConfigError(
+            f"{ab.path}: budget.amount {ab.budget_amount:g} {ab.budget_kind} is less than one step "
+            f"of arm '{arm.name}' ({tokens[0]} tokens, {flops[0]:.3g} FLOPs)"
+        )
+    # warmup must fit in the budget; keep the shared value unless it would eat most of the run
+    arm.cfg = replace(
+        arm.cfg,
+        train=replace(
+            t,
+            max_steps=steps,
+            max_minutes=minutes,
+            save_every=min(t.save_every, steps),
+            warmup_steps=min(t.warmup_steps, max(1, steps // 10)),
+        ),
+    )
+    try:  # what the budget's length may break: a phase or ramp point past the end, a WSD decay longer than the run
+        check_config(arm.cfg)
+    except ConfigError as err:
+        where = f"{ab.path}: arm '{arm.name}': its {ab.budget_kind} budget ends it at step {steps}"
+        raise ConfigError(f"{where}: {err}") from None
+    # per step, averaged over the planned steps (what the report multiplies the steps trained by)
+    planned = np.arange(steps)
+    per_step = [float(c[np.minimum(planned, len(c) - 1)].mean()) for c in (tokens, flops)]
+    return {
+        "kind": ab.budget_kind,
+        "amount": ab.budget_amount,
+        "max_steps": steps,
+        "global_batch": int(arm.cfg.train.global_batch(world)),
+        "tokens_per_step": per_step[0] if per_step[0] % 1 else int(per_step[0]),
+        "flops_per_step": per_step[1],
+    }

@@ -1,0 +1,388 @@
+"""The ablation report: its notes follow the numbers, one kind of note per situation, never contradicting each other;
+tasks in the config's order, a token task scored by chunk F1 beside a sentence task. On results made here, without
+training (the runner's end-to-end test is in test_eval_ablation.py)."""
+
+import json
+from pathlib import Path
+
+import pytest
+from helpers import ROOT, make_pair_task
+
+
+def _fake_results(ab, accuracy: dict[str, float], n: int = 400) -> dict:
+    """States of every run of `ab` with probe predictions right with the given probability per arm."""
+    import numpy as np
+
+    rng = np.random.default_rng(1)
+    labels = rng.integers(0, 2, n)
+    results = {}
+    for arm in ab.arms:
+        preds = [np.where(rng.random(n) < accuracy[arm.group], labels, 1 - labels).tolist() for _ in ab.eval["seeds"]]
+        result = {"task": "t", "main_metric": "accuracy", "dev_labels": labels.tolist(), "dev_predictions": preds}
+        results[arm.name] = {
+            "plan": {
+                "max_steps": 10,
+                "global_batch": 8,
+                "tokens_per_step": 512,
+                "flops_per_step": 1e9 * (2 if arm.group == "span" else 1),
+            },
+            "pretraining": {
+                "steps": 10 if arm.pretrain else 0,
+                "tokens_seen": 5000 if arm.pretrain else 0,
+                "flops": 1e10,
+                "wall_s": 3.0,
+                "final_loss": {"mlm/loss": 6.0},
+            },
+            "downstream": {"probe": {"t": result}},
+        }
+    return results
+
+
+def _notes_of(path: Path) -> dict[str, list[dict]]:
+    """kind -> the data of each note of that kind, from a written report's results.json."""
+    found: dict[str, list[dict]] = {}
+    for note in json.loads((path.parent / "results.json").read_text())["notes"]:
+        found.setdefault(note.pop("kind"), []).append(note)
+    return found
+
+
+def test_report_notes_follow_the_numbers(tmp_path):
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import write_report
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
+    )
+    ab.out.mkdir(parents=True)
+    clear = write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6}))
+    notes = _notes_of(clear)
+    (task_note,) = notes["task"]
+    assert [i["a"] for i in task_note["above"]] == ["mlm"] and task_note["above"][0]["diff"] > 0.2
+    assert task_note["same"] == ["span"] and task_note["family"] == "primary"
+    assert [(i["a"], i["b"]) for i in notes["pairs"][0]["significant"]] == [("mlm", "span")]
+    assert notes["cost"][0]["relative"] == {"span": pytest.approx(2.0)}  # FLOPs per token relative to mlm
+    assert "nothing_separates" not in notes and "none_above_random" not in notes
+    assert notes["seeds_untested"][0]["seeds"] == 2 and notes["few_seeds"][0]["seed_draws"] == 3
+    assert "Run on: not recorded" in clear.read_text()  # these fake arms carry no host record
+    flat = _notes_of(write_report(ab, _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})))
+    assert "nothing_separates" in flat and "none_above_random" not in flat and "seeds_untested" not in flat
+    assert flat["task"][0]["above"] == [] and flat["task"][0]["same"] == ["mlm", "span"]
+    assert "pairs" not in flat  # the note that nothing separates says it of the pairs too
+    worse = _fake_results(ab, {"mlm": 0.6, "span": 0.3, "none": 0.6})
+    for state in worse.values():
+        state["host"] = {"device": "CPU: test (2 cores)", "torch": "2.x", "deepspeed": "0.y", "date": "2026-11-22"}
+    worse = write_report(ab, worse)
+    notes = _notes_of(worse)
+    assert [i["a"] for i in notes["task"][0]["below"]] == ["span"] and notes["task"][0]["same"] == ["mlm"]
+    assert notes["none_above_random"][0]["below"] == 1 and "nothing_separates" not in notes
+    run_on = next(line for line in worse.read_text().splitlines() if line.startswith("Run on: "))
+    assert all(part in run_on for part in ("CPU: test (2 cores)", "torch 2.x", "DeepSpeed 0.y", "2026-11-22"))
+
+
+def test_report_scores_a_token_task_by_chunk_f1_beside_a_sentence_task(tmp_path):
+    """A CoNLL task in an ablation: its cells are chunk F1 over sentences (pooled counts, as conlleval), compared and
+    tested like any other task."""
+    import numpy as np
+
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import write_report
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
+    )
+    ab.out.mkdir(parents=True)
+    results = _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})
+    rng = np.random.default_rng(2)
+    gold = rng.integers(1, 5, 300)
+    recall = {"mlm": 0.95, "span": 0.6, "none": 0.6}
+    for name, state in results.items():
+        arm = next(a for a in ab.arms if a.name == name)
+        found = [rng.binomial(gold, recall[arm.group]) for _ in ab.eval["seeds"]]
+        preds = [np.stack([f, f + rng.integers(0, 2, len(gold))], -1).tolist() for f in found]
+        chunk = {"task": "chunks", "main_metric": "chunk_f1", "dev_labels": gold.tolist(), "dev_predictions": preds}
+        state["downstream"]["probe"]["chunks"] = chunk
+    out = json.loads((write_report(ab, results).parent / "results.json").read_text())
+    by_task = {(c["task"], c["a"], c["b"]): c for c in out["comparisons"]}
+    assert by_task[("chunks", "mlm", "none")]["p_holm"] < 0.05 and by_task[("chunks", "mlm", "none")]["diff"] > 0.2
+    assert by_task[("chunks", "span", "none")]["p"] > 0.05
+    assert {d["metric"] for d in out["detectable"]} == {"accuracy", "chunk_f1"}
+
+
+def test_report_tasks_follow_the_configs_order(tmp_path):
+    """Columns and notes list tasks as the config does, not in a set's (hash-seeded) order: same inputs, same report."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import cells
+
+    tasks = [make_pair_task(tmp_path / name, 4, 2) for name in ("zeta", "alpha", "mid")]
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [f"eval.tasks=[{', '.join(map(str, tasks))}]"])
+    one = _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})
+    for state in one.values():
+        (result,) = state["downstream"]["probe"].values()
+        state["downstream"]["probe"] = {name: result for name in ("mid", "alpha", "zeta")}
+    assert [list(tasks) for tasks in cells(ab, one).values()] == [["zeta", "alpha", "mid"]]
+
+
+def test_notes_say_which_uncorrected_differences_do_not_survive_holm():
+    from pretrain.evaluation.report import Comparison, notes
+
+    found = [
+        Comparison("probe", "subj", "span", "none", 0.033, 0.005, 0.062, p=0.02, p_holm=0.6),
+        Comparison("probe", "subj", "mlm", "none", -0.008, -0.03, 0.01, p=0.5, p_holm=1.0),
+    ]
+    (loose,) = [d for kind, d in notes(_ab(), {}, found, {}) if kind == "uncorrected"]
+    assert [(i["a"], i["task"], i["diff"]) for i in loose["items"]] == [("span", "subj", 0.033)]
+    assert loose["total"] == 2
+    found[0].p_holm = 0.04  # significant after correction: no longer a caveat
+    assert "uncorrected" not in {kind for kind, _ in notes(_ab(), {}, found, {})}
+
+
+# ---------------------------------------------------------------------------------------------- notes, by kind
+
+
+def _ab(modes=("probe",), seeds=2, kind="flops"):
+    """What `notes` reads of an ablation."""
+    from types import SimpleNamespace
+
+    ev = {"modes": list(modes), "seeds": [1, 2], "pooling": "mean", "tasks": []}
+    return SimpleNamespace(eval=ev, seeds=list(range(seeds)), budget_kind=kind, budget_amount=1e12)
+
+
+def _pre(tokens=1e6, per_token=None, auc=None) -> dict:
+    """`pretraining`'s numbers for mlm, span and the random encoder."""
+    per_token = per_token or {"mlm": 4e6, "span": 5e6}
+    pre = {}
+    for arm, fpt in per_token.items():
+        final = {f"{arm}/loss": 6.0, **({"rtd/disc_auc": auc} if auc is not None and arm == "rtd" else {})}
+        pre[arm] = {
+            "objectives": arm,
+            "steps": 10,
+            "tokens": tokens,
+            "flops": 4e12,
+            "wall_s": 1.0,
+            "final": final,
+            "flops_per_token": fpt,
+            "failed": None,
+            "runs": 2,
+        }
+    pre["none"] = {
+        "objectives": "none (random init)",
+        "steps": 0,
+        "tokens": 0,
+        "flops": 0,
+        "wall_s": 0.0,
+        "final": {},
+        "flops_per_token": 0,
+        "failed": None,
+        "runs": 2,
+    }
+    return pre
+
+
+def _table(modes=("probe",), n=100, full_gain=0.1) -> dict:
+    """{mode: {"t": {arm: Cell}}}: mlm right on 70% of the examples, span and none on 60%; fine-tuning adds
+    `full_gain` to each."""
+    import numpy as np
+
+    from pretrain.evaluation.report import Cell
+
+    y = np.arange(n) % 2
+    out = {}
+    for mode in modes:
+        gain = full_gain if mode == "full" else 0.0
+        out[mode] = {
+            "t": {
+                arm: Cell("accuracy", y, np.where(np.arange(n) < int((acc + gain) * n), y, 1 - y)[None, None])
+                for arm, acc in (("mlm", 0.7), ("span", 0.6), ("none", 0.6))
+            }
+        }
+    return out
+
+
+def _cmp(a, b="none", diff=0.05, p_holm=1.0, p=None, mode="probe", seeds=(0.05, 0.04), seed_p_holm=None, se=0.02):
+    from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison
+
+    family = PRIMARY if b == "none" and mode == "probe" else SECONDARY
+    return Comparison(
+        mode,
+        "t",
+        a,
+        b,
+        diff,
+        diff - 0.04,
+        diff + 0.04,
+        p=p_holm if p is None else p,
+        p_holm=p_holm,
+        family=family,
+        se=se,
+        replicates=2000,
+        seed_diffs=list(seeds),
+        seed_p=seed_p_holm,
+        seed_p_holm=seed_p_holm,
+    )
+
+
+def _kinds(ab, table, found, pre) -> dict:
+    """kind -> the data of each note of that kind."""
+    from pretrain.evaluation.report import NOTE_KINDS, notes, render_note
+
+    out = {}
+    for kind, data in notes(ab, table, found, pre):
+        assert kind in NOTE_KINDS and render_note(kind, data)  # every note has its wording
+        out.setdefault(kind, []).append(data)
+    return out
+
+
+FLAT = [_cmp("mlm"), _cmp("span"), _cmp("mlm", "span")]
+MLM_ABOVE = [_cmp("mlm", diff=0.1, p_holm=0.001), _cmp("span"), _cmp("mlm", "span", p_holm=0.01)]
+ONLY_PAIR = [_cmp("mlm"), _cmp("span"), _cmp("mlm", "span", p_holm=0.01)]
+FIVE = (0.05, 0.04, 0.06, 0.03, 0.05)
+
+# kind -> two (ablation, table, comparisons, pretraining) situations and what tells their notes of that kind apart
+# (None: no note of that kind)
+SITUATIONS = {
+    "scale": (
+        (_ab(), _table(), FLAT, _pre(tokens=1e6)),
+        (_ab(), _table(), FLAT, _pre(tokens=1e9)),
+        lambda d: d and (d[0]["tokens"], d[0]["early"]),
+    ),
+    "cost": (
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "span": 5e6})),
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "span": 8e6})),
+        lambda d: d and d[0]["relative"],
+    ),
+    "budget": (
+        (_ab(kind="flops"), _table(), FLAT, _pre()),
+        (_ab(kind="time"), _table(), FLAT, _pre()),
+        lambda d: d[0]["kind"],
+    ),
+    "method": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), FLAT[:2], _pre()),
+        lambda d: {f: v["comparisons"] for f, v in d[0]["families"].items()},
+    ),
+    "few_seeds": (
+        (_ab(seeds=2), _table(), FLAT, _pre()),
+        (_ab(seeds=5), _table(), [_cmp("mlm", seeds=FIVE)], _pre()),
+        lambda d: d and d[0]["seed_draws"],
+    ),
+    "task": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), MLM_ABOVE, _pre()),
+        lambda d: [i["a"] for i in d[0]["above"]],
+    ),
+    "uncorrected": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), [_cmp("mlm", p=0.01, p_holm=0.2), *FLAT[1:]], _pre()),
+        lambda d: d and [i["a"] for i in d[0]["items"]],
+    ),
+    "nothing_separates": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), ONLY_PAIR, _pre()),
+        lambda d: d and d[0]["comparisons"],
+    ),
+    "none_above_random": (
+        (_ab(), _table(), ONLY_PAIR, _pre()),
+        (_ab(), _table(), MLM_ABOVE, _pre()),
+        lambda d: d and d[0]["pairs"],
+    ),
+    "pairs": (
+        (_ab(), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001), *FLAT[1:]], _pre()),
+        (_ab(), _table(), ONLY_PAIR, _pre()),
+        lambda d: [(i["a"], i["b"]) for i in d[0]["significant"]],
+    ),
+    "seeds_untested": (
+        (_ab(), _table(), MLM_ABOVE, _pre()),
+        (_ab(), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=(0.2, -0.01))], _pre()),
+        lambda d: d and [i["seed_diffs"] for i in d[0]["items"]],
+    ),
+    "seed_level": (
+        (_ab(seeds=5), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=FIVE, seed_p_holm=0.0625)], _pre()),
+        (_ab(seeds=6), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=FIVE + (0.1,), seed_p_holm=0.03)], _pre()),
+        lambda d: d and ([i["a"] for i in d[0]["held"]], [i["a"] for i in d[0]["not_held"]]),
+    ),
+    "detectable": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(), _table(), [_cmp("mlm", se=0.01), _cmp("span", se=0.01), FLAT[2]], _pre()),
+        lambda d: d[0]["items"][0]["mde"],
+    ),
+    "rtd_auc": (
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "rtd": 5e6}, auc=0.53)),
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "rtd": 5e6}, auc=0.8)),
+        lambda d: d and d[0]["auc"],
+    ),
+    "probe": (
+        (_ab(), _table(), FLAT, _pre()),
+        (_ab(("probe", "full")), _table(("probe", "full")), FLAT, _pre()),
+        lambda d: (d[0]["full_above"], d[0]["cells"]),
+    ),
+    "loss_levels": (
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6, "span": 5e6})),
+        (_ab(), _table(), FLAT, _pre(per_token={"mlm": 4e6})),
+        lambda d: d and d[0]["objectives"],
+    ),
+}
+
+
+def test_every_kind_of_note_is_tested():
+    from pretrain.evaluation.report import NOTE_KINDS
+    from pretrain.evaluation.report_render import WORDING
+
+    assert set(SITUATIONS) == set(NOTE_KINDS) == set(WORDING)
+
+
+@pytest.mark.parametrize("kind", list(SITUATIONS))
+def test_each_note_changes_with_the_numbers(kind):
+    one, other, key = SITUATIONS[kind]
+    first, second = _kinds(*one).get(kind), _kinds(*other).get(kind)
+    assert first or second, f"no '{kind}' note in either situation"
+    assert key(first) != key(second)
+
+
+def test_reference_token_counts():
+    from pretrain.evaluation.report import BERT_BASE_TOKENS, ELECTRA_SMALL_TOKENS
+
+    # BERT-base: 256 x (0.9M x 128 + 0.1M x 512) = 4.26e10; ELECTRA-Small: 1M x 128 x 128 = 1.64e10
+    assert BERT_BASE_TOKENS == pytest.approx(4.26e10, rel=1e-3) and ELECTRA_SMALL_TOKENS == pytest.approx(1.64e10, 1e-3)
+    (scale,) = _kinds(_ab(), _table(), FLAT, _pre(tokens=4.26e8))["scale"]
+    assert scale["bert_base"] == pytest.approx(0.01, rel=1e-3) and not scale["early"]  # 2.6% of ELECTRA-Small's
+    assert _kinds(_ab(), _table(), FLAT, _pre(tokens=1e8))["scale"][0]["early"]  # 0.6%: the first phase
+
+
+def test_notes_never_contradict_each_other():
+    """Random situations: the note that nothing separates appears exactly when nothing is significant, never beside
+    a significant pair or task; a probe-only report says nothing of fine-tuning."""
+    import random
+
+    from pretrain.evaluation.report import render_note
+
+    rng = random.Random(0)
+    for _ in range(300):
+        modes = rng.choice([("probe",), ("probe", "full")])
+        seeds = rng.choice([1, 2, 3, 5, 6])
+        found = []
+        for mode in modes:
+            for a, b in (("mlm", "none"), ("span", "none"), ("mlm", "span")):
+                p_holm = rng.choice([0.001, 0.03, 0.2, 1.0])
+                seed_p = rng.choice([0.01, 0.3]) if seeds >= 3 else None
+                diffs = tuple(rng.uniform(-0.1, 0.1) for _ in range(seeds))
+                found.append(
+                    _cmp(a, b, rng.choice([-0.1, 0.1]), p_holm, rng.choice([p_holm, 0.01]), mode, diffs, seed_p)
+                )
+        kinds = _kinds(_ab(modes, seeds), _table(modes), found, _pre())
+        significant = any(c.significant or c.holds_across_seeds for c in found)
+        assert ("nothing_separates" in kinds) == (not significant)
+        assert not ("nothing_separates" in kinds and "none_above_random" in kinds)
+        if "nothing_separates" in kinds or "none_above_random" in kinds:
+            assert not any(t["above"] for t in kinds["task"])
+        if "nothing_separates" in kinds:
+            assert not any(t["below"] for t in kinds["task"]) and "pairs" not in kinds
+        pairs = kinds.get("pairs", [{"significant": []}])[0]["significant"]
+        assert bool(pairs) == any(c.significant for c in found if c.b != "none")
+        assert ("few_seeds" in kinds) == (seeds < 5)
+        assert not ("seeds_untested" in kinds and "seed_level" in kinds)
+        text = " ".join(render_note(kind, d) for kind, ds in kinds.items() for d in ds)
+        if modes == ("probe",):  # no note counts or names a fine-tuning cell, nor words one
+            assert kinds["probe"][0]["cells"] == 0 and kinds["method"][0]["main"] == "probe"
+            assert all(t["mode"] == "probe" for t in kinds["task"]) and "fine-tun" not in text.lower()
