@@ -2,6 +2,7 @@
 short allowlist of DeepSpeed records is ever unpickled (DeepSpeed's own loads included)."""
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -50,3 +51,37 @@ def test_integrity_names_the_bad_file(tmp_path):
     (tmp_path / "a.pt").write_bytes(b"x" * 100)
     with pytest.raises(UserError, match=r"sub/b.json is missing"):
         verify_integrity(tmp_path)
+
+
+class FakeEngine:
+    """Writes a model file where DeepSpeed would: save_checkpoint's other steps are all ours."""
+
+    def save_checkpoint(self, root, tag, save_latest):
+        (Path(root) / tag).mkdir(parents=True)
+        torch.save({"w": torch.ones(2)}, Path(root) / tag / "mp_rank_00_model_states.pt")
+
+
+def test_a_checkpoint_is_on_the_disk_before_latest_names_it(tmp_path, monkeypatch):
+    """Every file of the checkpoint and its directory are fsynced before `latest` is written, and the pointer's
+    directory after: a power cut can leave the previous checkpoint as latest, never a name for truncated files."""
+    from pretrain.train.checkpoint import save_checkpoint
+    from pretrain.train.state import TrainState
+
+    events = []
+    real_fsync, real_replace = os.fsync, os.replace
+    monkeypatch.setattr(os, "fsync", lambda fd: events.append(("fsync", os.readlink(f"/proc/self/fd/{fd}"), None)))
+    monkeypatch.setattr(os, "replace", lambda a, b: (events.append(("replace", str(a), str(b))), real_replace(a, b)))
+    path = save_checkpoint(FakeEngine(), tmp_path, TrainState(step=3), "model: {}\n", None, keep=2)
+    synced, latest_at = set(), None
+    for i, (kind, name, to) in enumerate(events):
+        if kind == "fsync":
+            synced.add(name)
+        elif to == str(tmp_path / "latest"):
+            latest_at = i
+            break
+        elif name in synced:  # an atomic write: its temporary file synced, then renamed into place
+            synced.add(to)
+    assert latest_at is not None and real_fsync is not os.fsync
+    files = {str(p) for p in path.rglob("*")} | {str(path)}
+    assert files <= synced, files - synced
+    assert ("fsync", str(tmp_path), None) in events[latest_at:]  # the pointer's rename, after it

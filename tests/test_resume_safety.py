@@ -85,6 +85,22 @@ def test_a_lost_latest_pointer_keeps_every_checkpoint(run, corpus):
     assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4]
 
 
+def test_rotation_keeps_the_checkpoint_it_wrote_beside_one_a_killed_save_left(run, corpus):
+    """A save killed at step 10 left step_00000010 half-written (`latest` never named it); the run resumed from step 3
+    and saves at 4 and 5 with keep_checkpoints=1. Rotation counts complete checkpoints up to the one just written:
+    counting the half-written one as the newest deleted every good checkpoint, the new one included."""
+    tmp, ckpts = run.parent, run / "checkpoints"
+    killed = ckpts / "step_00000010"
+    killed.mkdir()
+    shutil.copy2(ckpts / "step_00000003" / "config.yaml", killed / "config.yaml")
+    args = run_args(tmp, corpus, "train.max_steps=5", "train.save_every=1", "train.keep_checkpoints=1")
+    pretrain("train", *args, cwd=tmp)
+    assert sorted(p.name for p in ckpts.glob("step_*")) == ["step_00000005", "step_00000010"]
+    assert (ckpts / "latest").read_text().strip() == "step_00000005"
+    proc = pretrain("train", *run_args(tmp, corpus, "train.max_steps=6", "train.keep_checkpoints=1"), cwd=tmp)
+    assert "resumed from" in proc.stderr and "step 5" in proc.stderr
+
+
 def test_a_changed_corpus_leaves_the_shards_as_they_were(run, corpus, tmp_path):
     tmp = run.parent
     changed = tmp_path / "changed.jsonl"

@@ -28,17 +28,42 @@ def _replace_from_tmp(path: Path, tmp: Path, write) -> None:
         raise
 
 
-def write_atomic(path: Path, text: str) -> None:
-    path = Path(path)
-    _replace_from_tmp(path, path.with_name(f".{path.name}.tmp-{os.getpid()}"), lambda f: f.write(text))
+def _synced(write, sync: bool):
+    """`write`, then (with `sync`) the file's bytes forced to the disk before the rename makes them the file."""
 
-
-def write_json_atomic(path: Path, obj: dict, sync: bool = True) -> None:
-    def write(f) -> None:
-        json.dump(obj, f, indent=1)
+    def run(f) -> None:
+        write(f)
         if sync:
             f.flush()
             os.fsync(f.fileno())
 
+    return run
+
+
+def write_atomic(path: Path, text: str, sync: bool = True) -> None:
     path = Path(path)
+    _replace_from_tmp(path, path.with_name(f".{path.name}.tmp-{os.getpid()}"), _synced(lambda f: f.write(text), sync))
+
+
+def write_json_atomic(path: Path, obj: dict, sync: bool = True) -> None:
+    path = Path(path)
+    write = _synced(lambda f: json.dump(obj, f, indent=1), sync)
     _replace_from_tmp(path, path.with_name(f"{path.name}.tmp-{os.getpid()}"), write)
+
+
+def fsync_path(path: Path) -> None:
+    """Force a file's bytes, or a directory's entries (a rename in it), to the disk."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def sync_tree(path: Path) -> None:
+    """Force every file under `path`, and the directories that name them, to the disk: what a pointer written next
+    (a checkpoint's `latest`) names then survives a power cut, not only a killed process."""
+    path = Path(path)
+    for p in [*sorted(path.rglob("*")), path]:
+        if not p.is_symlink():
+            fsync_path(p)

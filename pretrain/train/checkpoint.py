@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.core.errors import UserError
-from pretrain.core.files import write_atomic
+from pretrain.core.files import fsync_path, sync_tree, write_atomic
 from pretrain.train.state import STATE_FILE, TrainState
 
 LATEST = "latest"
@@ -246,20 +246,30 @@ def save_checkpoint(
             raise failure
         raise UserError(f"another rank failed to write checkpoint {tag} (its message says why); {kept}")
     if rank == 0:
+        sync_tree(path)  # every rank's files, on the disk before the record and `latest` name them
         write_integrity(path)
+        fsync_path(path)  # the record's entry
         write_atomic(root / LATEST, tag)
-        rotate(root, keep)
+        fsync_path(root)  # the pointer's rename
+        rotate(root, keep, path)
     _barrier()
     return path
 
 
-def rotate(root: Path, keep: int) -> None:
-    """Delete all but the newest `keep` checkpoints, unless a reader (`pretrain export`, `eval`) holds `root`
-    (`reading_checkpoints`): then leave them for the next save, which deletes every one past `keep`. Never waits,
-    so an export cannot stall or break training."""
+def rotate(root: Path, keep: int, current: Path) -> None:
+    """Delete all but the newest `keep` complete checkpoints up to `current` (the one just written, which `latest`
+    names and which always stays), unless a reader (`pretrain export`, `eval`) holds `root` (`reading_checkpoints`):
+    then leave them for the next save, which deletes every one past `keep`. Never waits, so an export cannot stall or
+    break training. Directories past `current` are not counted nor touched: a half-written one left by a killed save
+    (the save at its step replaces it), or the later checkpoints of a run resumed from an earlier one."""
     from pretrain.core.outputs import exclusive_if_free
 
-    old = all_checkpoints(root)[:-keep] if keep > 0 else []
+    if keep <= 0:
+        return
+    # tags are zero-padded: name order is step order
+    upto = [c for c in all_checkpoints(root) if c.name <= current.name]
+    kept = {current, *[c for c in upto if _complete(c)][-keep:]}
+    old = [c for c in upto if c not in kept]
     if not old:
         return
     with exclusive_if_free(root) as free:
