@@ -8,7 +8,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-from helpers import run_args, small_corpus, snapshot
+from helpers import one_line_error, run_args, small_corpus, snapshot
 from helpers import run_cli as pretrain
 
 from pretrain.core.config import TrainConfig, read_config
@@ -86,6 +86,12 @@ def test_decay_from_a_stable_checkpoint_equals_an_uninterrupted_decay(tmp_path):
 
     # the same command again resumes the finished branch (nothing to train); another name that exists is refused
     pretrain("decay", source / "checkpoints" / "step_00000004", "--steps", "2", cwd=tmp_path)
+    # a branch of the same name from another step, or over other steps, would continue the old branch: refused
+    made = snapshot(branch)
+    for other in ([source, "--steps", "2"], [source / "checkpoints" / "step_00000004", "--steps", "3"]):
+        proc = pretrain("decay", *other, "--name", "r-decay4", cwd=tmp_path, rc=2)
+        one_line_error(proc, f"{branch} exists and is the decay of {source} at step 4 over 2 steps", "--name")
+    assert snapshot(branch) == made
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     proc = pretrain("decay", source, "--steps", "2", "--name", "mine", cwd=tmp_path, rc=2)

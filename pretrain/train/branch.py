@@ -6,6 +6,8 @@ source (hard links where the file system allows: checkpoint files are only ever 
 never written in place), with the source's tokenizer and shards and its metrics up to that step. Training it is then
 a resume with a changed schedule, which the resume applies (`optim.apply_hyperparameters`): the same samples in the
 same order, the same optimizer state, a decay over the given steps. Everything the run fixes is as in the source.
+`branch.json` records what the branch was made from (source, step, decay steps): the same `pretrain decay` command
+resumes it, and a `--name` that would continue another branch is refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,16 @@ from pretrain.train import checkpoint as ckpt
 from pretrain.train.metrics import read_metrics
 from pretrain.train.optim import decay_steps, lr_factor
 from pretrain.train.state import TrainState
+
+BRANCH_FILE = "branch.json"  # in a branch: the source run (or checkpoint), its step and the decay's steps
+
+
+def _read_branch(run_dir: Path) -> dict | None:
+    try:
+        made = json.loads((run_dir / BRANCH_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return made if isinstance(made, dict) and {"source", "step", "decay_steps"} <= set(made) else None
 
 
 def _link_tree(src: Path, dst: Path) -> None:
@@ -72,10 +84,24 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
     source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     if source_run is not None and run_dir.resolve() == source_run.resolve():
         raise UserError(f"the decay run {run_dir} would be the source run itself: give another --name")
+    made_from = {"source": str((source_run or checkpoint).resolve()), "step": state.step, "decay_steps": steps}
     if run_dir.exists() and any(run_dir.iterdir()):
-        if marked_kind(run_dir) == "run" and (run_dir / "checkpoints" / ckpt.LATEST).is_file():
-            return cfg, f"{run_dir} exists: resuming it (its checkpoints say whether it is the same decay)"
-        raise UserError(f"{run_dir} already exists and is not a run of ours: give another --name (nothing was changed)")
+        if marked_kind(run_dir) != "run" or not (run_dir / "checkpoints" / ckpt.LATEST).is_file():
+            raise UserError(
+                f"{run_dir} already exists and is not a run of ours: give another --name (nothing was changed)"
+            )
+        made = _read_branch(run_dir)
+        if made != made_from:
+            was = (
+                f"the decay of {made['source']} at step {made['step']} over {made['decay_steps']} steps"
+                if made
+                else f"not a decay branch (no {BRANCH_FILE}): `pretrain train {run_dir / 'config.yaml'}` resumes it"
+            )
+            raise UserError(
+                f"{run_dir} exists and is {was}, not the decay of {made_from['source']} at step {state.step} over "
+                f"{steps} steps: give another --name (nothing was changed)"
+            )
+        return cfg, f"{run_dir} exists and is this decay: resuming it"
     claim_output(run_dir, "run", "the decay run directory")
     tmp = run_dir.parent / f".{run_dir.name}.branch-tmp"
     shutil.rmtree(tmp, ignore_errors=True)
@@ -100,6 +126,7 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
             history = [r for r in read_metrics(source_run) if r["step"] <= state.step]
             write_atomic(tmp / "metrics.jsonl", "".join(json.dumps(r) + "\n" for r in history))
         write_atomic(tmp / "config.yaml", yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        write_atomic(tmp / BRANCH_FILE, json.dumps(made_from, indent=1))  # what a later `decay --name` must match
         run_dir.parent.mkdir(parents=True, exist_ok=True)
         if run_dir.exists():
             run_dir.rmdir()  # empty: checked above
