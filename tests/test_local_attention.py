@@ -211,7 +211,8 @@ def test_blocks_equal_the_dense_band(window, length):
     mask = torch.ones(3, length, dtype=torch.bool)
     mask[1, length // 2 :] = False
     mask[2, 1:] = False
-    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=window_mask(mask, window, length))
+    band = window_mask(mask, window, length, q.device)
+    dense = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=band)
     blocks = Banded.build(mask, window, length, 3, q.device).attend(q, k, v, 0.0)
     torch.testing.assert_close(blocks, dense, atol=1e-6, rtol=1e-6)
     grads = [torch.autograd.grad(out.pow(2).sum(), (q, k, v)) for out in (dense, blocks)]
@@ -281,3 +282,19 @@ def test_bad_values_are_refused_by_name(model, data, key):
 def test_good_values_are_read():
     cfg = build_config({"model": {"local_attention": 252, "global_every": 2}, "data": {"max_seq_len": 128}})
     assert (cfg.model.local_attention, cfg.model.global_every, cfg.model.local_rope_theta) == (252, 2, 10000.0)
+
+
+@pytest.mark.parametrize("length", [10, 40])
+def test_every_band_is_made_on_the_activations_device(length):
+    """Rows without padding have no key mask to take a device from; a band made on the CPU then fails SDPA on a GPU.
+    The meta device stands in for the GPU: the dense band (length 10 < 3 blocks of 4), blocks (40), and the query
+    stream's band at both."""
+    from pretrain.model.encoder import BertEncoder
+
+    cfg = ModelConfig(**{**OURS, "local_attention": 8})
+    encoder = BertEncoder(cfg).to("meta")
+    ids = torch.zeros(2, length, dtype=torch.long, device="meta")
+    assert encoder(ids).device.type == "meta"
+    query = torch.zeros(2, 3, cfg.hidden_size, device="meta")
+    positions = torch.zeros(2, 3, dtype=torch.long, device="meta")
+    assert encoder(ids, query_stream=query, query_positions=positions)[1].device.type == "meta"

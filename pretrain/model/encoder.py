@@ -390,7 +390,7 @@ class QueryStream:
             cos, sin = rope_tables(L, head_dim, _theta(cfg, window), x.device, x.dtype)
             query_rope = (cos[self.query_positions, None], sin[self.query_positions, None])  # [B, Lq, 1, D]
         bias = attention_bias(self.query_mask, x.dtype)
-        return window_bias(bias, self.query_mask, window, L, self.query_positions), query_rope
+        return window_bias(bias, self.query_mask, window, L, x.device, self.query_positions), query_rope
 
     def layer(self, layer: EncoderLayer, x: torch.Tensor, g: torch.Tensor, inputs: LayerInputs) -> tuple:
         # x [B, L, H], g [B, Lq, H] -> both after the layer; K and V of x computed once, for both streams.
@@ -542,7 +542,7 @@ class BertEncoder(nn.Module):
                 inputs[w] = LayerInputs(local, None)
             else:
                 extra = None if stream is None else stream.window_inputs(self, w, x)
-                inputs[w] = LayerInputs(window_bias(bias, attention_mask, w, L), None, extra)
+                inputs[w] = LayerInputs(window_bias(bias, attention_mask, w, L, x.device), None, extra)
         return inputs
 
 
@@ -551,6 +551,7 @@ def window_bias(
     mask: torch.Tensor | None,
     window: int,
     length: int,
+    device: torch.device,
     query_positions: torch.Tensor | None = None,
 ) -> torch.Tensor | None:
     """The global `bias` of `mask` for a global layer, or for a window that sees every key at this length (the
@@ -558,7 +559,7 @@ def window_bias(
     `query_positions` [B, Lq], default 0..length-1)."""
     if not window or masks_nothing(window, length):
         return bias
-    return window_mask(mask, window, length, query_positions)
+    return window_mask(mask, window, length, device, query_positions)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

@@ -54,16 +54,18 @@ def window_mask(
     attention_mask: torch.Tensor | None,
     window: int,
     length: int,
+    device: torch.device,
     query_positions: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Boolean SDPA mask (True = may attend, broadcast over heads) of a local layer: the band over `length` key
     positions, and the key mask [B, L] / per-query mask [B, Lq, L] when there is one. Rows are the positions
-    0..length-1, or `query_positions` [B, Lq] (a query stream). -> [1 or B, 1, Lq, L].
+    0..length-1, or `query_positions` [B, Lq] (a query stream). -> [1 or B, 1, Lq, L], on `device` (the
+    activations'), also where there is no mask to take it from.
 
     Boolean, unlike `attention_bias`: a padding query further than the window from every real token has no key at
     all, and SDPA (torch >= 2.5) gives such a row zeros, as transformers' ModernBERT does, where an additive finfo.min
     row would average every key (padding, and under a per-query mask the keys it must not see)."""
-    keys = torch.arange(length, device=attention_mask.device if attention_mask is not None else None)
+    keys = torch.arange(length, device=device)
     allowed = band(keys if query_positions is None else query_positions, keys, window)  # [Lq, L] or [B, Lq, L]
     if attention_mask is not None:
         # [B, L] -> [B, 1, L]: every query the same keys; [B, Lq, L] as it is
@@ -121,7 +123,7 @@ def local_mask(
     window // 2 are fewer keys than the sequence), else the dense boolean `window_mask`."""
     if 3 * (window // 2) < length:
         return Banded.build(key_mask, window, length, batch, device)
-    return window_mask(key_mask, window, length)
+    return window_mask(key_mask, window, length, device)
 
 
 @dataclass
