@@ -210,3 +210,27 @@ def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stan
             assert torch._dynamo.config.suppress_errors is cuda  # by default: what torch cannot compile runs eager
             assert compile_for_this_machine(zero3).model.compile is False  # its parameter hooks stay eager
     assert not torch._dynamo.config.suppress_errors
+
+
+def test_cuda_graphs_are_left_out_where_a_step_accumulates_micro_batches(capsys):
+    """A replayed backward graph writes each gradient into the memory the last micro-batch's is held in: a run that
+    accumulates (by grad_accum_steps, or a global-batch ramp past one micro-batch per rank) compiles without them."""
+    from pretrain.train.setup import compile_for_this_machine
+
+    graphs = ["model.compile=true", "model.compile_mode=reduce-overhead", "train.micro_batch_size=4"]
+    one = load_config("tiny", graphs)
+    assert compile_for_this_machine(one).model.compile_mode == "reduce-overhead"
+    assert compile_for_this_machine(one, world=4).model.compile_mode == "reduce-overhead"
+    assert capsys.readouterr().err == ""
+    ramp_to_16 = "schedule.values=[{key: train.global_batch, points: [[0, 4], [10, 16]]}]"
+    for extra in ("train.grad_accum_steps=2", ramp_to_16):
+        accumulating = load_config("tiny", [*graphs, extra])
+        assert compile_for_this_machine(accumulating).model.compile_mode == "default"
+        assert "model.compile_mode=reduce-overhead runs as default" in capsys.readouterr().err
+    # 16 sequences a step on 4 ranks of 4 are one micro-batch each: nothing accumulates
+    ramp = load_config("tiny", [*graphs, ramp_to_16])
+    assert compile_for_this_machine(ramp, world=4).model.compile_mode == "reduce-overhead"
+    autotune = load_config("tiny", graphs[:1] + ["model.compile_mode=max-autotune", "train.grad_accum_steps=2"])
+    assert compile_for_this_machine(autotune).model.compile_mode == "max-autotune-no-cudagraphs"
+    eager = load_config("tiny", ["model.compile=false", *graphs[1:], "train.grad_accum_steps=2"])
+    assert compile_for_this_machine(eager).model.compile_mode == "reduce-overhead"  # not compiled: nothing to say

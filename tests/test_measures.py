@@ -68,3 +68,16 @@ def test_padding_is_left_out_and_micro_batches_sum_exactly():
 
 def test_one_class_has_no_auc():
     assert BinaryAUC(torch.zeros(5), torch.zeros(5), torch.ones(5)).value() is None
+
+
+def test_sums_keep_no_view_of_what_they_were_given():
+    """A compiled loss under CUDA graphs (compile_mode=reduce-overhead) returns tensors that its next replay
+    overwrites in place: the interval's sums must not be a view of the first micro-batch's."""
+    sums = MetricSums()
+    loss, auc_logits = torch.tensor(2.0), torch.tensor([3.0, -3.0])
+    sums.add({"loss": loss, "mean": Mean(loss, 1.0), "auc": BinaryAUC(auc_logits, torch.tensor([1, 0]), torch.ones(2))})
+    loss.fill_(100.0)  # the replay of the next micro-batch, writing into the same memory
+    auc_logits.fill_(0.0)
+    sums.add({"loss": torch.tensor(4.0), "mean": Mean(torch.tensor(4.0), 1.0)})
+    values = sums.read()
+    assert values["loss"] == 3.0 and values["mean"] == 3.0 and values["auc"] == 1.0  # (2 + 4) / 2

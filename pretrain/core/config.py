@@ -152,7 +152,8 @@ class ModelConfig:
         "default",
         "torch.compile's mode where the model is compiled: default, reduce-overhead (CUDA graphs: fewer launches, for "
         "small models), max-autotune or max-autotune-no-cudagraphs. Graphs whose sizes change every batch (the heads, "
-        "sized by the masked tokens; an unpadded encoder) run without CUDA graphs.",
+        "sized by the masked tokens; an unpadded encoder), and every graph of a run that accumulates micro-batches, "
+        "run without CUDA graphs.",
     )
     activation_checkpointing: bool = doc(
         False, "Recompute each layer's activations in the backward pass to save memory."

@@ -160,6 +160,16 @@ class Schedule:
 
     # --- many steps at once ---------------------------------------------------------------------------------
 
+    def last_change(self) -> int:
+        """The last step at which anything scheduled changes (a phase's start, a value's last point): every later
+        step trains as this one does."""
+        return max([p.start for p in self.phases] + [int(pt[0]) for v in self.spec.values for pt in v.points])
+
+    def accumulates(self, world: int) -> bool:
+        """Whether any optimizer step on `world` ranks sums the gradients of several micro-batches per rank."""
+        a = self.arrays(np.arange(self.last_change() + 1), world)
+        return bool((a["global_batch"] > a["micro_batch_size"] * world).any())
+
     def arrays(self, steps: np.ndarray, world: int) -> dict[str, np.ndarray]:
         """What the run trains with at each of `steps` [S] on `world` ranks: phase, max_seq_len, rope_theta,
         micro_batch_size, global_batch (sequences) and each scheduled value, each [S]."""

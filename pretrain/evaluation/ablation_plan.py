@@ -203,8 +203,7 @@ def budget_costs(cfg: RunConfig, phase_flops: list[int], world: int) -> tuple[np
     later step costs what the last does). A step's FLOPs are its phase's micro-batch FLOPs times the micro-batches
     of its global batch (over all ranks)."""
     s = Schedule.of(cfg)
-    last = max([p.start for p in s.phases] + [int(pt[0]) for v in s.spec.values for pt in v.points])
-    a = s.arrays(np.arange(last + 1), world)
+    a = s.arrays(np.arange(s.last_change() + 1), world)
     batch = a["global_batch"]
     flops = np.asarray(phase_flops, np.float64)[a["phase"]] * (batch // a["micro_batch_size"])
     return batch * a["max_seq_len"], flops

@@ -26,6 +26,11 @@ _WITHOUT_CUDA_GRAPHS = {"reduce-overhead": "default", "max-autotune": "max-autot
 _made: dict[tuple[Callable, str], Callable] = {}
 
 
+def without_cuda_graphs(mode: str) -> str:
+    """The compile mode that is `mode` without CUDA graphs (`mode` itself where it records none)."""
+    return _WITHOUT_CUDA_GRAPHS.get(mode, mode)
+
+
 def _make(fn: Callable, mode: str) -> Callable:
     """torch.compile of `fn` in `mode` (the one place the model calls it; tests swap in a counting backend)."""
     return torch.compile(fn, mode=None if mode == "default" else mode)
@@ -47,7 +52,7 @@ def compiled(fn: Callable, config: Any, varying: Iterable[torch.Tensor | None] =
     mode = config.compile_mode
     sized = [t for t in varying if t is not None]
     if sized:
-        mode = _WITHOUT_CUDA_GRAPHS.get(mode, mode)
+        mode = without_cuda_graphs(mode)
         for t in sized:
             torch._dynamo.maybe_mark_dynamic(t, 0)
     key = (fn, mode)

@@ -31,7 +31,9 @@ class MetricSums:
             if isinstance(stat, torch.Tensor):
                 stat = Mean(stat)  # a micro-batch mean
             part = stat.device_part()
-            self.device[name] = part if name not in self.device else self.device[name] + part
+            # the first part copied: it may be a view of a compiled function's output, which a CUDA graph
+            # (compile_mode=reduce-overhead) overwrites at its next replay
+            self.device[name] = part.clone() if name not in self.device else self.device[name] + part
             self.host[name] = self.host.get(name, 0.0) + stat.host_part()
             self.kinds[name] = type(stat)
 

@@ -4,6 +4,7 @@ from that config and the tokenizer; and a checkpoint loaded back as a model."""
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -102,20 +103,36 @@ def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool =
     return model
 
 
-def compile_for_this_machine(cfg: RunConfig) -> RunConfig:
+def compile_for_this_machine(cfg: RunConfig, world: int = 1) -> RunConfig:
     """The config a training process builds its model from: model.compile unset (null) is on where CUDA is and off
     on a CPU, and under ZeRO-3 (whose parameters are gathered by hooks around each module, which compiled layers
     would trace through). Only training decides it (evaluation and export run eager unless the config says
     otherwise). Compiling by default must not stop a run that eager would train: then a graph torch fails to compile
-    runs eager, with torch's warning (`suppress_errors`); `model.compile=true` asked for it, and its errors stop it."""
-    if cfg.model.compile is not None:
-        return cfg
-    on = torch.cuda.is_available() and cfg.train.zero_stage != 3
-    if on:
-        import torch._dynamo as dynamo
+    runs eager, with torch's warning (`suppress_errors`); `model.compile=true` asked for it, and its errors stop it.
 
-        dynamo.config.suppress_errors = True
-    return replace(cfg, model=replace(cfg.model, compile=on))
+    A mode that records CUDA graphs (reduce-overhead, max-autotune) runs without them where a step accumulates
+    micro-batches (on `world` ranks): the backward graph's replay writes each gradient into the memory the previous
+    micro-batch's gradient is held in, so accumulating would lose (or fail on) every micro-batch but the last."""
+    from pretrain.core.schedule import Schedule
+    from pretrain.model.compiling import without_cuda_graphs
+
+    model = cfg.model
+    if model.compile is None:
+        on = torch.cuda.is_available() and cfg.train.zero_stage != 3
+        if on:
+            import torch._dynamo as dynamo
+
+            dynamo.config.suppress_errors = True
+        model = replace(model, compile=on)
+    mode = without_cuda_graphs(model.compile_mode)
+    if model.compile and mode != model.compile_mode and Schedule.of(cfg).accumulates(world):
+        print(
+            f"[pretrain] model.compile_mode={model.compile_mode} runs as {mode}: its CUDA graphs would overwrite "
+            "the gradients a step accumulates over micro-batches",
+            file=sys.stderr,
+        )
+        model = replace(model, compile_mode=mode)
+    return cfg if model == cfg.model else replace(cfg, model=model)
 
 
 def check_fp8(cfg: RunConfig) -> None:
