@@ -97,6 +97,11 @@ def _mfu(row: dict) -> str:
     return f", MFU {row['mfu']:.1%}" if row.get("mfu") is not None else ""
 
 
+def _timed(rows: list[dict]) -> list[dict]:
+    """train_throughput.py's rows that were timed (a variant that failed has an `error` instead)."""
+    return [r for r in rows if "error" not in r]
+
+
 def _rows(result: dict) -> dict[str, dict]:
     return {r["run"]: r for r in result["rows"]}
 
@@ -175,10 +180,11 @@ def report(res: Path) -> str:
     if step and base:
         # the model step as the trainer ran it: compiled or not
         variant = "ours + compile" if base["meta"].get("ours_compiled") else "ours"
-        ours_step = next((r for r in step["rows"] if r["variant"] == variant), None) or next(
-            r for r in step["rows"] if r["variant"] == "ours"
+        timed = _timed(step["rows"])  # a variant that failed (its compile) falls back to the eager step
+        ours_step = next((r for r in timed if r["variant"] == variant), None) or next(
+            r for r in timed if r["variant"] == "ours"
         )
-        hf_step = next(r for r in step["rows"] if r["variant"].startswith("HF"))
+        hf_step = next(r for r in timed if r["variant"].startswith("HF"))
         trainer = base["rows"][0]
         line(
             "step",
@@ -224,7 +230,7 @@ def report(res: Path) -> str:
     varlen = data["varlen"]
     what = "unpadded encoder on flash's varlen kernel (parity tests, then 40% padding, BERT-mini, attn dropout 0)"
     if varlen:
-        rate = {r["variant"]: r["tokens_s"] for r in varlen["rows"]}
+        rate = {r["variant"]: r["tokens_s"] for r in _timed(varlen["rows"])}
         padded, unpadded = rate["ours padded, attn dropout 0"], rate["ours unpadded, attn dropout 0"]
         line(
             "varlen",
@@ -233,6 +239,7 @@ def report(res: Path) -> str:
             f"**{unpadded / padded:.2f}x** (with BERT's attention dropout, in the kernel too: "
             f"{rate['ours unpadded'] / rate['ours padded']:.2f}x"
             + (f"; compiled, with it: {_rate(rate['ours + compile'])}" if "ours + compile" in rate else "")
+            + "".join(f"; {r['variant']} failed: {r['error']}" for r in varlen["rows"] if "error" in r)
             + ")",
         )
     else:
@@ -305,6 +312,9 @@ def report(res: Path) -> str:
         out += ["", "### step", "", f"`{step['meta']['command']}`", ""]
         out += ["| variant | batch | step (ms) | tokens/s | TFLOP/s | MFU |", "|---|---|---:|---:|---:|---:|"]
         for r in step["rows"]:
+            if "error" in r:
+                out.append(f"| {r['shape']} {r['variant']} | {r['batch']} | failed: {r['error']} | | | |")
+                continue
             mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
             out.append(
                 f"| {r['shape']} {r['variant']} | {r['batch']} | {1000 * r['step_s']:.1f} | {_rate(r['tokens_s'])} "

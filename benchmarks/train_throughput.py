@@ -202,24 +202,35 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
         runner = cls(cfg, args.device)
         prepared = runner.prepare(batch)  # before any timing
         variants.append(Variant(name, runner, make_optimizer(runner.model, args.device), bf16, prepared, []))
+    failed: dict[str, str] = {}  # a variant that fails (a compile on a new GPU) is left out; the others are timed
+
+    def attempt(v: Variant, steps: int) -> None:
+        if v.name in failed:
+            return
+        try:
+            for _ in range(steps):
+                v.step()
+        except Exception as err:  # noqa: BLE001 - reported in its row and the table
+            failed[v.name] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            print(f"{shape} {precision} {v.name} failed: {failed[v.name]}", file=sys.stderr, flush=True)
+
     for v in variants:  # warm-up (allocator, oneDNN primitives, compilation)
-        for _ in range(args.warmup):
-            v.step()
-    flops = {v.name: count_step_flops(v.step) for v in variants if "compile" not in v.name}
+        attempt(v, args.warmup)
+    flops = {v.name: count_step_flops(v.step) for v in variants if "compile" not in v.name and v.name not in failed}
     for _ in range(args.repeats):
         for v in variants:
             sync(args.device)
             start = time.perf_counter()
-            for _ in range(args.steps):
-                v.step()
+            attempt(v, args.steps)
             sync(args.device)
             v.times.append((time.perf_counter() - start) / args.steps)
     real_tokens = int(batch["attention_mask"].sum())
-    reference = statistics.median(variants[0].times)
+    timed = [v for v in variants if v.name not in failed]
+    reference = statistics.median(timed[0].times) if timed else float("nan")
     peak = device_peak_tflops(precision) if args.device == "cuda" else None
     compiled_flops = flops.get("ours unpadded" if shape == "padding" else "ours")
     rows = []
-    for v in variants:
+    for v in timed:
         t = statistics.median(v.times)
         row = {
             "shape": shape,
@@ -233,9 +244,13 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
             "spread": (min(v.times), max(v.times)),
         }
         step_flops = flops.get(v.name, compiled_flops)  # compiled: the same model's count
-        row["tflops"] = step_flops / t / 1e12
+        row["tflops"] = step_flops / t / 1e12 if step_flops else float("nan")
         row["mfu"] = row["tflops"] / peak if peak else None
         rows.append(row)
+    rows += [
+        {"shape": shape, "precision": precision, "variant": name, "batch": batch_size, "error": error}
+        for name, error in failed.items()
+    ]
     del variants
     return rows
 
@@ -277,6 +292,9 @@ def main():
     print("|---|---|---|---|---|---|---|---|---|" + ("---|" if gpu else ""))
     ms = "{:.1f}" if gpu else "{:.0f}"
     for r in rows:
+        if "error" in r:
+            print(f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | failed: {r['error']} |")
+            continue
         low, high = (ms.format(1000 * x) for x in r["spread"])
         line = (
             f"| {r['shape']} | {r['precision']} | {r['variant']} | {r['batch']} | {ms.format(1000 * r['step_s'])} "

@@ -203,3 +203,20 @@ def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(t
     assert (second["new"], second["left"], second["report"]) == (["span", "none"], [], True)
     assert "arm mlm: finished earlier, skipped" in (tmp_path / "out2" / "ablate.log").read_text()
     assert (tmp_path / "out2" / "ablation" / "report.md").is_file()
+
+
+def test_a_variant_that_failed_to_compile_leaves_the_others_in_the_report(tmp_path):
+    """train_throughput.py keeps timing the other variants when one fails (a compile on the GPU) and writes the
+    failure as a row with `error`: the report takes the eager step and says what failed."""
+    _write_results(tmp_path)
+    error = {"shape": "base", "variant": "ours + compile", "batch": 128, "error": "BackendCompilerFailed: boom"}
+    for stage in ("step", "varlen"):
+        path = tmp_path / f"{stage}.json"
+        result = json.loads(path.read_text())
+        result["rows"] = [r for r in result["rows"] if r["variant"] != "ours + compile"] + [error]
+        path.write_text(json.dumps(result))
+    proc = _report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert "model step (ours) 409,600 (batch 128): the trainer at **98%**" in proc.stdout
+    assert "in the kernel too: 1.20x; ours + compile failed: BackendCompilerFailed: boom)" in proc.stdout
+    assert "| base ours + compile | 128 | failed: BackendCompilerFailed: boom |" in proc.stdout
