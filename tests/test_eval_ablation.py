@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import make_pair_task
+from helpers import make_pair_task, one_line_error, snapshot
 from helpers import run_cli as pretrain
 
 from pretrain.core.errors import UserError
@@ -101,6 +101,23 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
     again = pretrain(*ablation_args(ablation["tmp"], ablation["corpus"], ablation["task"]), cwd=ROOT)
     assert again.stdout.count("finished earlier, skipped") == len(runs)
     assert "training (" not in again.stdout
+
+
+@pytest.mark.slow
+def test_a_changed_config_is_refused_rather_than_mixed_into_the_runs_done(ablation):
+    """A run skipped as finished, or resumed from its plan, with another budget, learning rate or evaluation would sit
+    in the report under settings it did not have: the ablation is refused, naming the change, and left as it was."""
+    tmp, corpus, task, out = ablation["tmp"], ablation["corpus"], ablation["task"], ablation["dir"]
+    before = snapshot(out)
+    for change, said in (
+        ("budget.amount=3072", "budget.amount: 1536.0 -> 3072.0"),
+        ("arms.mlm={objectives: {mlm: {}}, train: {lr: 0.5}}", "run.train.lr: 0.001 -> 0.5"),
+        ("eval.seeds=[1, 2, 3]", "eval.seeds: [1, 2] -> [1, 2, 3]"),
+    ):
+        for command in ([], ["--print-commands"]):
+            proc = pretrain(*ablation_args(tmp, corpus, task, change), *command, cwd=ROOT, rc=2)
+            one_line_error(proc, "ran with other settings", said, "another output_dir")
+        assert snapshot(out) == before
 
 
 @pytest.mark.slow

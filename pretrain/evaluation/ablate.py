@@ -53,6 +53,8 @@ from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Schedule
 from pretrain.evaluation.ablation_plan import Ablation, Arm, apply_budget, measure_phase_flops, say
 from pretrain.evaluation.ablation_record import (
+    arm_settings,
+    check_settings,
     expected_seconds,
     finished,
     read_state,
@@ -254,6 +256,7 @@ def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
 
 def run_arm(ab: Ablation, arm: Arm) -> dict:
     state = read_state(arm)
+    state.setdefault("settings", arm_settings(ab, arm))  # what `check_settings` holds the next invocation to
     state["hyperparameters"] = hyperparameters(arm)  # (re)written: a resumed arm's record matches its config
     if finished(ab, state):
         say(f"arm {arm.name}: finished earlier, skipped ({arm.cfg.run_dir / 'state.json'})")
@@ -290,6 +293,7 @@ def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
     claim_output(ab.out, "ablation", "output_dir")
+    check_settings(ab)  # before anything is written: a changed config never mixes into the runs done
     mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
     prepare_data(ab)
@@ -347,6 +351,7 @@ def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float
 def print_commands(ab: Ablation) -> list[str]:
     """Write each arm's config (budget applied) and return one launch command per arm."""
     claim_output(ab.out, "ablation", "output_dir")
+    check_settings(ab)
     procs = ab.launch.procs
     d = ab.base.data
     corpus = " ".join(shlex.quote(c) for c in d.corpus)
@@ -367,6 +372,7 @@ def print_commands(ab: Ablation) -> list[str]:
         if read_state(arm).get("trained"):
             lines.append(f"# {arm.name}: already trained here ({arm.cfg.run_dir}), nothing to launch")
             continue
+        settings = arm_settings(ab, arm)  # as the ablation file gives it, before the budget below
         phases = len(Schedule.of(arm.cfg).phases)
         flops = measure_phase_flops(arm.cfg) if (ab.budget_kind == "flops" and have_data) else [0] * phases
         if ab.budget_kind == "flops" and not have_data:
@@ -375,7 +381,7 @@ def print_commands(ab: Ablation) -> list[str]:
         plan = apply_budget(ab, arm, flops, world=procs)
         save_config(arm.cfg, cfg_path)
         # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
-        write_state(arm, {**read_state(arm), "plan": plan})
+        write_state(arm, {"settings": settings, **read_state(arm), "plan": plan})
         if ab.launch.scheduler == "slurm":
             lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
         else:

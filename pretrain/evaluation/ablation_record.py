@@ -1,6 +1,7 @@
-"""An ablation's progress, run by run: each run's state.json (the stages it finished), whether it has finished, how
-long the next should take (`expected_seconds`, for `--within-minutes`), and the record without weights that another
-machine goes on from (`copy_record`, for `--copy-record`)."""
+"""An ablation's progress, run by run: each run's state.json (the stages it finished, and the settings it ran with:
+a changed config is refused, never mixed in), whether it has finished, how long the next should take
+(`expected_seconds`, for `--within-minutes`), and the record without weights that another machine goes on from
+(`copy_record`, for `--copy-record`)."""
 
 from __future__ import annotations
 
@@ -11,7 +12,9 @@ from pathlib import Path
 
 from pretrain.core.errors import UserError
 from pretrain.core.outputs import LOCK, mark_output
+from pretrain.core.parsing import to_dict
 from pretrain.evaluation.ablation_plan import Ablation, Arm
+from pretrain.train.fingerprint import changed_settings
 
 
 def read_state(arm: Arm) -> dict:
@@ -25,6 +28,37 @@ def write_state(arm: Arm, state: dict) -> None:
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps(state, indent=1))
     os.replace(tmp, path)  # atomic: an interruption leaves the previous state, never half of one
+
+
+def arm_settings(ab: Ablation, arm: Arm) -> dict:
+    """What a run's results depend on, recorded in its state: its run config as the ablation file gives it (before the
+    budget; where the ablation keeps its files aside, so that a record goes on from another directory), the budget,
+    and the evaluation (its tasks aside: a run is re-opened for a task it lacks, `finished`)."""
+    run = to_dict(arm.cfg)
+    run["data"] = {k: v for k, v in run["data"].items() if k not in ("tokenizer", "shards")}
+    for where in ("output_dir", "export_dir"):
+        run.pop(where, None)
+    return {
+        "pretrain": arm.pretrain,
+        "run": run,
+        "budget": {"kind": ab.budget_kind, "amount": ab.budget_amount},
+        "eval": {k: v for k, v in to_dict(ab.eval).items() if k != "tasks"},
+    }
+
+
+def check_settings(ab: Ablation) -> None:
+    """Refuse (UserError, nothing written) to go on with an ablation whose runs recorded other settings than its
+    config gives now: a skipped run's results, or a resumed run's plan, would not be what the report says they are."""
+    for arm in ab.arms:
+        saved = read_state(arm).get("settings")
+        changed = changed_settings(saved, arm_settings(ab, arm)) if saved is not None else []
+        if changed:
+            shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
+            raise UserError(
+                f"{ab.path}: run {arm.name} in {ab.out} ran with other settings ({shown}): its results would not be "
+                f"comparable with the rest. Put the config back, give the changed ablation another output_dir, or "
+                f"remove {arm.cfg.run_dir} to run it again (nothing was changed)"
+            )
 
 
 def finished(ab: Ablation, state: dict) -> bool:
