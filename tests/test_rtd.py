@@ -227,6 +227,8 @@ EXPORT_VARIANTS = {
     # ELECTRA-small's layout: E narrower than H, the generator projecting E to its own width
     "factorized": (24, {}, (24, 48), (24, 12, 1), (True, True)),
     "factorized, generator as wide as E": (12, {}, (12, 48), (12, 12, 1), (True, False)),
+    # the encoder on real tokens only (zeros at padding, where HF computes values): compared on real tokens
+    "unpadded": (0, {}, (48, 48), (48, 12, 1), (False, True)),
 }
 
 
@@ -234,7 +236,7 @@ EXPORT_VARIANTS = {
 def test_export_matches_transformers(tokens, tokenizer_dir, tmp_path, variant):
     embedding_size, options, disc_shape, gen_shape, projections = EXPORT_VARIANTS[variant]
     disentangled = options.get("disentangled", False)
-    cfg = dataclasses.replace(CFG, embedding_size=embedding_size)
+    cfg = dataclasses.replace(CFG, embedding_size=embedding_size, unpadded=variant == "unpadded")
     model = make_model(tokens, randomize=True, cfg=cfg, **options).eval()
     out = export_electra(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
     diffs = verify_electra_export(model, out, atol=1e-4)  # padded batch; raises on missing/unexpected keys
