@@ -335,11 +335,15 @@ def takes_token_types(model_type: str | None, type_vocab_size: int = 2) -> bool:
     return (model_type is None or model_type in TOKEN_TYPE_ARCHS) and type_vocab_size > 1
 
 
-def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike, hf_config: Any = None) -> None:
+def copy_tokenizer_files(
+    tokenizer_dir: str | os.PathLike, dest: str | os.PathLike, hf_config: Any = None, max_length: int | None = None
+) -> None:
     """The tokenizer's own files into `dest` (exports carry the tokenizer): not our output marker, nor the weights of
     a checkpoint directory that doubles as the tokenizer directory. Unchanged but for `model_input_names` in
     tokenizer_config.json, which decides whether transformers returns token_type_ids (`takes_token_types` of
-    `hf_config`, the export's transformers config: its model_type and type_vocab_size; None: as BERT)."""
+    `hf_config`, the export's transformers config: its model_type and type_vocab_size; None: as BERT), and, given
+    `max_length` (the longest input the export's position table holds), `model_max_length` capped at it: with
+    truncation=True transformers then cuts inputs to what the model takes, rather than to 512 past its table."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
     for name in TOKENIZER_FILES:
@@ -347,16 +351,20 @@ def copy_tokenizer_files(tokenizer_dir: str | os.PathLike, dest: str | os.PathLi
             shutil.copy2(Path(tokenizer_dir) / name, dest / name)
     model_type = getattr(hf_config, "model_type", None) if hf_config is not None else None
     type_vocab_size = getattr(hf_config, "type_vocab_size", 2) if hf_config is not None else 2
-    set_model_inputs(dest, takes_token_types(model_type, type_vocab_size))
+    set_model_inputs(dest, takes_token_types(model_type, type_vocab_size), max_length)
 
 
-def set_model_inputs(directory: str | os.PathLike, token_types: bool) -> None:
+def set_model_inputs(directory: str | os.PathLike, token_types: bool, max_length: int | None = None) -> None:
     """Record in `directory`'s tokenizer_config.json whether the tokenizer returns token_type_ids. Its class's default
     would decide otherwise: transformers 5's generic TokenizersBackend (what ours load as) returns none, so a pair
-    reached a BERT as one segment, B typed 0 like A."""
+    reached a BERT as one segment, B typed 0 like A. With `max_length`, model_max_length is capped at it."""
     path = Path(directory) / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     config["model_input_names"] = [n for n in MODEL_INPUTS if token_types or n != "token_type_ids"]
+    if max_length is not None:
+        declared = config.get("model_max_length")
+        real = isinstance(declared, (int, float)) and 0 < declared < 1e9  # no limit is stored as ~1e30
+        config["model_max_length"] = int(min(declared, max_length)) if real else int(max_length)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)

@@ -66,6 +66,8 @@ def test_transformers_loads_export_and_matches_logits(model, export_dir):
     assert not info["missing_keys"] and not info["unexpected_keys"], info
     assert hf.config.architectures == ["BertForMaskedLM"]
     assert json.loads((export_dir / "config.json").read_text())["hidden_act"] == "gelu"
+    # the tokenizer's model_max_length is the position table's (64), not the 512 the tokenizer was saved with
+    assert transformers.AutoTokenizer.from_pretrained(str(export_dir)).model_max_length == 64
     # verify_export uses a batch with padding (attention_mask zeros) and both token types
     assert verify_export(model, export_dir, atol=1e-4) <= 1e-4
     assert model.training is False and next(model.parameters()).dtype == torch.float32  # caller's model untouched

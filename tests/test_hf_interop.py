@@ -147,6 +147,13 @@ def test_roberta_positions_are_offset(tokens, tokenizer_dir, tmp_path):
     assert table.shape[0] == ours.shape[0] + offset
     assert json.loads((out / "config.json").read_text())["max_position_embeddings"] == ours.shape[0] + offset
     assert torch.equal(table[offset:], ours.detach()) and not table[:offset].any()
+    # the tokenizer cuts (truncation=True) to what the table holds, not to 512 past it
+    tokenizer = transformers.AutoTokenizer.from_pretrained(str(out))
+    assert tokenizer.model_max_length == ours.shape[0] < 512
+    long = tokenizer(" ".join(["the people"] * 400), truncation=True)["input_ids"]
+    assert len(long) == ours.shape[0]
+    hf = transformers.AutoModelForMaskedLM.from_pretrained(str(out))
+    assert hf(input_ids=torch.tensor([long])).logits.shape[1] == ours.shape[0]
 
 
 def test_modernbert_config_is_global_attention(tokens, tokenizer_dir, tmp_path):

@@ -70,6 +70,14 @@ EXPORT_ENTRIES = frozenset({*TOKENIZER_FILES, "config.json", "model.safetensors"
 TMP = ".tmp-export"  # inside the export directory: the same file system, and no need to write to its parent
 
 
+def position_limit(config: dict) -> int:
+    """The longest input the encoder's position table allows: RoBERTa's starts after the padding index."""
+    limit = int(config.get("max_position_embeddings") or 512)
+    if config.get("model_type") == "roberta":
+        limit -= int(config.get("pad_token_id") or 0) + 1
+    return limit
+
+
 def _remove_leftover(path: Path) -> None:
     """A temporary directory a crashed export left: removed only if it carries our marker (or is empty: a crash
     before the marker was written)."""
@@ -156,7 +164,8 @@ def write_hf_dir(
             try:
                 for sub, config, state, readme in parts:
                     where = tmp / sub
-                    copy_tokenizer_files(tokenizer_dir, where, config)  # pairs typed as this architecture's
+                    # pairs typed as this architecture's; no longer inputs than its position table holds
+                    copy_tokenizer_files(tokenizer_dir, where, config, position_limit(config.to_dict()))
                     config.save_pretrained(where)  # writes config.json
                     save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
                     (where / "README.md").write_text(readme)

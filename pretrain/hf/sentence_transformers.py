@@ -27,6 +27,7 @@ from safetensors.torch import load_file, save_file
 from data_pipeline.tokenizer import TOKENIZER_FILES
 from pretrain.core.errors import UserError
 from pretrain.core.outputs import check_not_input, claim_output, mark_output, marked_kind
+from pretrain.hf.export import position_limit
 
 POOLINGS = ("mean", "cls")
 KIND = "sentence-transformers"  # the output kind in pretrain.core.outputs
@@ -54,14 +55,6 @@ def _read_hf_config(hf_dir: Path) -> dict:
     if not isinstance(config.get("hidden_size"), int):
         raise UserError(f"{hf_dir / 'config.json'}: no integer hidden_size, so not an encoder this tool exported")
     return config
-
-
-def position_limit(config: dict) -> int:
-    """The longest input the encoder's position table allows: RoBERTa's starts after the padding index."""
-    limit = int(config.get("max_position_embeddings") or 512)
-    if config.get("model_type") == "roberta":
-        limit -= int(config.get("pad_token_id") or 0) + 1
-    return limit
 
 
 def default_max_seq_length(hf_dir: Path, config: dict) -> int:
