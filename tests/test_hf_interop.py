@@ -156,6 +156,16 @@ def test_roberta_positions_are_offset(tokens, tokenizer_dir, tmp_path):
     assert hf(input_ids=torch.tensor([long])).logits.shape[1] == ours.shape[0]
 
 
+def test_a_run_with_sentence_pairs_is_not_exported_as_roberta(tokens, tokenizer_dir, tmp_path):
+    """NSP and SOP train B as type 1; RoBERTa's tokenizer returns no types, so a pair would reach the export as one
+    segment while the parity check (one segment) and the pair check (no types, as RoBERTa's) both passed."""
+    for objectives in ({"mlm": {}, "nsp": {}}, {"mlm": {}, "sop": {}}):
+        model = make_model(tokens, objectives)
+        with pytest.raises(UserError, match=r"roberta export: the run trained sentence pairs .* Export it as bert"):
+            export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD, arch="roberta")
+        assert not (tmp_path / "hf" / "config.json").exists()
+
+
 def test_modernbert_config_is_global_attention(tokens, tokenizer_dir, tmp_path):
     model = make_model(tokens, {"mlm": {}}, **MODERNBERT, type_vocab_size=1)
     with torch.no_grad():  # type 0 adds nothing (as after an import): nothing to fold, the decoder stays tied

@@ -163,6 +163,19 @@ def roberta_table(model: nn.Module) -> Table:
     )
 
 
+def roberta_target(model: nn.Module) -> Target:
+    """RobertaForMaskedLM, for a run without sentence pairs: RoBERTa's tokenizers return no token types, so a pair
+    would reach the export as one segment, B typed 0, where NSP or SOP trained B as type 1."""
+    pairs = sorted(set(model.heads) & {"nsp", "sop"})
+    if pairs:
+        raise UserError(
+            f"roberta export: the run trained sentence pairs with token types ({', '.join(pairs)}), which RoBERTa's "
+            f"tokenizer does not give: a pair would reach the export as one segment. Export it as bert (its class "
+            f"keeps the {pairs[0]} head too, where it has one: BertForPreTraining, AlbertForPreTraining)"
+        )
+    return mlm_target(model, "roberta", "RobertaForMaskedLM")
+
+
 def roberta_config(model: nn.Module, target: Target, tokens) -> Any:
     import transformers
 
@@ -189,7 +202,7 @@ ROBERTA = register(
         prefix="roberta",
         computes=BERT_COMPUTES,
         table=roberta_table,
-        target=lambda model: mlm_target(model, "roberta", "RobertaForMaskedLM"),
+        target=roberta_target,
         to_config=roberta_config,
         from_config=roberta_from_config,
         tied=(
