@@ -140,6 +140,12 @@ def test_the_record_of_an_ablation_goes_on_elsewhere_without_its_weights(ablatio
     again = pretrain(*ablation_args(tmp, corpus, task), "--copy-record", record, cwd=ROOT, rc=2)
     assert f"--copy-record {record}: not a new or empty directory" in again.stderr
     assert {p.relative_to(record).as_posix() for p in record.rglob("*") if p.is_file()} == files
+    # an empty directory that cannot be replaced (a symlink to one here; a mount point alike) gets the same record
+    (tmp / "mounted").mkdir()
+    (tmp / "link").symlink_to(tmp / "mounted")
+    pretrain(*ablation_args(tmp, corpus, task), "--copy-record", tmp / "link", cwd=ROOT)
+    assert {p.relative_to(tmp / "mounted").as_posix() for p in (tmp / "mounted").rglob("*") if p.is_file()} == files
+    assert (tmp / "link").is_symlink()
 
     partial = tmp / "partial" / "abl"  # a record sent back before `none` had run
     shutil.copytree(record, partial)

@@ -100,14 +100,26 @@ def copy_record(ab: Ablation, dest: Path) -> list[str]:
     for arm in done:
         files += [p for p in [ab.arm_config_path(arm)] if p.is_file()]
         files += [p for p in sorted(arm.cfg.run_dir.iterdir()) if p.is_file() and p.name != LOCK]
-    # copied beside dest, then renamed: an interrupted copy never looks like a record
-    tmp = dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
+    # Copied into a temporary directory, then renamed: an interrupted copy never looks like a record. A new dest is
+    # the renamed directory; an empty one that exists (a symlink to a directory, a mount point: neither can be
+    # replaced) gets its entries, each whole, the top-level files (ablation.yaml) last.
+    into = dest.exists()
+    dest = dest.resolve() if into else dest
+    tmp = dest / f".record.tmp-{os.getpid()}" if into else dest.with_name(f".{dest.name}.tmp-{os.getpid()}")
     try:
         for src in files:
             target = tmp / src.relative_to(ab.out)
             target.parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(src, target)
-        os.replace(tmp, dest)
+        if into:
+            for entry in sorted(tmp.iterdir(), key=lambda e: (e.is_file(), e.name)):
+                os.replace(entry, dest / entry.name)
+            tmp.rmdir()
+        else:
+            os.replace(tmp, dest)
+    except OSError as err:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise UserError(f"--copy-record {dest}: {err.strerror or err} ({err.filename or dest})") from err
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
