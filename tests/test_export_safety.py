@@ -133,6 +133,40 @@ def test_a_failed_parity_check_leaves_the_previous_export(trained, tmp_path, mon
     assert snapshot(run / "hf") != before and (run / "hf" / "notes.txt").is_file()
 
 
+def test_an_export_stopped_while_replacing_files_is_not_loaded(trained, tmp_path, monkeypatch, capsys):
+    """Files are replaced one by one: stopped between config.json and the weights, hf/ held the new config beside the
+    old weights and loaded without a word. Until an export completes, nothing loads the directory; the same command
+    again completes it."""
+    from pretrain import cli
+    from pretrain.evaluation.finetune import load_model
+    from pretrain.hf import export as export_module
+
+    run = copy_run(trained, tmp_path / "r")
+    real_replace = os.replace
+
+    def stop_at_the_weights(src, dst):
+        if Path(dst).name == "model.safetensors" and ".tmp-export" in str(src):
+            raise KeyboardInterrupt
+        return real_replace(src, dst)
+
+    monkeypatch.setattr(export_module.os, "replace", stop_at_the_weights)
+    assert cli.main(["export", str(run), "--arch", "roberta"]) != 0  # interrupted (^C), as the CLI reports it
+    monkeypatch.setattr(export_module.os, "replace", real_replace)
+    config = json.loads((run / "hf" / "config.json").read_text())
+    assert config["model_type"] == "roberta"  # the new config, beside the old (BERT) weights
+    for load in (
+        lambda: load_model(run / "hf", 2, "classification"),
+        lambda: export_module.check_model_dir(run / "hf"),
+    ):
+        with pytest.raises(export_module.UserError, match="stopped while replacing its files"):
+            load()
+    assert cli.main(["eval", str(run / "hf"), "--corpus", str(CORPUS), "--max-samples", "4"]) == 2
+    assert "stopped while replacing its files" in capsys.readouterr().err
+    assert cli.main(["export", str(run), "--arch", "roberta"]) == 0
+    assert not (run / "hf" / ".export-incomplete").exists()
+    load_model(run / "hf", 2, "classification")
+
+
 def test_a_symlinked_out_is_written_through(trained, tmp_path):
     real = tmp_path / "disk" / "exports"
     real.mkdir(parents=True)

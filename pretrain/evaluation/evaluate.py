@@ -43,11 +43,14 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
     if _is_hf_dir(target):
         from transformers import AutoConfig, AutoModelForMaskedLM
 
+        from pretrain.hf.export import check_model_dir
+
         config = json.loads((target / "config.json").read_text())
         model_dir = target
         # An ELECTRA export keeps the discriminator at the top and the masked-LM generator below it
         if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():
             model_dir = target / "generator"
+        check_model_dir(model_dir)
         try:
             AutoConfig.from_pretrained(str(model_dir))
             model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval().to(local_device())

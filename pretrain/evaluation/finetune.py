@@ -35,6 +35,7 @@ from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig
 from pretrain.evaluation.fit import autocast, batches, fit
 from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task
+from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
 csv.field_size_limit(1 << 24)
@@ -220,11 +221,7 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
 
     # the load report lists the MLM head as unused and the classifier as new: expected here, not news
     hf_logging.set_verbosity_error()
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise UserError(
-            f"{model_dir}: no config.json: not a HuggingFace model directory (export one with `pretrain export`)"
-        )
+    model_dir = check_model_dir(model_dir)
     problem = "regression" if kind == "regression" else "single_label_classification"
     config = AutoConfig.from_pretrained(str(model_dir), num_labels=num_labels, problem_type=problem)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))

@@ -33,6 +33,7 @@ from tqdm import tqdm
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule
+from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
 SPLITS = ("train.txt", "dev.txt")
@@ -265,11 +266,7 @@ def load_token_model(model_dir: Path, tags: list[str], random_init: bool = False
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()  # the unused MLM head and the new classifier are expected here
-    model_dir = Path(model_dir)
-    if not (model_dir / "config.json").is_file():
-        raise UserError(
-            f"{model_dir}: no config.json: not a HuggingFace model directory (export one with `pretrain export`)"
-        )
+    model_dir = check_model_dir(model_dir)
     config = AutoConfig.from_pretrained(
         str(model_dir),
         num_labels=len(tags),

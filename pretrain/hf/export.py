@@ -29,6 +29,7 @@ from torch import nn
 
 from data_pipeline.tokenizer import TOKENIZER_FILES, copy_tokenizer_files
 from pretrain.core.errors import UserError
+from pretrain.core.files import fsync_path, sync_tree, write_atomic
 from pretrain.core.outputs import MARKER, check_not_input, claim_output, exclusive_waiting, mark_output, marked_kind
 from pretrain.core.tokens import SpecialTokens
 from pretrain.hf import interop as hf
@@ -68,6 +69,26 @@ __all__ = [
 # such entry, e.g. generator/ after an ELECTRA export) and every other entry, the user's, is left alone.
 EXPORT_ENTRIES = frozenset({*TOKENIZER_FILES, "config.json", "model.safetensors", "README.md", "generator", MARKER})
 TMP = ".tmp-export"  # inside the export directory: the same file system, and no need to write to its parent
+# In the export directory while an export replaces its files one by one (`_install`): until it goes, the directory may
+# hold the new config beside the old weights, and nothing loads it (`check_model_dir`).
+INCOMPLETE = ".export-incomplete"
+
+
+def check_model_dir(directory: str | Path, what: str = "") -> Path:
+    """`directory` as a HuggingFace model directory to load: a UserError (prefixed `what`) where it has no config.json,
+    or where an export into it (or into the ELECTRA export above its generator/) stopped while replacing its files."""
+    directory = Path(directory)
+    if not (directory / "config.json").is_file():
+        raise UserError(
+            f"{what}{directory}: no config.json: not a HuggingFace model directory (export one with `pretrain export`)"
+        )
+    for where in (directory, directory.parent):
+        if (where / INCOMPLETE).exists():
+            raise UserError(
+                f"{what}{where}: an export into it stopped while replacing its files, so it may hold parts of two "
+                "exports: run the same `pretrain export` again"
+            )
+    return directory
 
 
 def position_limit(config: dict) -> int:
@@ -171,7 +192,11 @@ def write_hf_dir(
                     (where / "README.md").write_text(readme)
                 if check is not None:
                     check(tmp)
+                sync_tree(tmp)  # the new files on the disk before any replaces an old one
+                write_atomic(out_dir / INCOMPLETE, "an export is replacing this directory's files\n")
                 _install(tmp, out_dir)
+                fsync_path(out_dir)
+                (out_dir / INCOMPLETE).unlink()
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
             _remove_old_leftovers(out_dir)

@@ -31,8 +31,9 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
     the export wrote go up: what the user keeps beside them in the directory (notes, a fine-tuned model) stays."""
     import huggingface_hub
 
-    from pretrain.hf.export import EXPORT_ENTRIES
+    from pretrain.hf.export import EXPORT_ENTRIES, check_model_dir
 
+    check_model_dir(folder)
     token = token or check_hub_token(repo_id)
     api = huggingface_hub.HfApi(token=token)
     api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True)

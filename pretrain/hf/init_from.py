@@ -23,6 +23,7 @@ from pretrain.core.errors import UserError
 from pretrain.hf.architectures import get, names
 from pretrain.hf.architectures.base import InitFromWarning
 from pretrain.hf.architectures.weights import from_hf_state_dict, normalise, read_hf_weights
+from pretrain.hf.export import check_model_dir
 
 __all__ = ["InitFromWarning", "load_init_from", "model_config_from_hf", "read_hf_config", "resolve_init_from"]
 
@@ -39,6 +40,7 @@ def read_hf_config(directory: str | Path) -> Any:
             f"model.init_from: {directory} has no config.json (expected a HuggingFace save_pretrained "
             f"directory of {', '.join(names())})"
         )
+    check_model_dir(directory, "model.init_from: ")
     model_type = json.loads((directory / "config.json").read_text()).get("model_type")
     if model_type not in names():
         raise UserError(

@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from data_pipeline.tokenizer import TOKENIZER_FILES
 from pretrain.core.errors import UserError
 from pretrain.core.outputs import check_not_input, claim_output, mark_output, marked_kind
-from pretrain.hf.export import position_limit
+from pretrain.hf.export import check_model_dir, position_limit
 
 POOLINGS = ("mean", "cls")
 KIND = "sentence-transformers"  # the output kind in pretrain.core.outputs
@@ -48,6 +48,7 @@ def _read_hf_config(hf_dir: Path) -> dict:
             f"{hf_dir} is not an exported HuggingFace model directory (missing {', '.join(missing)}): give the "
             "directory `pretrain export` wrote (for an ELECTRA run, the discriminator's, not generator/)"
         )
+    check_model_dir(hf_dir)
     try:
         config = json.loads((hf_dir / "config.json").read_text())
     except ValueError as err:
