@@ -173,6 +173,14 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, sta
     """A padded MLM batch (rows of different lengths, two segments) through the real collator; with `split` (a row
     index), the two batches of the rows before and after it, from the same samples. `static_width`: the
     collator's. A sentence-level objective (nsp, sop) finds each row a pair already: it draws only the label."""
+    objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
+    samples = make_samples(lengths, seed, objectives)
+    collate = Collator(TOKENS.pad, objectives, static_width)
+    return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
+
+
+def make_samples(lengths=(30, 17, 24, 9), seed=0, objectives=None) -> list[dict]:
+    """The samples of `make_batch`, before the collator: what a PretrainDataset gives, prepared by `objectives`."""
     rng = np.random.default_rng(seed)
     objectives = objectives or build_objectives({"mlm": {}}, TOKENS)
     samples = []
@@ -194,8 +202,7 @@ def make_batch(lengths=(30, 17, 24, 9), seed=0, objectives=None, split=None, sta
             else:
                 sample = objective.prepare(sample, rng)
         samples.append(sample)
-    collate = Collator(TOKENS.pad, objectives, static_width)
-    return collate(samples) if split is None else [collate(samples[:split]), collate(samples[split:])]
+    return samples
 
 
 def compile_with(monkeypatch, make) -> None:

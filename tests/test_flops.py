@@ -33,3 +33,19 @@ def test_an_encoder_step_counts_its_attention_with_or_without_attention_dropout(
     with_math, with_flash = step_flops(0.1), step_flops(0.0)
     assert with_flash - with_math == attention // 6  # the half forward more that torch's flash formula counts
     assert with_math > attention
+
+
+def test_mfu_counts_the_model_once_under_activation_checkpointing():
+    """Checkpointing repeats each layer's forward in the backward: work the hardware does, not the model. MFU counts
+    the model's (as PaLM's definition does), so the FLOPs per sample are the same with it on or off."""
+    from helpers import TOKENS, make_samples
+
+    from objectives import build_objectives
+    from pretrain.train.trainer import probe_flops_per_sample
+
+    samples = make_samples((30, 17), objectives=build_objectives({"mlm": {}}, TOKENS))
+    per_sample = {
+        on: probe_flops_per_sample(load_config("tiny", [f"model.activation_checkpointing={on}"]), TOKENS, samples, 0)
+        for on in ("false", "true")
+    }
+    assert per_sample["true"] == per_sample["false"] > 0

@@ -18,7 +18,7 @@ import math
 import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -516,13 +516,15 @@ def probe_flops_per_sample(
     """Training FLOPs per sample, counted on a throwaway fp32 CPU copy of the model over `n` real samples.
 
     A separate model and saved/restored rng keep the run itself untouched (bitwise resume); under ZeRO-3 the
-    engine's own parameters are partitioned anyway.
+    engine's own parameters are partitioned anyway. The model's FLOPs, as MFU counts them: without the forward
+    passes activation checkpointing repeats in the backward (that work is the hardware's, not the model's).
     """
     from data_pipeline.loader import Collator
 
     rng_state = torch.get_rng_state()
     try:
-        probe = build_model(cfg, tokens, load_init_weights=False)  # FLOPs need the shapes, not the weights
+        model = replace(cfg.model, activation_checkpointing=False)
+        probe = build_model(replace(cfg, model=model), tokens, load_init_weights=False)  # shapes, not weights
         batch = Collator(tokens.pad, probe.objectives)([dataset[position + i] for i in range(n)])
         flops = count_step_flops(lambda: probe(batch)[0].backward())
     finally:
