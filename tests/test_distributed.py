@@ -315,6 +315,20 @@ def test_nonfinite_loss_policy_is_applied_on_every_rank(data, ranks):
     assert records[-1]["skipped_steps"] >= 2
 
 
+@pytest.mark.parametrize("zero", [0, 1])
+def test_the_learning_rate_follows_the_step_through_skipped_steps(data, zero):
+    """Every step after the first is skipped (non-finite); the schedule is a function of the step, which a skip
+    counts: the same learning rates whether ZeRO-0's guarded optimizer skips or DeepSpeed's ZeRO-1 wrapper does
+    (which held its schedule back, so the rate never reached its end)."""
+    name = f"skips-zero{zero}"
+    steps = ["train.max_steps=6", "train.lr=1e30", "train.warmup_steps=0", "train.lr_schedule=linear"]
+    run(data, name, *EXACT, *steps, "train.max_skipped_steps=100", "train.log_every=1", f"train.zero_stage={zero}")
+    records = metrics(data, name)
+    assert records[-1]["skipped_steps"] >= 4
+    # after step s the optimizer holds step s + 1's rate: 1e30 * (6 - s) / 6
+    assert [r["lr"] for r in records] == pytest.approx([1e30 * (6 - s) / 6 for s in range(1, 7)])
+
+
 def test_export_from_zero3_and_two_rank_checkpoints(data, tmp_path):
     """The same training under ZeRO-3 on 2 ranks and ZeRO-0 on 1 rank exports to HF models that agree."""
     from transformers import AutoModelForMaskedLM

@@ -126,8 +126,13 @@ class Engine:
         boundary = self.ds.is_gradient_accumulation_boundary()
         self.ds.step()
         if boundary and not self.guarded:  # DeepSpeed's wrappers decided on the host already: note it
-            self.skip_flags.append(self.ds.skipped_steps > self._skipped_before)
+            skipped = self.ds.skipped_steps > self._skipped_before
+            self.skip_flags.append(skipped)
             self._skipped_before = self.ds.skipped_steps
+            if skipped and self.ds.lr_scheduler is not None:
+                # DeepSpeed holds its schedule back on a skipped step; ours is a function of the step, which a skip
+                # counts (as the data, the schedule's values and the guarded optimizer of ZeRO-0 count it)
+                self.ds.lr_scheduler.step()
 
     def take_skip_flags(self) -> list[bool]:
         """Whether each optimizer step since the last call was skipped (non-finite gradients), oldest first. Reads
