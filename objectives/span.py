@@ -72,19 +72,21 @@ class SpanBoundaryHead(nn.Module):
     """SBO: [h_left; h_right; p_pos] -> Linear -> GELU -> LN -> Linear -> GELU -> LN -> tied decoder.
 
     The decoder matrix is the word embeddings (the same Parameter as the MLM head's); the SBO keeps its own
-    output bias, as in SpanBERT, since the two predictions see different features.
+    output bias, as in SpanBERT, since the two predictions see different features. The second Linear maps to the
+    embedding width E of that table (E = H unless the encoder factorizes its embeddings, as the LM head does).
     """
 
     def __init__(self, hidden_size: int, layer_norm_eps: float, word_embeddings: nn.Embedding, max_positions: int):
         super().__init__()
+        width = word_embeddings.embedding_dim  # E
         self.position_embeddings = nn.Embedding(max_positions, hidden_size)
         self.ffn = nn.Sequential(
             nn.Linear(3 * hidden_size, hidden_size),
             nn.GELU(),
             nn.LayerNorm(hidden_size, eps=layer_norm_eps),
-            nn.Linear(hidden_size, hidden_size),
+            nn.Linear(hidden_size, width),
             nn.GELU(),
-            nn.LayerNorm(hidden_size, eps=layer_norm_eps),
+            nn.LayerNorm(width, eps=layer_norm_eps),
         )
         self.bias = nn.Parameter(torch.zeros(word_embeddings.num_embeddings))
         self.decoder_weight = word_embeddings.weight  # tied
@@ -93,7 +95,7 @@ class SpanBoundaryHead(nn.Module):
         nn.init.zeros_(self.bias)
 
     def forward(self, left: torch.Tensor, right: torch.Tensor, position: torch.Tensor) -> torch.Tensor:
-        # left, right: [M, H] boundary hidden states; position: [M] -> logits [M, V]
+        # left, right: [M, H] boundary hidden states; position: [M] -> [M, E] -> logits [M, V]
         x = self.ffn(torch.cat([left, right, self.position_embeddings(position)], dim=-1))
         return F.linear(x, self.decoder_weight, self.bias)
 

@@ -40,10 +40,12 @@ def randomize(model, scale=0.3):
     return model
 
 
+@pytest.mark.parametrize("objective", ["mlm", "span", "rtd"])
 @pytest.mark.parametrize("name", VARIANTS)
-def test_each_option_runs_forward_and_backward(name):
-    model = build(**VARIANTS[name])
-    loss, metrics = model(make_batch())
+def test_each_option_runs_forward_and_backward(name, objective):
+    """Every encoder option under each objective with a head tied to the word embeddings (factorized ones: E < H)."""
+    model = build(objectives=(objective,), **VARIANTS[name])
+    loss, metrics = model(make_batch(objectives=model.objectives))
     loss.backward()
     assert torch.isfinite(loss)
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters() if p.requires_grad)
