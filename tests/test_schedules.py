@@ -52,6 +52,22 @@ def test_bad_schedule_settings_are_refused_by_name(override, needle):
         read_config("tiny", ["train.lr_schedule=wsd", "train.max_steps=1000", override])
 
 
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        (["train.lr_schedule=linear", "train.min_lr_ratio=0.1"], "does not use train.min_lr_ratio=0.1"),
+        (["train.lr_schedule=inverse_sqrt", "train.min_lr_ratio=0.1"], "does not use train.min_lr_ratio=0.1"),
+        (["train.lr_schedule=cosine", "train.decay_steps=100"], "does not use train.decay_steps=100"),
+        (["train.lr_schedule=linear", "train.decay_shape=1-sqrt"], "does not use train.decay_shape=1-sqrt"),
+    ],
+)
+def test_schedule_options_the_schedule_does_not_use_are_refused(overrides, needle):
+    """Accepted and ignored, they left a run ending elsewhere than its config said (a linear schedule's floor is 0)."""
+    with pytest.raises(ConfigError, match=re_escape(needle)):
+        read_config("tiny", ["train.max_steps=1000", *overrides])
+    read_config("tiny", ["train.max_steps=1000", "train.lr_schedule=cosine", "train.min_lr_ratio=0.1"])  # it ends there
+
+
 def re_escape(text: str) -> str:
     import re
 

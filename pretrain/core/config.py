@@ -508,7 +508,28 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     # Here, not in build_config: a checkpoint's config is built too, and exporting it must not need the package
     if cfg.tensorboard.enabled:
         require_tensorboard()
+    _check_schedule_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
     return cfg
+
+
+def _check_schedule_options_apply(t: TrainConfig) -> None:
+    """Options of a learning-rate schedule the run does not use are refused rather than ignored (a preset's wsd
+    decay under a cosine override, a floor the linear schedule never reaches)."""
+    unused = []
+    if t.lr_schedule not in ("cosine", "wsd") and t.min_lr_ratio != 0.0:
+        unused.append(f"train.min_lr_ratio={t.min_lr_ratio:g} (cosine and wsd end there)")
+    if t.lr_schedule != "wsd":
+        defaults = TrainConfig()
+        unused += [
+            f"train.{key}={getattr(t, key)} (wsd's decay)"
+            for key in ("decay_steps", "decay_shape")
+            if getattr(t, key) != getattr(defaults, key)
+        ]
+    if unused:
+        raise ConfigError(
+            f"train.lr_schedule={t.lr_schedule} does not use {' or '.join(unused)}: set the schedule that does, or "
+            f"leave them at their defaults"
+        )
 
 
 def require_tensorboard() -> None:
