@@ -74,6 +74,9 @@ def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fa
     tok = Tokenizer.from_file(tokenizer_file)
     tok.no_truncation()
     tok.no_padding()
+    # Text that spells a control token ("[SEP]" in a paper about BERT) is text: encoded as its pieces, never as the
+    # control id, which would put a false document boundary or a [PAD] (no gradient) inside a training sample
+    tok.encode_special_tokens = True
     _worker.update(
         tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=_word_fast_path(tok) if fast else None, cache={}
     )

@@ -185,6 +185,24 @@ def test_word_starts(tmp_path, tok_dir):
     assert starts.tolist() == [not p.startswith("##") for p in pieces]
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_text_that_spells_a_control_token_is_text_in_the_shards(tmp_path, corpus, kind):
+    """ "[SEP]" in a paper about BERT: encoded as the pieces of its characters (what the tokenizer gives with special
+    tokens parsed as text), never as the control id, which would end a segment or pad inside a sample."""
+    tok_dir = tmp_path / "tok"
+    train_tokenizer([str(corpus)], tok_dir, kind=kind, vocab_size=300, show_progress=False)
+    text = "The token [SEP] ends a segment and [MASK] hides one; [CLS] and [PAD] too."
+    build_shards(
+        [str(write_jsonl(tmp_path / "one.jsonl", [text]))], tok_dir, tmp_path / "s", num_workers=0, show_progress=False
+    )
+    ids = ShardSet(tmp_path / "s").doc_tokens(0).tolist()
+    assert not set(ids) & {0, 2, 3, 4}  # [PAD], [CLS], [SEP], [MASK]
+    tok = load_tokenizer(tok_dir)
+    plain = tok.backend_tokenizer
+    plain.encode_special_tokens = True
+    assert ids == plain.encode(text, add_special_tokens=False).ids
+
+
 def test_checksum_and_truncation_detected(tmp_path, corpus, tok_dir):
     out = tmp_path / "s"
     build_shards([str(corpus)], tok_dir, out, num_workers=0, docs_per_shard=100, show_progress=False)
