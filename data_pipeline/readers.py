@@ -271,13 +271,19 @@ def _too_long(where: str, size: str, limit: int, on_bad: str, skipped: collectio
     )
 
 
+_BOM = b"\xef\xbb\xbf"
+
+
 def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
     """(1-based line number, bytes) of each line, or (line number, size) for a line longer than `limit`.
 
-    An over-long line is consumed in blocks and never held whole: memory stays O(limit).
+    An over-long line is consumed in blocks and never held whole: memory stays O(limit). A UTF-8 byte-order mark
+    (what some Windows editors write first) is not part of the first line's text.
     """
     for lineno in itertools.count(1):
         raw = f.readline(limit + 1)
+        if lineno == 1 and raw.startswith(_BOM):
+            raw = raw[len(_BOM) :] or f.readline(limit + 1)
         if not raw:
             return
         if len(raw) <= limit or raw.endswith(b"\n") and len(raw) == limit + 1:

@@ -82,6 +82,16 @@ def test_bad_lines_skipped_and_counted_or_named(tmp_path):
         list(iter_documents([str(path)], on_bad="error"))
 
 
+def test_a_byte_order_mark_is_not_text(tmp_path):
+    """Windows editors start UTF-8 files with a BOM: it cost a JSONL file its first record (invalid JSON), and began a
+    text file's first document with U+FEFF."""
+    (tmp_path / "bom.jsonl").write_bytes(b'\xef\xbb\xbf{"text": "first"}\n{"text": "second"}\n')
+    (tmp_path / "bom.txt").write_bytes(b"\xef\xbb\xbfFirst paragraph.\n\nSecond one.\n")
+    skipped = collections.Counter()
+    docs = [d.text for d in iter_documents([str(tmp_path / "bom.jsonl"), str(tmp_path / "bom.txt")], skipped=skipped)]
+    assert docs == ["first", "second", "First paragraph.", "Second one."] and not skipped
+
+
 def test_missing_path_and_empty_dir(tmp_path):
     with pytest.raises(DataError, match="corpus path '.*nope.jsonl' not found"):
         expand_inputs([str(tmp_path / "nope.jsonl")])
