@@ -109,6 +109,15 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     assert "empty.jsonl" in proc.stderr and "Traceback" not in proc.stderr
     assert not (tmp_path / "tok").exists()
 
+    # a corpus shorter than one packed sequence: a message, not a ZeroDivisionError
+    short = tmp_path / "short.jsonl"
+    short.write_text('{"text": "Too short to train on."}\n')
+    args = overrides(tmp_path / "short", short, "data.max_seq_len=128")
+    proc = pretrain("run", "tiny", *args, "--no-demo", cwd=tmp_path, rc=2)
+    last = proc.stderr.strip().splitlines()[-1]  # after the stages' progress lines
+    assert last.startswith("error:") and "gives no sample of data.max_seq_len=128" in last, proc.stderr
+    assert "Traceback" not in proc.stderr
+
     proc = pretrain("train", "tiny", "model.hidden_size=wide", cwd=tmp_path, rc=2)
     assert "model.hidden_size" in proc.stderr and "'wide'" in proc.stderr and "Traceback" not in proc.stderr
 

@@ -155,7 +155,7 @@ def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens,
                 f"data.sources names {len(d.sources)} source(s), but {shards.dir} holds the shards of one corpus: "
                 "build the sources' shards with `pretrain run` (or point data.shards elsewhere)"
             )
-        return build_samples(kind, shards, d.max_seq_len, tokens, seed)
+        return _nonempty(build_samples(kind, shards, d.max_seq_len, tokens, seed), "the corpus", shards, d)
     parts = shards.sources()
     # The shards' manifest records the weights (the run's fingerprint hashes them): the config must agree.
     wanted = [(s.name, float(s.weight)) for s in d.sources]
@@ -167,14 +167,18 @@ def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens,
         )
     builders = []
     for name, _, part in parts:
-        builder = build_samples(kind, part, d.max_seq_len, tokens, seed)
-        if not len(builder):
-            raise DataError(
-                f"source '{name}' ({part.dir}, {part.num_tokens} tokens) gives no sample of data.max_seq_len="
-                f"{d.max_seq_len}: give it more text"
-            )
-        builders.append(builder)
+        builders.append(_nonempty(build_samples(kind, part, d.max_seq_len, tokens, seed), f"source '{name}'", part, d))
     return MixedSamples(builders, [p[0] for p in parts], [p[1] for p in parts], seed)
+
+
+def _nonempty(builder, what: str, shards: ShardSet, d):
+    """`builder`, or a DataError where its shards give no sample at all (a corpus shorter than one sequence)."""
+    if not len(builder):
+        raise DataError(
+            f"{what} ({shards.dir}, {shards.num_tokens} tokens) gives no sample of data.max_seq_len={d.max_seq_len} "
+            f"with data.packing={d.packing}: give it more text"
+        )
+    return builder
 
 
 def _weights(sources: list[tuple[str, float]]) -> str:
