@@ -242,8 +242,30 @@ def train_tokenizer(
     trainer = dict(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress)
     tok = _train(kind, built, lowercase, strip_accents, trainer, itertools.chain([first], docs), documents)
     fast = _wrap(tok, lowercase, strip_accents)
-    _save_atomically(fast, out)
+    settings = dict(
+        tokenizer_type=kind,
+        vocab_size=vocab_size,
+        lowercase=lowercase,
+        strip_accents=strip_accents,
+        min_frequency=min_frequency,
+    )
+    _save_atomically(fast, out, settings)
     return fast
+
+
+# Beside the tokenizer's own files: the data.* settings it was trained with (keys as the config's), so that a run
+# whose config now asks for others trains a new one rather than going on with this (`trained_settings`).
+SETTINGS_FILE = "training_settings.json"
+
+
+def trained_settings(directory: str | os.PathLike) -> dict | None:
+    """The settings `train_tokenizer` recorded in `directory`; None for a tokenizer it did not train (or an older
+    version of it did)."""
+    try:
+        settings = json.loads((Path(directory) / SETTINGS_FILE).read_text())
+    except (OSError, ValueError):
+        return None
+    return settings if isinstance(settings, dict) else None
 
 
 def _train(kind: str, built: tuple, lowercase: bool, strip_accents: bool, trainer: dict, docs, documents):
@@ -292,13 +314,15 @@ def _wrap(tok, lowercase: bool, strip_accents: bool) -> PreTrainedTokenizerFast:
     )
 
 
-def _save_atomically(fast: PreTrainedTokenizerFast, out: Path) -> None:
-    """Write the tokenizer to `<out>.tmp-<pid>` and rename it into place, so `out` is never half-written."""
+def _save_atomically(fast: PreTrainedTokenizerFast, out: Path, settings: dict) -> None:
+    """Write the tokenizer (and the `settings` it was trained with) to `<out>.tmp-<pid>` and rename it into place, so
+    `out` is never half-written."""
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     try:
         fast.save_pretrained(tmp)
+        (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n")
         mark_output(tmp, "tokenizer")
         if out.exists():  # os.replace cannot overwrite a non-empty directory: move the old one aside first
             os.replace(out, old)

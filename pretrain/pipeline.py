@@ -21,10 +21,14 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
     from data_pipeline.tokenizer import train_tokenizer
 
     out = cfg.tokenizer_dir
-    if (out / "tokenizer.json").is_file():
-        say(f"tokenizer: {out} exists, skipped")
-        return out
     d = cfg.data
+    if (out / "tokenizer.json").is_file():
+        changed = _tokenizer_settings_changed(cfg)
+        if not changed:
+            say(f"tokenizer: {out} exists, skipped")
+            return out
+        # trained by this run for other settings, and no checkpoint yet: nothing trained on it, so it is replaced
+        say(f"tokenizer: {out} was trained with {', '.join(changed)}: training it again")
     sources = source_inputs(d.sources) if d.sources else None  # one tokenizer, each source its weight's share
     files = sorted({f for _, fs, _ in sources for f in fs}) if sources else expand_inputs(d.corpus)
     named = ", ".join(f"{n} (weight {w:g})" for n, _, w in sources) if sources else ", ".join(d.corpus)
@@ -40,9 +44,23 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         text_field=d.text_field,
         sample_docs=d.tokenizer_sample_docs,
         max_document_bytes=d.max_document_bytes,
+        on_bad=d.on_bad_document,
         sources=[(fs, w) for _, fs, w in sources] if sources else None,
     )
     return out
+
+
+def _tokenizer_settings_changed(cfg: RunConfig) -> list[str]:
+    """'data.KEY=OLD (now NEW)' for each setting the run's own tokenizer was trained with that its config changes,
+    where nothing has trained on it yet. A tokenizer the config names (data.tokenizer) is the user's, used as it is;
+    one a checkpoint trained on is held to its settings by the resume's fingerprint (`pretrain.train.fingerprint`)."""
+    from data_pipeline.tokenizer import trained_settings
+
+    if cfg.data.tokenizer or latest_checkpoint(cfg.run_dir / "checkpoints") is not None:
+        return []
+    recorded = trained_settings(cfg.tokenizer_dir) or {}
+    now = to_dict(cfg.data)
+    return [f"data.{k}={v} (now {now[k]})" for k, v in recorded.items() if k in now and now[k] != v]
 
 
 def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:

@@ -284,3 +284,32 @@ def test_config_with_bom_still_reads(tmp_path, capsys):
     good.write_bytes(b"\xef\xbb\xbfname: bom\n")
     assert main(["config", str(good)]) == 0
     assert "name: bom" in capsys.readouterr().out
+
+
+def test_a_run_trains_its_tokenizer_again_when_its_settings_change_before_any_checkpoint(corpus, tmp_path, capsys):
+    """A run stopped before its first checkpoint, then started with another vocabulary or casing: its tokenizer was
+    kept as it was while config.yaml and the model card said the new settings. With nothing trained on it, it is
+    trained again; once a checkpoint exists, the resume's fingerprint holds the run to it (not this stage)."""
+    from pretrain.pipeline import stage_tokenizer
+    from pretrain.train.setup import load_config
+
+    def config(*overrides):
+        return load_config("tiny", [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", *overrides])
+
+    out = stage_tokenizer(config("data.vocab_size=512"))
+    assert len(load_tokenizer(out)) == 512
+    stage_tokenizer(config("data.vocab_size=512"))
+    assert "exists, skipped" in capsys.readouterr().err
+    stage_tokenizer(config("data.vocab_size=1024", "data.lowercase=false"))
+    said = capsys.readouterr().err
+    assert "was trained with data.vocab_size=512 (now 1024), data.lowercase=True (now False)" in said, said
+    tokenizer = load_tokenizer(out)
+    assert len(tokenizer) == 1024 and tokenizer.tokenize("Freedom") != tokenizer.tokenize("freedom")
+    # a checkpoint trained on it: kept, whatever the config says now
+    from pretrain.train.state import TrainState
+
+    (tmp_path / "r" / "checkpoints" / "step_00000001").mkdir(parents=True)
+    TrainState(step=1).save(tmp_path / "r" / "checkpoints" / "step_00000001")
+    (tmp_path / "r" / "checkpoints" / "latest").write_text("step_00000001")
+    stage_tokenizer(config("data.vocab_size=512"))
+    assert "exists, skipped" in capsys.readouterr().err and len(load_tokenizer(out)) == 1024

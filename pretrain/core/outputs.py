@@ -29,7 +29,8 @@ MARKER = ".bert-pretrain.json"
 LOCK = ".lock"
 KINDS = ("run", "tokenizer", "shards", "export", "ablation", "compare", "sentence-transformers")
 
-_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"}
+# what a tokenizer directory of ours holds (training_settings.json: data_pipeline.tokenizer.SETTINGS_FILE)
+_TOKENIZER_FILES = {"tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "training_settings.json"}
 _SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
 _SHARD_FILE = re.compile(r"^shard_\d{5}(\.(tokens\.bin|docs\.npy|sents\.npy|words\.bin|done\.json)|\..*tmp-\d+)$")
 
