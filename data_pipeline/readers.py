@@ -62,36 +62,57 @@ def is_dataset_dir(path: Path) -> bool:
     return path.is_dir() and all((path / m).is_file() for m in DATASET_MARKERS)
 
 
+def _is_corpus_name(name: str) -> bool:
+    return name.lower().endswith(CORPUS_SUFFIXES)  # BOOK.TXT as book.txt
+
+
 def _is_corpus_file(path: Path) -> bool:
-    return path.is_file() and path.name.endswith(CORPUS_SUFFIXES)
+    return path.is_file() and _is_corpus_name(path.name)
+
+
+def _named_file(path: Path) -> Path:
+    """A file named as an input: one of the corpus types, else a DataError (read as JSON Lines, a .text or .md file
+    would have been skipped line by line as invalid JSON)."""
+    if not _is_corpus_name(path.name):
+        raise DataError(
+            f"corpus file '{path}' is not one of the types read ({', '.join('*' + s for s in CORPUS_SUFFIXES)}): "
+            "rename it (plain text: .txt, one paragraph per blank-line-separated block)"
+        )
+    return path
 
 
 def expand_inputs(paths: Iterable[str]) -> list[Path]:
-    """Inputs named by `paths` (files, directories searched recursively, or globs): sorted and unique.
+    """Inputs named by `paths` (files, directories searched recursively, or globs): sorted, and each file once
+    however it is reached (a symlink, another spelling of its path).
 
     A `datasets` save_to_disk directory is one input (read through its state.json), never its arrow
-    files one by one.
+    files one by one. Directories are searched through symlinks, not into hidden ones (.ipynb_checkpoints, .git).
     """
     paths = [str(p) for p in paths]
-    found: set[Path] = set()
+    found: dict[str, Path] = {}  # real path -> the first spelling found
+
+    def add(files: Iterable[Path]) -> None:
+        for f in files:
+            found.setdefault(os.path.realpath(f), f)
+
     for entry in paths:
         if glob.has_magic(entry):
             matches = [Path(m) for m in glob.glob(entry, recursive=True)]
             if not matches:
                 raise DataError(f"corpus path '{entry}' not found (the pattern matches nothing)")
             for m in matches:
-                found.update(_files_under(m) if m.is_dir() else [m] if m.is_file() else [])
+                add(_files_under(m) if m.is_dir() else [m] if _is_corpus_file(m) else [])
         else:
             p = Path(entry)
             if not p.exists():
                 raise DataError(f"corpus path '{entry}' not found")
-            found.update(_files_under(p) if p.is_dir() else [p])
+            add(_files_under(p) if p.is_dir() else [_named_file(p)])
     if not found:
         raise DataError(
             f"no corpus files ({', '.join('*' + s for s in CORPUS_SUFFIXES)} or a datasets "
             f"save_to_disk directory) found in: {', '.join(paths) or '(no inputs)'}"
         )
-    return sorted(found)
+    return sorted(found.values())
 
 
 def _files_under(directory: Path) -> list[Path]:
@@ -104,8 +125,11 @@ def _files_under(directory: Path) -> list[Path]:
     if is_dataset_dir(directory):
         return [directory]
     out: list[Path] = []
-    for root, dirs, files in os.walk(directory):
+    seen = {os.path.realpath(directory)}  # symlinked directories are followed, each real one once (no loops)
+    for root, dirs, files in os.walk(directory, followlinks=True):
         here = Path(root)
+        dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(here / d) not in seen]
+        seen.update(os.path.realpath(here / d) for d in dirs)
         for d in dirs:
             if (here / d / "dataset_dict.json").is_file():
                 _files_under(here / d)  # raises: which split to read is the user's choice
@@ -113,7 +137,7 @@ def _files_under(directory: Path) -> list[Path]:
         datasets_here = [d for d in dirs if is_dataset_dir(here / d)]
         out += [here / d for d in datasets_here]
         dirs[:] = sorted(d for d in dirs if d not in datasets_here)
-        out += [here / f for f in files if _is_corpus_file(here / f)]
+        out += [here / f for f in files if not f.startswith(".") and _is_corpus_file(here / f)]
     return out
 
 
@@ -171,7 +195,7 @@ def iter_documents_sample(paths: Iterable[str], max_docs: int, **kwargs) -> Iter
 def _reader_for(path: Path):
     if path.is_dir():
         return _iter_dataset_dir
-    name = path.name
+    name = path.name.lower()
     if name.endswith(".parquet"):
         return _iter_parquet
     if name.endswith(".arrow"):
@@ -185,9 +209,10 @@ def _reader_for(path: Path):
 
 
 def _open_binary(path: Path) -> BinaryIO:
-    if path.name.endswith(".gz"):
+    name = path.name.lower()
+    if name.endswith(".gz"):
         return gzip.open(path, "rb")
-    if path.name.endswith((".zst", ".zstd")):
+    if name.endswith((".zst", ".zstd")):
         try:
             import zstandard
         except ImportError:

@@ -65,6 +65,31 @@ def test_reads_jsonl_gz_txt_dir_and_glob(tmp_path):
     assert got[1].line == 2 and got[1].source == str(tmp_path / "a.jsonl")
 
 
+def test_a_directory_gives_each_corpus_file_once(tmp_path):
+    """Symlinked folders are followed (each real one once), hidden ones (.ipynb_checkpoints) are not; a file reached
+    twice (a link, another spelling) is read once; suffixes in capitals count; a named file of no corpus type is an
+    error rather than a file of invalid JSON lines."""
+    big = tmp_path / "big" / "wiki"
+    big.mkdir(parents=True)
+    write_jsonl(big / "w.jsonl", ["wiki"])
+    corpus = tmp_path / "corpus"
+    (corpus / "local").mkdir(parents=True)
+    write_jsonl(corpus / "local" / "l.jsonl", ["local"])
+    (corpus / ".ipynb_checkpoints").mkdir()
+    write_jsonl(corpus / ".ipynb_checkpoints" / "l-checkpoint.jsonl", ["a stale copy"])
+    (corpus / "wiki").symlink_to(big)
+    (corpus / "loop").symlink_to(corpus)  # a link to a folder above: followed once
+    (corpus / "BOOK.TXT").write_text("A book in capitals.\n")
+    expected = [corpus / "BOOK.TXT", corpus / "local" / "l.jsonl", corpus / "wiki" / "w.jsonl"]
+    assert expand_inputs([str(corpus)]) == expected
+    again = expand_inputs([str(corpus), str(tmp_path / "big" / "wiki" / "w.jsonl"), str(corpus / "local/../local")])
+    assert len(again) == 3
+    assert [d.text for d in iter_documents([str(corpus)])] == ["A book in capitals.", "local", "wiki"]
+    (tmp_path / "notes.text").write_text("words\n")
+    with pytest.raises(DataError, match=r"notes.text' is not one of the types read .* rename it"):
+        expand_inputs([str(tmp_path / "notes.text")])
+
+
 def test_bad_lines_skipped_and_counted_or_named(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(
