@@ -98,12 +98,22 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     return manifest
 
 
+# the shards' build settings, as the config names them
+DATA_SETTINGS = {
+    "text_field": "data.text_field",
+    "docs_per_shard": "data.docs_per_shard",
+    "on_bad": "data.on_bad_document",
+    "max_document_bytes": "data.max_document_bytes",
+}
+
+
 def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint: Path) -> dict:
     """The shards of a resumed run, built again (their inputs' sizes or times changed) in a directory beside them,
     compared with the data the checkpoint recorded, and swapped in only if it is the same data or the user allows
     the change; otherwise removed, with a UserError, leaving the run's shards untouched."""
     import shutil
 
+    from data_pipeline.shard_format import read_json
     from data_pipeline.shards import ShardSet, build_shards
     from pretrain.core.errors import UserError
     from pretrain.train.fingerprint import DATA_KEY, change_allowed
@@ -112,7 +122,8 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
     out = cfg.shards_dir
     tmp = out.parent / f".{out.name}.rebuild"
     shutil.rmtree(tmp, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
-    say(f"shards: the corpus changed on disk since {checkpoint.name}; building it beside {out} to compare")
+    before = (read_json(out / "manifest.json") or {}).get("settings", {})
+    say(f"shards: the corpus or the shards' settings changed since {checkpoint.name}; building beside {out} to compare")
     try:
         manifest = build_shards(paths, cfg.tokenizer_dir, tmp, num_workers=cfg.data.num_workers, **settings)
         now, then = ShardSet(tmp, verify=False).content_hash(), saved_fingerprint(checkpoint).get(DATA_KEY)
@@ -121,11 +132,18 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
         raise
     if then is not None and now != then and not change_allowed(DATA_KEY, cfg.train.allow_changes):
         shutil.rmtree(tmp, ignore_errors=True)
+        # settings that change the shards' files (docs_per_shard cuts the same text elsewhere): named, as the cause
+        changed = [
+            f"{DATA_SETTINGS[k]}={v} (was {before[k]})" if k in DATA_SETTINGS else f"{k} {v} (was {before[k]})"
+            for k, v in manifest.get("settings", {}).items()
+            if k in before and before[k] != v
+        ]
+        why = f" The shards' settings changed: {', '.join(changed)}; put them back to resume." if changed else ""
         raise UserError(
             f"cannot resume {checkpoint}: the corpus ({', '.join(cfg.data.corpus)}) no longer gives the data this "
-            f"run trained on (shard content {now[:12]}... now, {then[:12]}... in the checkpoint). The run directory "
-            "and its shards were left as they were. Use the corpus the run started with, or another run name; to "
-            "continue on purpose anyway, add train.allow_changes=[data]"
+            f"run trained on (shard content {now[:12]}... now, {then[:12]}... in the checkpoint).{why} The run "
+            "directory and its shards were left as they were. Use the corpus the run started with, or another run "
+            "name; to continue on purpose anyway, add train.allow_changes=[data]"
         )
     old = out.parent / f".{out.name}.old"
     shutil.rmtree(old, ignore_errors=True)

@@ -109,12 +109,18 @@ def test_a_changed_corpus_leaves_the_shards_as_they_were(run, corpus, tmp_path):
     proc = pretrain("run", *run_args(tmp, changed, "train.max_steps=5"), "--no-demo", cwd=tmp, rc=2)
     one_line_error(proc, "no longer gives the data this run trained on", "train.allow_changes=[data]")
     assert snapshot(run) == before  # the shards included, byte for byte
+    # the same text cut into other shards: refused too, naming the setting rather than blaming the corpus alone
+    proc = pretrain(
+        "run", *run_args(tmp, corpus, "train.max_steps=5", "data.docs_per_shard=1"), "--no-demo", cwd=tmp, rc=2
+    )
+    one_line_error(proc, "The shards' settings changed: data.docs_per_shard=1 (was 2000); put them back")
+    assert snapshot(run) == before
 
     # the same text in a file with a new time (a copy, a touch): rebuilt beside, found equal, resumed
     same = tmp_path / "same.jsonl"
     same.write_bytes(corpus.read_bytes())
     proc = pretrain("run", *run_args(tmp, same, "train.max_steps=4"), "--no-demo", cwd=tmp)
-    assert "building it beside" in proc.stderr and "resumed from" in proc.stderr, proc.stderr[-2000:]
+    assert "building beside" in proc.stderr and "resumed from" in proc.stderr, proc.stderr[-2000:]
     assert {p: b for p, b in snapshot(run).items() if p.startswith("shards/shard_")} == {
         p: b for p, b in before.items() if p.startswith("shards/shard_")
     }
