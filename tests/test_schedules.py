@@ -44,6 +44,7 @@ def test_schedules_follow_their_closed_forms():
         ("train.decay_shape=sqrt", "train.decay_shape"),
         ("train.min_lr_ratio=1.5", "train.min_lr_ratio"),
         ("train.decay_steps=2000", "train.decay_steps (2000)"),
+        ("train.warmup_steps=950", "the decay (100 steps: 10% of max_steps"),  # it would start inside the warm-up
         ("train.lr=inf", "not a finite number"),
     ],
 )

@@ -234,6 +234,10 @@ class TrainConfig:
         "users who mean it.",
     )
 
+    def wsd_decay_steps(self) -> int:
+        """wsd: the length of the final decay (decay_steps, or 10% of max_steps when 0)."""
+        return self.decay_steps or max(1, round(0.1 * self.max_steps))
+
     def global_batch(self, world: int) -> int:
         """Sequences per optimizer step over `world` data-parallel ranks: the one place this product is formed
         (tests/test_architecture.py holds every other to it)."""
@@ -494,10 +498,15 @@ def _check_schedule(t: TrainConfig) -> None:
         raise ConfigError(f"train.ema_decay: must be within (0, 1), or 0 for no EMA; got {t.ema_decay}")
     if t.ema_decay and t.zero_stage == 3:
         raise ConfigError("train.ema_decay: not with train.zero_stage=3 (its weights are partitioned over ranks)")
-    if t.lr_schedule == "wsd" and t.decay_steps > t.max_steps - t.warmup_steps:
+    if t.lr_schedule == "wsd" and t.wsd_decay_steps() > t.max_steps - t.warmup_steps:
+        given = (
+            f"train.decay_steps ({t.decay_steps})"
+            if t.decay_steps
+            else f"the decay ({t.wsd_decay_steps()} steps: 10% of max_steps, as train.decay_steps=0 says)"
+        )
         raise ConfigError(
-            f"train.decay_steps ({t.decay_steps}) is longer than the steps after the warm-up "
-            f"(max_steps {t.max_steps} - warmup_steps {t.warmup_steps})"
+            f"{given} is longer than the steps after the warm-up (max_steps {t.max_steps} - warmup_steps "
+            f"{t.warmup_steps}): it would start inside the warm-up"
         )
 
 

@@ -133,9 +133,8 @@ DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
 
 
 def decay_steps(train_cfg) -> int:
-    """wsd: the length of the final decay (train.decay_steps, or 10% of max_steps when 0)."""
-    t = train_cfg
-    return t.decay_steps or max(1, round(0.1 * t.max_steps))
+    """wsd: the length of the final decay (`TrainConfig.wsd_decay_steps`)."""
+    return train_cfg.wsd_decay_steps()
 
 
 def _remaining(shape: str, progress: float) -> float:
