@@ -55,7 +55,7 @@ from data_pipeline.shard_read import ShardSet
 from data_pipeline.tokenizer import tokenizer_hash
 from pretrain.core.errors import DataError
 from pretrain.core.files import sha256_file, write_json_atomic
-from pretrain.core.outputs import check_not_input, claim_output, exclusive, mark_output
+from pretrain.core.outputs import check_not_input, claim_output, exclusive, exclusive_if_free, mark_output
 
 
 def build_key(paths: list[str], tok_hash: str, settings: dict) -> tuple[str, list]:
@@ -81,13 +81,23 @@ def _is_build_file(p: Path) -> bool:
 
 
 def _clear(out: Path) -> None:
-    """Remove a previous build's files, manifest first, so the directory never looks complete meanwhile."""
-    (out / MANIFEST).unlink(missing_ok=True)
-    (out / BUILD_STATE).unlink(missing_ok=True)
-    shutil.rmtree(out / TMP, ignore_errors=True)
-    for p in out.glob("shard_*"):
-        if _is_build_file(p):
-            p.unlink()
+    """Remove a previous build's files, manifest first, so the directory never looks complete meanwhile. Not while a
+    trainer reads them (it holds the directory `shared`: its loader workers open the files by name, and would read
+    the new tokens at the old offsets): a DataError then, and nothing removed."""
+    if not (out / MANIFEST).is_file() and not any(out.glob("shard_*")):
+        return
+    with exclusive_if_free(out) as free:
+        if not free:
+            raise DataError(
+                f"{out} holds shards a run is training on (it reads them now): build these into another "
+                "data.shards directory; the shards were left as they were"
+            )
+        (out / MANIFEST).unlink(missing_ok=True)
+        (out / BUILD_STATE).unlink(missing_ok=True)
+        shutil.rmtree(out / TMP, ignore_errors=True)
+        for p in out.glob("shard_*"):
+            if _is_build_file(p):
+                p.unlink()
 
 
 def _shard_ok(out: Path, record: dict, itemsize: int) -> bool:

@@ -145,12 +145,30 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
             "directory and its shards were left as they were. Use the corpus the run started with, or another run "
             "name; to continue on purpose anyway, add train.allow_changes=[data]"
         )
-    old = out.parent / f".{out.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    out.rename(old)
-    tmp.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+    _swap_in(tmp, out)
     return manifest
+
+
+def _swap_in(new: Path, out: Path) -> None:
+    """Replace the shard directory `out` by `new` (built beside it), unless a trainer reads `out` (another run on
+    the same data.shards holds it `shared`): then `new` goes, with a UserError, and `out` stays."""
+    import shutil
+
+    from pretrain.core.errors import UserError
+    from pretrain.core.outputs import exclusive_if_free
+
+    with exclusive_if_free(out) as free:
+        if not free:
+            shutil.rmtree(new, ignore_errors=True)
+            raise UserError(
+                f"{out} holds shards a run is training on (it reads them now): resume once it has finished, or use "
+                "another data.shards directory; the shards were left as they were"
+            )
+        old = out.parent / f".{out.name}.old"
+        shutil.rmtree(old, ignore_errors=True)
+        out.rename(old)
+        new.rename(out)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
@@ -206,11 +224,7 @@ def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
             shutil.rmtree(tmp, ignore_errors=True)
         raise
     for name, tmp in rebuilt.items():
-        old = out / f".{name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        (out / name).rename(old)
-        tmp.rename(out / name)
-        shutil.rmtree(old, ignore_errors=True)
+        _swap_in(tmp, out / name)
     manifest = write_mixture(out, [(n, w, built[n]) for n, _, w in sources])
     for (name, _, weight), part in zip(sources, manifest["sources"]):
         c = part["counts"]

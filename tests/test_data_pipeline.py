@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import make_docs, write_jsonl
+from helpers import make_docs, snapshot, write_jsonl
 
 from data_pipeline.readers import Document, expand_inputs, iter_documents
 from data_pipeline.samples import PackedSequences
@@ -265,6 +265,25 @@ def test_cache_hit_and_rebuild(tmp_path, corpus, tok_dir, shard_dir):
     assert m == json.loads((shard_dir / "manifest.json").read_text())
     with pytest.raises(DataError, match="different tokenizer"):
         ShardSet(shard_dir, expected_tokenizer_hash="0" * 64)
+
+
+def test_shards_a_run_reads_are_not_rebuilt_under_it(tmp_path, corpus, tok_dir):
+    """Two runs on one data.shards: the second, on another corpus, would rewrite the files the first's loader workers
+    open by name (old offsets over new tokens, no error). A trainer holds its shard directories shared, and a build
+    that would rewrite them is refused, leaving them whole; once the trainer is gone it goes ahead."""
+    from pretrain.train.trainer import reading_shards
+
+    out = tmp_path / "shards"
+    build_shards([str(corpus)], tok_dir, out, num_workers=0, show_progress=False)
+    before = snapshot(out)
+    other = write_jsonl(tmp_path / "other.jsonl", make_docs(8, seed=3))
+    with reading_shards(out):
+        with pytest.raises(DataError, match="holds shards a run is training on"):
+            build_shards([str(other)], tok_dir, out, num_workers=0, show_progress=False)
+        assert snapshot(out) == before
+        build_shards([str(corpus)], tok_dir, out, num_workers=0, show_progress=False)  # the same build: a cache hit
+    build_shards([str(other)], tok_dir, out, num_workers=0, show_progress=False)
+    assert ShardSet(out).num_docs == 8
 
 
 def test_empty_corpus_leaves_no_manifest(tmp_path, tok_dir):

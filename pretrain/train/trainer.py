@@ -34,7 +34,7 @@ from pretrain.core.batch import Batch
 from pretrain.core.config import RunConfig, load_yaml
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
-from pretrain.core.outputs import claim_output, exclusive, mark_output
+from pretrain.core.outputs import claim_output, exclusive, mark_output, shared
 from pretrain.core.parsing import to_dict
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Phase, Schedule, config_at
@@ -144,11 +144,21 @@ def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
         yield
 
 
+@contextlib.contextmanager
+def reading_shards(shards_dir: Path):
+    """Hold the run's shard directories (a mixture's, each source's too) `shared` while it trains: a build that would
+    rewrite them (another run's, on the same data.shards) is refused meanwhile (`shard_build._clear`)."""
+    with contextlib.ExitStack() as held:
+        for directory in [shards_dir, *sorted(p.parent for p in Path(shards_dir).glob("*/manifest.json"))]:
+            held.enter_context(shared(directory))
+        yield
+
+
 def train(cfg: RunConfig) -> dict:
     """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = init_distributed(cfg.train.collective_timeout_minutes)
-    with own_run_dir(cfg.run_dir, rank == 0), StopFlag() as flag:
+    with own_run_dir(cfg.run_dir, rank == 0), reading_shards(cfg.shards_dir), StopFlag() as flag:
         try:
             return Trainer.start(cfg, rank, world).run(flag)
         except RuntimeError as err:
