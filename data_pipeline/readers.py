@@ -20,6 +20,7 @@ import io
 import itertools
 import json
 import os
+import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -35,6 +36,7 @@ CORPUS_SUFFIXES = (
     LINE_SUFFIXES + tuple(s + c for s in LINE_SUFFIXES for c in COMPRESSION) + COLUMNAR_SUFFIXES + (".zst",)
 )
 ON_BAD = ("skip", "error")
+TEXT_DOCUMENTS = ("paragraphs", "lines")  # what a document is in a plain-text file
 DEFAULT_MAX_DOCUMENT_BYTES = 16 << 20
 """A longer document is almost always a dump (logs, base64, a table) rather than prose, and tokenizing
 it holds ~100 bytes per token in a shard worker; 16 MiB still admits whole books."""
@@ -157,8 +159,10 @@ def iter_documents(
     on_bad: str = "skip",
     skipped: collections.Counter | None = None,
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    text_documents: str = "paragraphs",
 ) -> Iterator[Document]:
-    """Documents of every input, in `expand_inputs` order.
+    """Documents of every input, in `expand_inputs` order. In plain text a document is a paragraph (a run of
+    non-blank lines) or, with text_documents="lines", each line (one document per line, as many dumps are).
 
     Bad input (invalid UTF-8 or JSON, a record without `text_field`, a document over `max_document_bytes`)
     raises DataError naming file:line when on_bad="error" and is counted in `skipped[reason]` when
@@ -167,11 +171,16 @@ def iter_documents(
     """
     if on_bad not in ON_BAD:
         raise DataError(f"on_bad_document: '{on_bad}' is not one of {', '.join(ON_BAD)}")
+    if text_documents not in TEXT_DOCUMENTS:
+        raise DataError(f"text_documents: '{text_documents}' is not one of {', '.join(TEXT_DOCUMENTS)}")
     if max_document_bytes < 1:
         raise DataError(f"max_document_bytes must be >= 1, got {max_document_bytes}")
     skipped = collections.Counter() if skipped is None else skipped
     for path in expand_inputs(paths):
-        yield from _reader_for(path)(path, text_field, on_bad, skipped, max_document_bytes)
+        read = _reader_for(path)
+        if read is _iter_text and text_documents == "lines":
+            read = _iter_text_lines
+        yield from read(path, text_field, on_bad, skipped, max_document_bytes)
 
 
 def iter_documents_sample(paths: Iterable[str], max_docs: int, **kwargs) -> Iterator[Document]:
@@ -380,18 +389,21 @@ def _iter_text(
     path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
 ) -> Iterator[Document]:
     """Plain text: a document is a run of non-blank lines; a line of bad UTF-8 drops its whole document,
-    and so does reaching `limit` bytes (counted once per document)."""
+    and so does reaching `limit` bytes (counted once per document). A file whose documents run to thousands of lines
+    is most likely one document per line: said once, with the setting that reads it so."""
     lines: list[str] = []
     first = 0
     size = 0
     bad = False
+    current = longest = 0  # lines of this document, and of the longest so far
     with _open_binary(path) as f:
         for lineno, raw in _read_guarded(path, _lines(f, limit)):
             if not isinstance(raw, int) and not raw.strip():
                 if lines and not bad:
                     yield Document("".join(lines).rstrip("\r\n"), str(path), first)
-                lines, bad, size = [], False, 0
+                lines, bad, size, current, longest = [], False, 0, 0, max(longest, current)
                 continue
+            current += 1
             if not lines and not bad:
                 first = lineno
             if bad:
@@ -400,7 +412,8 @@ def _iter_text(
             if size > limit:
                 _too_long(
                     f"{path}:{first}",
-                    f"more than {limit} bytes (lines {first}-{lineno} and on)",
+                    f"more than {limit} bytes (lines {first}-{lineno} and on, no blank line between them: one "
+                    "document per line? data.text_documents=lines reads them so)",
                     limit,
                     on_bad,
                     skipped,
@@ -414,6 +427,34 @@ def _iter_text(
                 lines.append(line)
     if lines and not bad:
         yield Document("".join(lines).rstrip("\r\n"), str(path), first)
+    longest = max(longest, current)
+    if longest >= _LINES_OF_ONE_DOCUMENT:
+        print(
+            f"[data] {path}: a document of {longest:,} lines with no blank line between "
+            "them; if each line is a document, set data.text_documents=lines (--text-documents lines)",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
+_LINES_OF_ONE_DOCUMENT = 1000  # a paragraph that long is a file of one-line documents, not prose
+
+
+def _iter_text_lines(
+    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
+    """Plain text, one document per line (text_documents="lines"); blank lines are not documents."""
+    with _open_binary(path) as f:
+        for lineno, raw in _read_guarded(path, _lines(f, limit)):
+            where = f"{path}:{lineno}"
+            if isinstance(raw, int):
+                _too_long(where, f"{raw} bytes (one line)", limit, on_bad, skipped)
+                continue
+            if not raw.strip():
+                continue
+            line = _decode(raw, where, on_bad, skipped)
+            if line is not None:
+                yield Document(line.rstrip("\r\n"), str(path), lineno)
 
 
 # ---------------------------------------------------------------------------------------------- columnar

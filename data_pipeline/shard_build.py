@@ -134,9 +134,12 @@ def _chunks(docs, size: int) -> Iterator[tuple[int, list[str]]]:
         yield index, texts
 
 
-def _settings(text_field: str, docs_per_shard: int, on_bad: str, max_document_bytes: int) -> dict:
-    """The build settings a cache key covers, besides the inputs and the tokenizer."""
-    return {
+def _settings(
+    text_field: str, docs_per_shard: int, on_bad: str, max_document_bytes: int, text_documents: str = "paragraphs"
+) -> dict:
+    """The build settings a cache key covers, besides the inputs and the tokenizer (text_documents only where it is
+    not the default, so that the shards built before it existed stay a cache hit)."""
+    settings = {
         "format_version": FORMAT_VERSION,
         "splitter_version": SPLITTER_VERSION,
         "text_field": text_field,
@@ -144,6 +147,7 @@ def _settings(text_field: str, docs_per_shard: int, on_bad: str, max_document_by
         "on_bad": on_bad,
         "max_document_bytes": max_document_bytes,
     }
+    return settings if text_documents == "paragraphs" else {**settings, "text_documents": text_documents}
 
 
 def shards_current(
@@ -155,13 +159,14 @@ def shards_current(
     docs_per_shard: int = 2000,
     on_bad: str = "skip",
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    text_documents: str = "paragraphs",
 ) -> bool:
     """Whether `build_shards` with these arguments would return the finished build in `out_dir` as it is (a cache
     hit, by the manifest's key alone: the files are verified when read) rather than build it again."""
     manifest = read_json(Path(out_dir) / MANIFEST)
     if manifest is None:
         return False
-    settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes)
+    settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes, text_documents)
     return manifest.get("cache_key") == build_key(paths, tokenizer_hash(tokenizer_dir), settings)[0]
 
 
@@ -176,6 +181,7 @@ def build_shards(
     on_bad: str = "skip",
     show_progress: bool = True,
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
+    text_documents: str = "paragraphs",
 ) -> dict:
     """Tokenize the corpus into shards in `out_dir` and return the manifest.
 
@@ -185,7 +191,7 @@ def build_shards(
     """
     out = Path(out_dir)
     tok_hash = tokenizer_hash(tokenizer_dir)
-    settings = _settings(text_field, max(1, docs_per_shard), on_bad, max_document_bytes)
+    settings = _settings(text_field, max(1, docs_per_shard), on_bad, max_document_bytes, text_documents)
     key, fingerprint = build_key(paths, tok_hash, settings)
     check_not_input(
         out, {"the tokenizer directory": tokenizer_dir, **{f"the corpus file {p}": p for p in expand_inputs(paths)}}
@@ -254,6 +260,7 @@ def _tokenize_missing(build: Build, dtype: np.dtype, done: dict[int, dict], skip
         on_bad=settings["on_bad"],
         skipped=skipped,
         max_document_bytes=settings["max_document_bytes"],
+        text_documents=settings.get("text_documents", "paragraphs"),
     )
     threads = max(1, (os.cpu_count() or 1) // max(1, build.num_workers))  # each worker gets its share of cores
     init_args = (str(build.tok_file), str(tmp), dtype.name, threads)

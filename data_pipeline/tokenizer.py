@@ -200,6 +200,7 @@ def train_tokenizer(
     strip_accents: bool = True,
     min_frequency: int = 2,
     text_field: str = "text",
+    text_documents: str = "paragraphs",
     sample_docs: int = 0,
     show_progress: bool = True,
     on_bad: str = "skip",
@@ -223,6 +224,7 @@ def train_tokenizer(
     out = _output_dir(Path(out_dir), paths)
     built = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
+    read.update(text_documents=text_documents)
 
     def documents(skipped=None):
         if sample_docs > 0 and sources:
@@ -248,6 +250,7 @@ def train_tokenizer(
         lowercase=lowercase,
         strip_accents=strip_accents,
         min_frequency=min_frequency,
+        text_documents=text_documents,
     )
     _save_atomically(fast, out, settings)
     return fast

@@ -200,6 +200,7 @@ def tokenizer_args(p):
     add_field_option(p, "--cased", DataConfig, "lowercase", help="keep case")
     add_field_option(p, "--keep-accents", DataConfig, "strip_accents", help="keep accents")
     add_field_option(p, "--text-field", DataConfig, "text_field")
+    add_field_option(p, "--text-documents", DataConfig, "text_documents")
     add_field_option(
         p,
         "--sample-docs",
@@ -217,6 +218,7 @@ def shards_args(p):
     add_field_option(p, "--workers", DataConfig, "num_workers")
     add_field_option(p, "--docs-per-shard", DataConfig, "docs_per_shard")
     add_field_option(p, "--text-field", DataConfig, "text_field")
+    add_field_option(p, "--text-documents", DataConfig, "text_documents")
     bad_input_args(p)
 
 

@@ -42,6 +42,7 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         strip_accents=d.strip_accents,
         min_frequency=d.min_frequency,
         text_field=d.text_field,
+        text_documents=d.text_documents,
         sample_docs=d.tokenizer_sample_docs,
         max_document_bytes=d.max_document_bytes,
         on_bad=d.on_bad_document,
@@ -80,6 +81,7 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
         docs_per_shard=d.docs_per_shard,
         on_bad=d.on_bad_document,
         max_document_bytes=d.max_document_bytes,
+        text_documents=d.text_documents,
     )
     if (
         resuming is not None
@@ -104,6 +106,7 @@ DATA_SETTINGS = {
     "docs_per_shard": "data.docs_per_shard",
     "on_bad": "data.on_bad_document",
     "max_document_bytes": "data.max_document_bytes",
+    "text_documents": "data.text_documents",
 }
 
 
@@ -192,6 +195,7 @@ def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
         docs_per_shard=d.docs_per_shard,
         on_bad=d.on_bad_document,
         max_document_bytes=d.max_document_bytes,
+        text_documents=d.text_documents,
     )
     claim_output(out, "shards", "the shard directory")  # the sources' directories go inside: ours before they do
     mark_output(out, "shards")

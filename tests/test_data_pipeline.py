@@ -90,6 +90,29 @@ def test_a_directory_gives_each_corpus_file_once(tmp_path):
         expand_inputs([str(tmp_path / "notes.text")])
 
 
+def test_plain_text_with_one_document_per_line(tmp_path, capsys, tok_dir):
+    """Dumps of one document per line with no blank lines: by default one document of every line (and past
+    max_document_bytes none at all), which the reader now says; data.text_documents=lines reads each line."""
+    lines = [f"Document number {i} says something of its own." for i in range(1200)]
+    path = tmp_path / "one_per_line.txt"
+    path.write_text("\n".join(lines[:600]) + "\n\n" + "\n".join(lines[600:]) + "\n")
+    docs = [d.text for d in iter_documents([str(path)])]
+    assert len(docs) == 2 and "text_documents=lines" not in capsys.readouterr().err  # 600 lines: paragraphs
+    path.write_text("\n".join(lines) + "\n")
+    assert len(list(iter_documents([str(path)]))) == 1
+    assert "a document of 1,200 lines with no blank line between them" in capsys.readouterr().err
+    by_line = list(iter_documents([str(path)], text_documents="lines"))
+    assert [d.text for d in by_line] == lines and by_line[5].line == 6
+    with pytest.raises(DataError, match="text_documents: 'words' is not one of paragraphs, lines"):
+        list(iter_documents([str(path)], text_documents="words"))
+    # shards: a setting of the cache key (the default's key is as before it existed)
+    quiet = dict(num_workers=0, show_progress=False)
+    paragraphs = build_shards([str(path)], tok_dir, tmp_path / "p", **quiet)
+    each = build_shards([str(path)], tok_dir, tmp_path / "l", **quiet, text_documents="lines")
+    assert (paragraphs["counts"]["documents"], each["counts"]["documents"]) == (1, 1200)
+    assert "text_documents" not in paragraphs["settings"] and each["settings"]["text_documents"] == "lines"
+
+
 def test_bad_lines_skipped_and_counted_or_named(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_bytes(

@@ -49,6 +49,10 @@ class DataConfig:
         text="Corpus files, directories or globs (JSON Lines with a text field, or plain text).",
     )
     text_field: str = doc("text", "Field of each JSON Lines record that holds the document text.")
+    text_documents: str = doc(
+        "paragraphs",
+        "What a document is in a plain-text (.txt) file: a paragraph (lines up to a blank line) or each line (lines).",
+    )
     tokenizer: str = doc(
         "", "Tokenizer directory; empty means <run_dir>/tokenizer, trained from the corpus if missing."
     )
@@ -381,6 +385,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "train.precision": ("auto", "bf16", "fp16", "fp32", "fp8"),
     "data.tokenizer_type": ("wordpiece", "bpe", "unigram"),
     "data.on_bad_document": ("skip", "error"),
+    "data.text_documents": ("paragraphs", "lines"),
     "data.packing": ("full_sentences", "doc_bounded"),
     "wandb.mode": ("offline", "online", "disabled"),
     "train.optimizer": ("adamw", "lamb"),
