@@ -159,6 +159,7 @@ def comparisons(table: dict, main: str | None = None, replicates: int | None = N
                 {a: c.preds for a, c in arms.items()},
                 [(a, b) for *_, a, b in here],
                 replicates,
+                seeds={a: c.seeds for a, c in arms.items()},
             )
             for family, _, _, a, b in here:
                 r = results[(a, b)]

@@ -82,8 +82,8 @@ def _method(d: dict) -> str:
             )
     head = (
         f"Intervals are 95% paired-bootstrap intervals over dev examples and the {d['seeds']} pretraining "
-        f"seed(s) of each arm, averaged over {d['downstream_seeds']} downstream seed(s). 'Significant' means a "
-        f"Holm-adjusted p below {d['alpha']} within its family: "
+        f"seed(s), arms paired by seed, averaged over {d['downstream_seeds']} downstream seed(s). 'Significant' "
+        f"means a Holm-adjusted p below {d['alpha']} within its family: "
     )
     if not parts:
         return head + "there is nothing to compare."

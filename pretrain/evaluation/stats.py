@@ -5,10 +5,11 @@ metric on the dev set. Two things make a gap between arms uncertain: which pretr
 pretrained once per seed) and which dev examples happened (a 1,000-example dev set alone carries about 0.015 of
 noise on an accuracy).
 
-- `paired_bootstrap` resamples both: each replicate draws dev examples with replacement (the same draw for both
-  arms: the comparison is paired) and each arm's pretraining seeds with replacement, and recomputes both scores and
-  their difference. The 2.5-97.5 percentiles give a 95% interval; the two-sided p-value is twice the share of
-  replicates on the far side of zero, counted as (k + 1) / (R + 1), so no p is below 2 / (R + 1).
+- `paired_bootstrap` resamples both: each replicate draws dev examples with replacement and pretraining seeds with
+  replacement, each the same draw for both arms (the comparison is paired by example and by seed: arms of one seed
+  share its data order), and recomputes both scores and their difference. The 2.5-97.5 percentiles give a 95%
+  interval; the two-sided p-value is twice the share of replicates on the far side of zero, counted as
+  (k + 1) / (R + 1), so no p is below 2 / (R + 1).
 - That floor matters after a correction for many comparisons: Holm multiplies the smallest p by the family's size m,
   so R must grow with m. `replicates_for(m)` gives R >= 20 m / alpha, which keeps the smallest adjusted p at
   alpha / 10 (with a fixed 2,000, nothing could be significant in a family of 51 or more).
@@ -122,15 +123,24 @@ def _from_sums(metric: str, sums: np.ndarray, n: int) -> np.ndarray:
 
 
 def bootstrap_scores(
-    metric: str, labels: np.ndarray, preds: dict[str, np.ndarray], replicates: int, seed: int = 0
+    metric: str,
+    labels: np.ndarray,
+    preds: dict[str, np.ndarray],
+    replicates: int,
+    seed: int = 0,
+    seeds: dict[str, list[int]] | None = None,
 ) -> dict[str, np.ndarray]:
     """Each arm's score in each of `replicates` bootstrap replicates: {arm: [R]}. A replicate draws dev examples with
-    replacement once for all the arms (every difference between two of them is paired) and each arm's pretraining
-    seeds with replacement on its own. labels [N]; preds {arm: [S, P, N]}."""
+    replacement once for all the arms, and pretraining seeds with replacement once for all the arms (`_seed_picks`):
+    every difference between two arms is paired by example and by pretraining seed, as `sign_flip_test` pairs them
+    (arms of one seed share its data order, so what a seed does to both cancels in their difference).
+    labels [N]; preds {arm: [S, P, N]}; seeds {arm: its pretraining seeds' ids, in preds' order} (default: the
+    positions 0..S-1, the same seed at the same position)."""
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
     n = len(labels)
     features = {arm: _features(metric, labels, p) for arm, p in preds.items()}  # [N, S, P, K]
+    ids = {arm: list(seeds[arm]) if seeds else list(range(f.shape[1])) for arm, f in features.items()}
     out = {arm: np.empty(replicates) for arm in preds}
     chunk = max(1, 4_000_000 // n)  # [chunk, N] example counts per pass
     for lo in range(0, replicates, chunk):
@@ -138,12 +148,27 @@ def bootstrap_scores(
         rows = rng.integers(0, n, size=(r, n))
         counts = np.bincount((rows + n * np.arange(r)[:, None]).ravel(), minlength=r * n).reshape(r, n)
         counts = counts.astype(float)  # [R, N]: how often each example was drawn
+        picks = _seed_picks(ids, r, rng)
         for arm, f in features.items():
             sums = (counts @ f.reshape(n, -1)).reshape((r,) + f.shape[1:])  # [R, S, P, K]
             seed_scores = _from_sums(metric, sums, n).mean(-1)  # [R, S]: each pretraining seed's score
-            drawn = rng.integers(0, f.shape[1], size=(r, f.shape[1]))  # pretraining seeds, with replacement
-            out[arm][lo : lo + r] = np.take_along_axis(seed_scores, drawn, 1).mean(1)
+            out[arm][lo : lo + r] = np.take_along_axis(seed_scores, picks[arm], 1).mean(1)
     return out
+
+
+def _seed_picks(ids: dict[str, list[int]], r: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """{arm: [r, U] indices into its seeds}: U seeds drawn with replacement from the union of the arms' seed ids, the
+    same draw for every arm; an arm without a drawn seed (its run failed) takes one of its own, drawn alone."""
+    union = sorted({i for arm_ids in ids.values() for i in arm_ids})
+    drawn = rng.integers(0, len(union), size=(r, len(union)))  # [r, U] positions in the union
+    picks = {}
+    for arm, arm_ids in ids.items():
+        where = np.array([arm_ids.index(i) if i in arm_ids else -1 for i in union])  # union position -> arm's index
+        pick = where[drawn]
+        lacking = pick < 0
+        pick[lacking] = rng.integers(0, len(arm_ids), size=int(lacking.sum()))
+        picks[arm] = pick
+    return picks
 
 
 def summarize(observed: float, diffs: np.ndarray) -> dict:
@@ -179,12 +204,13 @@ def compare(
     pairs: list[tuple[str, str]],
     replicates: int,
     seed: int = 0,
+    seeds: dict[str, list[int]] | None = None,
 ) -> dict[tuple[str, str], dict]:
     """`paired_bootstrap` of every pair (a, b) of arms on one dev set, from one set of replicates (`bootstrap_scores`:
-    drawing examples is most of the cost, and is shared)."""
+    drawing examples is most of the cost, and is shared). `seeds`: each arm's pretraining seed ids."""
     labels = np.asarray(labels)
     used = {arm: np.asarray(preds[arm]) for pair in pairs for arm in pair}
-    scores = bootstrap_scores(metric, labels, used, replicates, seed)
+    scores = bootstrap_scores(metric, labels, used, replicates, seed, {a: seeds[a] for a in used} if seeds else None)
     observed = {arm: score(metric, labels, p) for arm, p in used.items()}
     return {(a, b): summarize(observed[a] - observed[b], scores[a] - scores[b]) for a, b in pairs}
 
