@@ -95,6 +95,36 @@ def test_missing_task_says_where_to_get_it(tmp_path):
         load_ablation(TINY, [f"eval.tasks=[{tmp_path / 'rte'}]"])
 
 
+def test_two_tasks_of_one_directory_name_are_refused(tmp_path):
+    """Results are kept by task directory name: the second 'mr' (the full set beside the shipped subset) was skipped
+    as done, and the report showed one column for two."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    a, b = make_task(tmp_path / "a" / "mr"), make_task(tmp_path / "b" / "mr")
+    with pytest.raises(ConfigError, match=r"eval\.tasks: two task directories named mr"):
+        load_ablation(TINY, [f"eval.tasks=[{a}, {b}]"])
+
+
+def test_cola_by_name_and_one_random_encoder_per_probe(tmp_path):
+    """MCC for CoLA (a word of the folder name, not "chocolate"); --random-init probes see the same random encoder
+    whatever the process drew before (its features are computed once, not per seed)."""
+    import torch
+
+    from pretrain.evaluation.finetune import encoder_features, load_task, main_metric
+
+    assert [main_metric(n, "classification", 2) for n in ("cola", "glue-CoLA", "chocolate")] == [
+        "mcc",
+        "mcc",
+        "accuracy",
+    ]
+    model, task = tiny_model(tmp_path / "model"), load_task(make_task(tmp_path / "t"))
+    torch.manual_seed(1)
+    first = encoder_features(model, task, random_init=True)
+    torch.rand(100)  # whatever else this process drew meanwhile
+    second = encoder_features(model, task, random_init=True)
+    assert all(torch.equal(x, y) for x, y in zip(first, second))
+
+
 @pytest.mark.parametrize("preset", ["ablation-tiny", "ablation", "ablation-gpu"])
 def test_presets_parse_and_arms_carry_their_own_lr(preset, monkeypatch):
     """Every ablation preset is a valid typed config (its tasks replaced by the shipped ones, which a clean clone

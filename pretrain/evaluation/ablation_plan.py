@@ -97,6 +97,13 @@ def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig
 def _check_tasks(tasks: list[str], path: Path) -> None:
     """Each task is a directory with train.tsv (GLUE format) or CoNLL train.txt/dev.txt; a missing one says where the
     presets' tasks come from."""
+    names = [Path(task).name for task in tasks]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:  # results are kept by task name: the second would be skipped as done
+        raise ConfigError(
+            f"{path}: eval.tasks: two task directories named {', '.join(twice)} ({', '.join(tasks)}): results are "
+            "kept by directory name, so give each task a directory of its own name"
+        )
     for task in tasks:
         if not ((Path(task) / "train.tsv").is_file() or is_conll_dir(Path(task))):
             raise ConfigError(

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import csv
 import math
+import re
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -207,7 +208,8 @@ def main_metric(task_name: str, kind: str, num_labels: int) -> str:
         return "pearson"
     if kind == "token":
         return "chunk_f1"
-    return "mcc" if "cola" in task_name.lower() and num_labels == 2 else "accuracy"
+    words = re.split(r"[^a-z0-9]+", task_name.lower())  # "cola", "glue-cola", "CoLA_small"; not "chocolate"
+    return "mcc" if "cola" in words and num_labels == 2 else "accuracy"
 
 
 # ----------------------------------------------------------------------------------------------
@@ -273,6 +275,8 @@ def encoder_features(
     """Frozen-encoder features [N, H] of train and dev: mean over real tokens, or the [CLS] vector."""
     from transformers import AutoModel
 
+    if random_init:  # one random encoder whatever ran before in this process (features are computed once, not per seed)
+        torch.manual_seed(0)
     tokenizer, cls_model = load_model(model_dir, task.num_labels, task.kind, random_init)
     base = getattr(cls_model, cls_model.base_model_prefix, None)
     encoder = base if base is not None else AutoModel.from_config(cls_model.config)

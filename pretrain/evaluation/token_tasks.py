@@ -344,6 +344,8 @@ def save_token_model(model, tokenizer, out_dir: Path) -> Path:
 @torch.no_grad()
 def token_features(model_dir: Path, task: TokenTask, max_seq_len: int = 128, batch_size: int = 64, random_init=False):
     """Each split's frozen features of the words that have a token: (features [W, H], first [N, W])."""
+    if random_init:  # one random encoder whatever ran before in this process (features are computed once)
+        torch.manual_seed(0)
     tokenizer, model = load_token_model(model_dir, task.labels, random_init)
     encoder = getattr(model, model.base_model_prefix)
     encoder.eval().to(local_device())
