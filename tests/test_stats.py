@@ -182,6 +182,27 @@ def _cells(rng, y, accuracies: dict[str, float], seeds: int = 1) -> dict:
     return {arm: Cell("accuracy", y, right_with(rng, y, acc, (seeds, 1))) for arm, acc in accuracies.items()}
 
 
+def test_a_family_reports_the_seed_test_it_made():
+    """One run of mlm failed on t2: that comparison has 2 seeds and no test across them, the other has 3. The family's
+    floor across seeds is that of the comparison tested (1 of 2), not "untested" beside a printed seed p."""
+    from pretrain.evaluation.report import PRIMARY, Cell, comparisons, families
+
+    rng = np.random.default_rng(6)
+    y = rng.integers(0, 2, 300)
+    table = {"probe": {}}
+    for task, mlm_seeds in (("t1", 3), ("t2", 2)):
+        mlm, none = right_with(rng, y, 0.9, (3, 1)), right_with(rng, y, 0.6, (3, 1))
+        table["probe"][task] = {
+            "mlm": Cell("accuracy", y, mlm[:mlm_seeds], [1, 2, 3][:mlm_seeds]),
+            "none": Cell("accuracy", y, none, [1, 2, 3]),
+        }
+    found = comparisons(table, "probe", replicates=500)
+    assert [c.seed_p is not None for c in found] == [True, False]
+    fam = families(found, "probe")[PRIMARY]
+    assert (fam["comparisons"], fam["seed_tested"], fam["seeds"]) == (2, 1, 3)
+    assert fam["seed_floor"] == pytest.approx(found[0].seed_p_holm) == pytest.approx(2 / 8)
+
+
 def test_primary_family_is_corrected_apart_from_the_secondary():
     from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison, adjust, comparisons, families
 

@@ -256,7 +256,9 @@ def family_table(fams: dict) -> list[str]:
     ]
     for family, f in fams.items():
         seed_floor = (
-            f"{f['seed_floor']:.3g} ({f['seeds']} seeds)"
+            f"{f['seed_floor']:.3g} ({f['seeds']} seeds"
+            + (f"; {f['seed_tested']} of the {f['comparisons']} tested" if f["seed_tested"] < f["comparisons"] else "")
+            + ")"
             if f["seed_floor"] is not None
             else f"untested ({f['seeds']} seed(s); needs {SEED_TEST_MIN})"
         )

@@ -209,14 +209,18 @@ def families(found: list[Comparison], main: str) -> dict[str, dict]:
             continue
         m = len(members)
         replicates = min(c.replicates for c in members)
-        seeds = min(len(c.seed_diffs) for c in members)
+        # the seed-level floor of the comparisons `adjust` tested across seeds (a failed run leaves some with fewer
+        # seeds, untested): their count is Holm's m there, their fewest seeds the smallest p
+        tested = [c for c in members if c.seed_p is not None]
+        seeds = min(len(c.seed_diffs) for c in tested or members)
         out[family] = {
             "what": what,
             "comparisons": m,
             "replicates": replicates,
             "floor": min(1.0, m * p_floor(replicates)) if replicates else 1.0,
             "seeds": seeds,
-            "seed_floor": min(1.0, m * sign_flip_floor(seeds)) if seeds >= SEED_TEST_MIN else None,
+            "seed_tested": len(tested),
+            "seed_floor": min(1.0, len(tested) * sign_flip_floor(seeds)) if tested else None,
         }
     return out
 
