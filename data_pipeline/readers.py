@@ -332,9 +332,9 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
         yield lineno, size
 
 
-def _iter_jsonl(
-    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
-) -> Iterator[Document]:
+def _record_lines(path: Path, on_bad: str, skipped: collections.Counter, limit: int) -> Iterator[tuple[int, str, str]]:
+    """(line number, "path:line", text) of each line that is a record: not blank, within `limit`, valid UTF-8 (the
+    others skipped and counted, or a DataError, by `on_bad`)."""
     with _open_binary(path) as f:
         for lineno, raw in _read_guarded(path, _lines(f, limit)):
             where = f"{path}:{lineno}"
@@ -344,27 +344,33 @@ def _iter_jsonl(
             if not raw.strip():
                 continue  # blank lines are not records
             line = _decode(raw, where, on_bad, skipped)
-            if line is None:
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                _bad("invalid_json", f"{where}: invalid JSON ({e.msg} at column {e.colno})", on_bad, skipped)
-                continue
-            text = record.get(text_field) if isinstance(record, dict) else None
-            if not isinstance(text, str):
-                if isinstance(record, dict) and text_field in record:
-                    problem = f"field '{text_field}' is a {type(text).__name__}, not a string"
-                elif isinstance(record, dict):
-                    problem = f"no field '{text_field}' (keys: {', '.join(map(str, record)) or 'none'})"
-                else:
-                    problem = f"record is a JSON {type(record).__name__}, not an object with field '{text_field}'"
-                _bad("missing_field", f"{where}: {problem}; set data.text_field", on_bad, skipped)
-                continue
-            if not text.strip():
-                skipped["empty"] += 1
-                continue
-            yield Document(text, str(path), lineno)
+            if line is not None:
+                yield lineno, where, line
+
+
+def _iter_jsonl(
+    path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
+) -> Iterator[Document]:
+    for lineno, where, line in _record_lines(path, on_bad, skipped, limit):
+        try:
+            record = json.loads(line)
+        except json.JSONDecodeError as e:
+            _bad("invalid_json", f"{where}: invalid JSON ({e.msg} at column {e.colno})", on_bad, skipped)
+            continue
+        text = record.get(text_field) if isinstance(record, dict) else None
+        if not isinstance(text, str):
+            if isinstance(record, dict) and text_field in record:
+                problem = f"field '{text_field}' is a {type(text).__name__}, not a string"
+            elif isinstance(record, dict):
+                problem = f"no field '{text_field}' (keys: {', '.join(map(str, record)) or 'none'})"
+            else:
+                problem = f"record is a JSON {type(record).__name__}, not an object with field '{text_field}'"
+            _bad("missing_field", f"{where}: {problem}; set data.text_field", on_bad, skipped)
+            continue
+        if not text.strip():
+            skipped["empty"] += 1
+            continue
+        yield Document(text, str(path), lineno)
 
 
 def _read_guarded(path: Path, lines: Iterator) -> Iterator:
@@ -444,17 +450,8 @@ def _iter_text_lines(
     path: Path, text_field: str, on_bad: str, skipped: collections.Counter, limit: int
 ) -> Iterator[Document]:
     """Plain text, one document per line (text_documents="lines"); blank lines are not documents."""
-    with _open_binary(path) as f:
-        for lineno, raw in _read_guarded(path, _lines(f, limit)):
-            where = f"{path}:{lineno}"
-            if isinstance(raw, int):
-                _too_long(where, f"{raw} bytes (one line)", limit, on_bad, skipped)
-                continue
-            if not raw.strip():
-                continue
-            line = _decode(raw, where, on_bad, skipped)
-            if line is not None:
-                yield Document(line.rstrip("\r\n"), str(path), lineno)
+    for lineno, _, line in _record_lines(path, on_bad, skipped, limit):
+        yield Document(line.rstrip("\r\n"), str(path), lineno)
 
 
 # ---------------------------------------------------------------------------------------------- columnar
