@@ -124,6 +124,23 @@ def test_report_tasks_follow_the_configs_order(tmp_path):
     assert [list(tasks) for tasks in cells(ab, one).values()] == [["zeta", "alpha", "mid"]]
 
 
+def test_runs_scored_on_different_dev_labels_are_not_compared(tmp_path):
+    """Every pairing (by example, by seed) assumes one dev set: a run scored after the task's files changed would be
+    compared against the first run's labels. The report refuses, naming the task and both runs."""
+    from pretrain.core.errors import UserError
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import cells
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [task, "seeds=[1, 2]"])
+    results = _fake_results(ab, {"mlm": 0.8, "span": 0.6, "none": 0.6})
+    assert set(cells(ab, results)["probe"]["t"]) == {"mlm", "span", "none"}
+    changed = results["span-seed2"]["downstream"]["probe"]["t"]
+    changed["dev_labels"] = [1 - y for y in changed["dev_labels"]]
+    with pytest.raises(UserError, match=r"t \(probe\): runs mlm-seed1 and span-seed2 were scored on different dev"):
+        cells(ab, results)
+
+
 def test_notes_say_which_uncorrected_differences_do_not_survive_holm():
     from pretrain.evaluation.report import Comparison, notes
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.core.errors import UserError
 from pretrain.evaluation.stats import (
     ALPHA,
     compare,
@@ -99,6 +100,7 @@ def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
     and an arm needs the same downstream seeds in all its runs)."""
     out: dict = {}
     order = {Path(t).name: i for i, t in enumerate(ab.eval["tasks"])}
+    labels: dict[tuple[str, str], tuple[str, list]] = {}  # (mode, task) -> (the first run, its dev labels)
     for arm, runs in ab.groups().items():
         states = [results.get(run.name, {}) for run in runs]
         for mode in ab.eval["modes"]:
@@ -111,6 +113,17 @@ def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
                 ]
                 if len({len(r["dev_predictions"]) for _, r in found}) != 1:
                     continue
+                for run, s in zip(runs, states):  # every pairing assumes the same dev examples in every run
+                    result = s.get("downstream", {}).get(mode, {}).get(task)
+                    if result is None:
+                        continue
+                    first = labels.setdefault((mode, task), (run.name, result["dev_labels"]))
+                    if result["dev_labels"] != first[1]:
+                        raise UserError(
+                            f"{task} ({mode}): runs {first[0]} and {run.name} were scored on different dev labels "
+                            "(the task's files changed between them): their scores cannot be compared; remove the "
+                            "runs scored on the old files from the ablation directory and run it again"
+                        )
                 preds = np.array([r["dev_predictions"] for _, r in found])  # [S, P, N]
                 first = found[0][1]
                 out.setdefault(mode, {}).setdefault(task, {})[arm] = Cell(
