@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from pretrain.core.errors import UserError
-from pretrain.core.files import fsync_path, sync_tree, write_atomic
+from pretrain.core.files import fsync_path, write_atomic
 from pretrain.train.state import STATE_FILE, TrainState
 
 LATEST = "latest"
@@ -73,8 +73,11 @@ def write_integrity(path: Path) -> None:
     from pretrain.core.files import sha256_file
 
     files = sorted(p for p in path.rglob("*") if p.is_file() and p.name != INTEGRITY)
-    record = {str(p.relative_to(path)): {"bytes": p.stat().st_size, "sha256": sha256_file(p)} for p in files}
+    # each file read once: hashed, and its bytes forced to the disk before the record (then `latest`) names it
+    record = {str(p.relative_to(path)): {"bytes": p.stat().st_size, "sha256": sha256_file(p, sync=True)} for p in files}
     write_atomic(path / INTEGRITY, json.dumps(record, indent=1))
+    for directory in [*sorted(p for p in path.rglob("*") if p.is_dir()), path]:  # their entries, the record's too
+        fsync_path(directory)
 
 
 def verify_integrity(path: Path) -> None:
@@ -246,9 +249,7 @@ def save_checkpoint(
             raise failure
         raise UserError(f"another rank failed to write checkpoint {tag} (its message says why); {kept}")
     if rank == 0:
-        sync_tree(path)  # every rank's files, on the disk before the record and `latest` name them
-        write_integrity(path)
-        fsync_path(path)  # the record's entry
+        write_integrity(path)  # every rank's files on the disk, then the record of them
         write_atomic(root / LATEST, tag)
         fsync_path(root)  # the pointer's rename
         rotate(root, keep, path)
