@@ -68,3 +68,14 @@ def test_recipe_overfits_a_tiny_repeated_corpus(recipe, repeated_corpus, tmp_pat
     first, last = records[0]["loss"], sum(r["loss"] for r in records[-10:]) / 10
     assert last < 0.75 * first, (first, last, [r["loss"] for r in records])
     assert (tmp_path / recipe / "hf" / "config.json").is_file()
+    if recipe == "plm":  # scored under BERT's masking, which its query-stream head never saw: the summary says so
+        proc = subprocess.run(
+            [sys.executable, "-m", "pretrain.cli", "eval", str(tmp_path / recipe), "--corpus", str(repeated_corpus)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=tmp_path,
+        )
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert "permutation-LM head scored under BERT's masking" in proc.stdout

@@ -75,14 +75,19 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
 
     cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
     model.to(local_device())
-    head = model.get_submodule(lm_head_name(model))  # raises a UserError without a token-prediction head
+    head_name = lm_head_name(model)  # raises a UserError without a token-prediction head
+    head = model.get_submodule(head_name)
 
     def logits_fn(ids, types, mask):
         return head(model.encoder(ids, types, mask))
 
     m = model.config
     limit = m.max_position_embeddings if m.position_embedding == "learned" else None
-    return logits_fn, tokenizer_dir, f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})", limit
+    description = f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})"
+    if head_name == "heads.plm":
+        # its head read the query stream, which never holds a [MASK]: these masks are not what it was trained on
+        description += "; a permutation-LM head scored under BERT's masking, which it never trained on"
+    return logits_fn, tokenizer_dir, description, limit
 
 
 def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path) -> Path:
