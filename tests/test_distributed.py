@@ -203,6 +203,30 @@ def test_resume_on_another_number_of_ranks_continues_the_same_run(data, case):
     ]
 
 
+def test_the_ema_averages_the_fp32_masters_partitioned_and_resumes(data):
+    """Under DeepSpeed's bf16 ZeRO-2 the module holds a bf16 copy of the weights: the EMA averages the fp32 masters,
+    each rank its fragment, gathered whole into the checkpoint (it was the bf16 copy: 3.9e-4 from the masters at
+    decay 0.001, a LayerNorm gain stuck at 1.0). Resumed, each rank takes its fragment back: the EMA goes on as in an
+    uninterrupted run."""
+    from pretrain.train.checkpoint import latest_checkpoint, load_ema, load_module_state
+
+    bf16 = [*EXACT[1:], "train.precision=bf16", "train.zero_stage=2", "train.max_steps=4", "train.micro_batch_size=4"]
+    run(data, "ema-masters", *bf16, "train.ema_decay=0.000001", ranks=2)
+    ckpt = latest_checkpoint(data["dir"] / "ema-masters" / "checkpoints")
+    masters, ema = load_module_state(ckpt), load_ema(ckpt)
+    assert ema.keys() <= masters.keys() and len(ema) > 10  # (the masters' file names tied weights twice)
+    assert any(not torch.equal(masters[k], masters[k].bfloat16().float()) for k in ema)  # not what bf16 holds
+    assert all(torch.allclose(ema[k], masters[k], rtol=0, atol=1e-6) for k in ema), max(
+        (ema[k] - masters[k]).abs().max().item() for k in ema
+    )
+    decay = [*bf16, "train.ema_decay=0.5", "train.save_every=2"]
+    run(data, "ema-cut", *decay, "train.exit_after_steps=2", ranks=2)
+    run(data, "ema-cut", *decay, ranks=2)
+    run(data, "ema-steady", *decay, ranks=2)
+    cut, steady = (load_ema(latest_checkpoint(data["dir"] / n / "checkpoints")) for n in ("ema-cut", "ema-steady"))
+    assert [k for k in steady if not torch.equal(cut[k], steady[k])] == []
+
+
 def _wait_for(path: Path, lines: int, proc, timeout=300):
     deadline = time.time() + timeout
     while time.time() < deadline:
@@ -280,7 +304,7 @@ def test_fp16_under_zero0_trains_like_zero2_and_fp32(data):
     """DeepSpeed's ZeRO-0 fp16 path unscales gradients that were never scaled, and starts Adam with a dummy
     step; the trainer corrects both, so ZeRO-0 follows ZeRO-2 (which has neither problem) and fp32."""
     fp16 = [*EXACT[1:], "train.precision=fp16", "train.max_steps=4"]
-    run(data, "fp16-zero0", *fp16)
+    run(data, "fp16-zero0", *fp16, "train.ema_decay=0.000001")  # an EMA that is the fp32 masters (checked below)
     run(data, "fp16-zero2", *fp16, "train.zero_stage=2")
     run(data, "fp32-zero0", *EXACT, "train.max_steps=4")
     zero0, zero2 = metrics(data, "fp16-zero0"), metrics(data, "fp16-zero2")
@@ -289,6 +313,11 @@ def test_fp16_under_zero0_trains_like_zero2_and_fp32(data):
     # logged unscaled, like ZeRO's; the dynamic loss scale starts at 2^16 and saw no overflow here
     assert [r["grad_norm"] for r in zero0] == pytest.approx([r["grad_norm"] for r in zero2], rel=1e-2)
     assert all(r["loss_scale"] == 2.0**16 for r in zero0 + zero2)
+    from pretrain.train.checkpoint import latest_checkpoint, load_ema
+
+    ckpt = latest_checkpoint(data["dir"] / "fp16-zero0" / "checkpoints")
+    ema, masters = load_ema(ckpt), final_weights(data, "fp16-zero0")  # the masters of ZeRO-0's fp16 wrapper
+    assert all(torch.allclose(ema[k], masters[k], rtol=0, atol=1e-6) for k in ema)
     # fp32 under ZeRO-0, where DeepSpeed keeps no norm, logs the one the trainer measures
     assert [r["grad_norm"] for r in metrics(data, "fp32-zero0")] == pytest.approx(
         [r["grad_norm"] for r in zero2], rel=1e-2

@@ -3,6 +3,7 @@ CLI: EMA weights saved with checkpoints, restored bitwise on resume, exported in
 `pretrain average` exports the mean of two checkpoints and refuses checkpoints of different shapes."""
 
 import json
+import math
 import shutil
 
 import pytest
@@ -34,6 +35,23 @@ def test_ema_equals_its_closed_form():
         want = decay**n * start[name] + sum((1 - decay) * decay ** (n - k) * seen[k - 1][name] for k in range(1, n + 1))
         torch.testing.assert_close(got, want, rtol=1e-6, atol=1e-6)
         assert got.dtype == torch.float32
+
+
+def test_the_warm_up_lets_the_initial_weights_fade():
+    """With the warm-up, the share of the initial weights after n steps is the product of min(decay, (1+t)/(10+t)),
+    t < n: at decay 0.999 and 300 steps 3e-7 (it was 0.999^300 = 74% without)."""
+    layer = torch.nn.Linear(2, 2, bias=False)
+    with torch.no_grad():
+        layer.weight.zero_()
+    ema = WeightEMA(layer, 0.999, warmup=True)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)  # from step 0 on the weights are 1: the EMA is 1 - (the initial weights' share)
+    for step in range(300):
+        ema.update(step)
+    share = math.prod(min(0.999, (1 + t) / (10 + t)) for t in range(300))
+    assert share < 1e-6
+    torch.testing.assert_close(ema.state_dict()["weight"], torch.full((2, 2), 1.0 - share), rtol=0, atol=1e-6)
+    assert ema.decay_at(100_000) == 0.999 and WeightEMA(layer, 0.999).decay_at(0) == 0.999
 
 
 def test_ema_keeps_fp32_of_low_precision_weights():

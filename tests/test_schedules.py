@@ -60,6 +60,8 @@ def test_bad_schedule_settings_are_refused_by_name(override, needle):
         (["train.lr_schedule=inverse_sqrt", "train.min_lr_ratio=0.1"], "does not use train.min_lr_ratio=0.1"),
         (["train.lr_schedule=cosine", "train.decay_steps=100"], "does not use train.decay_steps=100"),
         (["train.lr_schedule=linear", "train.decay_shape=1-sqrt"], "does not use train.decay_shape=1-sqrt"),
+        (["train.ema_on_cpu=true"], "train.ema_on_cpu=True has no EMA without train.ema_decay"),
+        (["train.seed=-1"], "train.seed: must be >= 0, got -1"),  # numpy's generators crashed on it mid-run
     ],
 )
 def test_schedule_options_the_schedule_does_not_use_are_refused(overrides, needle):

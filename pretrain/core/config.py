@@ -200,6 +200,11 @@ class TrainConfig:
         "Keep an exponential moving average of the weights with this decay (e.g. 0.999), exported instead "
         "of them; 0 = off.",
     )
+    ema_warmup: bool = doc(
+        True,
+        "Warm the EMA up: the decay at step t is min(ema_decay, (1 + t) / (10 + t)), so the initial weights fade "
+        "within the run (TensorFlow's ExponentialMovingAverage with num_updates).",
+    )
     ema_on_cpu: bool = doc(False, "Keep the EMA weights in CPU memory (large models) rather than on the device.")
     weight_decay: float = doc(0.01, "AdamW weight decay (not applied to biases and LayerNorm weights).")
     adam_beta1: float = doc(0.9, "AdamW beta1.")
@@ -423,7 +428,7 @@ def _check_values(cfg: RunConfig) -> None:
     for key in ("micro_batch_size", "grad_accum_steps", "max_steps", "log_every"):
         if getattr(cfg.train, key) < 1:
             raise ConfigError(f"train.{key}: must be >= 1, got {getattr(cfg.train, key)}")
-    for key in ("save_every", "keep_checkpoints"):
+    for key in ("save_every", "keep_checkpoints", "seed"):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
     _check_schedule(cfg.train)
@@ -522,13 +527,16 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     # Here, not in build_config: a checkpoint's config is built too, and exporting it must not need the package
     if cfg.tensorboard.enabled:
         require_tensorboard()
-    _check_schedule_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
+    _check_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
     return cfg
 
 
-def _check_schedule_options_apply(t: TrainConfig) -> None:
-    """Options of a learning-rate schedule the run does not use are refused rather than ignored (a preset's wsd
-    decay under a cosine override, a floor the linear schedule never reaches)."""
+def _check_options_apply(t: TrainConfig) -> None:
+    """Options the run does not use are refused rather than ignored: a learning-rate schedule's (a preset's wsd
+    decay under a cosine override, a floor the linear schedule never reaches), where the EMA is kept without one."""
+    for key in ("ema_on_cpu", "ema_warmup"):
+        if getattr(t, key) != getattr(TrainConfig(), key) and not t.ema_decay:
+            raise ConfigError(f"train.{key}={getattr(t, key)} has no EMA without train.ema_decay: set both, or neither")
     unused = []
     if t.lr_schedule not in ("cosine", "wsd") and t.min_lr_ratio != 0.0:
         unused.append(f"train.min_lr_ratio={t.min_lr_ratio:g} (cosine and wsd end there)")

@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from pretrain.train.distributed import BF16_AUTOCAST
+from pretrain.train.ema import FP32Master
 from pretrain.train.optim import StepGuard, build_optimizer, build_scheduler
 
 if TYPE_CHECKING:
@@ -239,24 +240,55 @@ def drop_fp16_dummy_step(engine) -> None:
         engine.optimizer.optimizer.state.clear()
 
 
-def restore_fp32_masters(engine, weights: dict[str, torch.Tensor]) -> None:
-    """Make DeepSpeed's fp32 master weights the model's fp32 weights. DeepSpeed builds them from the module after
-    casting it to bf16/fp16, so they start rounded: a `model.init_from` checkpoint lost about 1e-3 of precision
-    before the first step, for good. ZeRO 1-3 through DeepSpeed's own setter; ZeRO-0's fp16 wrappers keep one fp32
-    tensor per parameter (unfused) or one flat tensor per group (fused), in their fp16 groups' order."""
-    from deepspeed.utils import safe_set_full_fp32_param
-
-    names = {id(p): n for n, p in engine.module.named_parameters()}
+def fp32_masters(engine) -> dict[str, FP32Master]:
+    """Each trainable parameter's fp32 weight, as views of the tensors the optimizer updates in place: the module's
+    where it is fp32 (fp32, bf16 under autocast); ZeRO-0's fp16 wrappers' fp32 groups (one tensor per parameter when
+    unfused, one flat tensor per group when fused, in their fp16 groups' order); under ZeRO 1-2 (bf16, fp16 or fp32)
+    this rank's fragment of the flat fp32 partition (`_hp_mapping`, as DeepSpeed's safe_get_full_fp32_param reads
+    it, without its all-reduce). ZeRO-3 keeps its partitions elsewhere: not mapped (KeyError for its names)."""
+    params = {id(p): (n, p) for n, p in engine.module.named_parameters() if p.requires_grad}
+    masters: dict[str, FP32Master] = {}
     if _zero0_fp16(engine.optimizer):
         opt = engine.optimizer
         for i, group in enumerate(opt.fp16_groups):
             flat = opt.fp32_groups_flat[i] if hasattr(opt, "fp32_groups_flat") else None
             offset = 0
             for j, param in enumerate(group):
-                value = weights[names[id(param)]].to(param.device).view(-1)
-                target = flat[offset : offset + value.numel()] if flat is not None else opt.fp32_groups[i][j].view(-1)
-                target.data.copy_(value)
-                offset += value.numel()
-        return
+                n = param.numel()
+                target = flat.narrow(0, offset, n) if flat is not None else opt.fp32_groups[i][j].view(-1)
+                masters[params[id(param)][0]] = FP32Master(target, param.shape)
+                offset += n
+        return masters
+    for name, param in params.values():
+        if hasattr(param, "ds_id"):  # ZeRO-3
+            continue
+        if hasattr(param, "_hp_mapping"):
+            mapping = param._hp_mapping
+            if mapping is None:  # all of it lives on other ranks
+                masters[name] = FP32Master(param.new_empty(0, dtype=torch.float32), param.shape, 0, param._dp_group)
+            else:
+                fragment = mapping.get_hp_fragment()
+                start = mapping.lp_fragment_address.start
+                masters[name] = FP32Master(fragment.view(-1), param.shape, start, param._dp_group)
+        elif param.dtype == torch.float32:
+            masters[name] = FP32Master(param.detach().view(-1), param.shape)
+    return masters
+
+
+def restore_fp32_masters(engine, weights: dict[str, torch.Tensor]) -> None:
+    """Make DeepSpeed's fp32 master weights the model's fp32 weights. DeepSpeed builds them from the module after
+    casting it to bf16/fp16, so they start rounded: a `model.init_from` checkpoint lost about 1e-3 of precision
+    before the first step, for good. Each master (`fp32_masters`) gets its part of the weight; ZeRO-3 through
+    DeepSpeed's own setter."""
+    from deepspeed.utils import safe_set_full_fp32_param
+
+    masters = fp32_masters(engine)
     for name, param in engine.module.named_parameters():
-        safe_set_full_fp32_param(param, weights[name].to(engine.device))
+        if name not in masters:
+            safe_set_full_fp32_param(param, weights[name].to(engine.device))
+            continue
+        m = masters[name]
+        value = weights[name].view(-1)
+        if m.start is not None:
+            value = value.narrow(0, m.start, m.flat.numel())
+        m.flat.data.copy_(value.to(m.flat.device))

@@ -44,7 +44,7 @@ from pretrain.model.fp8 import use_float8
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision
 from pretrain.train.ema import EMA_FILE, WeightEMA
-from pretrain.train.engine import Engine, build_engine
+from pretrain.train.engine import Engine, build_engine, fp32_masters
 from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
 from pretrain.train.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.train.metrics import MetricsLogger, MetricSums, read_metrics
@@ -273,7 +273,7 @@ class Trainer:
         if latest is not None:
             state = ckpt.load_checkpoint(engine.ds, latest, universal=universal)
             applied = apply_hyperparameters(engine.ds.optimizer, engine.ds.lr_scheduler, t)
-        ema = start_ema(t, engine.ds.module, latest)
+        ema = start_ema(t, engine.ds, latest)
         state.world_size, state.fingerprint = world, identity
         if run.is_main:
             _trim_metrics(run_dir, state.step)
@@ -365,7 +365,7 @@ class Trainer:
             engine.step()
             self.metrics.add(metrics)
         if self.ema is not None:
-            self.ema.update()
+            self.ema.update(self.state.step)
         tokens = sum(b.tokens for b in micro_batches)
         self.interval.tokens += tokens
         self.unflushed_tokens += tokens
@@ -505,12 +505,12 @@ class PhaseData:
         return phase.max_seq_len if compiled and kind not in FULL_WINDOWS else 0
 
 
-def start_ema(t, module, checkpoint: Path | None) -> WeightEMA | None:
-    """The run's weight EMA (train.ema_decay), from the checkpoint's when it has one; a run that turns it on at a
-    resume starts it from the resumed weights."""
+def start_ema(t, engine, checkpoint: Path | None) -> WeightEMA | None:
+    """The run's weight EMA (train.ema_decay) of the optimizer's fp32 weights, from the checkpoint's when it has one;
+    a run that turns it on at a resume starts it from the resumed weights."""
     if not t.ema_decay:
         return None
-    ema = WeightEMA(module, t.ema_decay, "cpu" if t.ema_on_cpu else None)
+    ema = WeightEMA(engine.module, t.ema_decay, "cpu" if t.ema_on_cpu else None, fp32_masters(engine), t.ema_warmup)
     if checkpoint is not None:
         saved = ckpt.load_ema(checkpoint)
         if saved is None:
