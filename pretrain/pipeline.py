@@ -75,7 +75,13 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     if cfg.data.sources:  # weighted sources: one shard directory each, below cfg.shards_dir
         return _stage_source_shards(cfg, resuming)
     d = cfg.data
+    named = _named_shards(cfg)
+    if named is not None and not d.corpus:
+        say(f"shards: {cfg.shards_dir} used as they are (data.corpus is empty)")
+        return named
     paths = expand_inputs(d.corpus)
+    if named is not None:
+        _refuse_other_inputs(cfg, named, paths)
     settings = dict(
         text_field=d.text_field,
         docs_per_shard=d.docs_per_shard,
@@ -98,6 +104,35 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
         f"{len(manifest['shards'])} shard(s) at {cfg.shards_dir} (skipped: {skipped})"
     )
     return manifest
+
+
+def _named_shards(cfg: RunConfig) -> dict | None:
+    """The manifest of finished shards in a directory the config names (data.shards: the user's), else None."""
+    from data_pipeline.shard_format import read_json
+
+    if not cfg.data.shards:
+        return None
+    return read_json(cfg.shards_dir / "manifest.json")
+
+
+def _refuse_other_inputs(cfg: RunConfig, manifest: dict, paths: list) -> None:
+    """Shards the user built (data.shards) from other files than data.corpus are not rebuilt over: a preset's demo
+    corpus, left in data.corpus, replaced them with no word. The same files, changed, are built again as ever."""
+    import os
+
+    from pretrain.core.errors import UserError
+
+    built = sorted(os.path.realpath(p) for p in manifest.get("inputs", []))
+    if built == sorted(os.path.realpath(p) for p in paths):
+        return
+    shown = ", ".join(map(str, manifest.get("inputs", [])[:3])) + (
+        " ..." if len(manifest.get("inputs", [])) > 3 else ""
+    )
+    raise UserError(
+        f"data.shards={cfg.shards_dir} holds the shards of {shown or 'other files'}, not of data.corpus "
+        f"({', '.join(map(str, cfg.data.corpus[:3]))}): building these would replace them. Set data.corpus=[] to "
+        f"train on them as they are, data.corpus to their files, or another data.shards to build into"
+    )
 
 
 # the shards' build settings, as the config names them

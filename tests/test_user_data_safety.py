@@ -88,6 +88,23 @@ def test_tokenizer_and_shards_never_replace_a_users_directory(trained, corpus, t
     assert snapshot(users) == {"build.json": b'{"my": "build"}', "manifest.json": b'{"my": "inventory"}'}
 
 
+def test_run_never_builds_over_shards_the_config_names(trained, corpus, tmp_path):
+    """`pretrain run` with data.shards naming shards built from other files than data.corpus (a preset's demo corpus
+    left there) rebuilt them in place and trained on the wrong text; now it refuses, and data.corpus=[] trains on
+    them as they are."""
+    tmp, run = trained
+    other = tmp_path / "other.jsonl"
+    other.write_text("\n".join(CORPUS.read_text().splitlines()[40:60]) + "\n")
+    named = [f"data.tokenizer={run / 'tokenizer'}", f"data.shards={run / 'shards'}"]
+    before = snapshot(run / "shards")
+    proc = pretrain("run", *run_args(tmp_path, other, "name=elsewhere", *named), "--no-demo", cwd=tmp, rc=2)
+    one_line_error(proc, f"data.shards={run / 'shards'} holds the shards of {corpus}", "data.corpus=[]")
+    assert snapshot(run / "shards") == before
+    proc = pretrain("run", *run_args(tmp_path, other, "name=as-built", *named, "data.corpus=[]"), "--no-demo", cwd=tmp)
+    assert "used as they are" in proc.stderr and snapshot(run / "shards") == before
+    assert (tmp_path / "as-built" / "hf" / "config.json").is_file()
+
+
 def test_resume_refuses_changed_fixed_settings_and_allows_the_rest(trained, corpus, tmp_path):
     tmp, run = trained
     config_before = (run / "config.yaml").read_bytes()
