@@ -6,10 +6,10 @@ starting at sentence s draws a target length t(s): max_seq_len - 3 tokens, or wi
 sentences until it holds >= t(s) tokens or the document ends. One chunk = one sample. Two changes from
 BERT, both so that every chunk has a TRUE next segment and labels stay balanced (BERT forces a random B
 for a one-sentence chunk, which skews NSP labels and leaves SOP nothing to swap):
-  * a chunk takes at least 2 sentences when its document has them, and never leaves a lone last
-    sentence behind (it takes it too);
-  * a single-sentence document is one chunk split at a random word boundary (its two halves are still
-    consecutive text). Single-token documents cannot be split: they only serve as random segments.
+  * a chunk takes at least 2 sentences, and never leaves a lone last sentence behind (it takes it too);
+  * a single-sentence document is no chunk: it only serves as a random segment. Split at a word, its second half
+    would start mid-sentence where a random B never does, and (for SOP) its first half end without the full stop:
+    the label could be read off the surface of the text.
 
 Sample (per (seed, epoch, index) rng, so pairs change every epoch): the chunk is split at a random
 sentence boundary into A and its true continuation B; a RANDOM segment is also drawn from another
@@ -81,8 +81,7 @@ class SegmentPairs:
             nxt = end[cur]
             cur = nxt[nxt < doc_end[cur]]  # chains whose document continues
         first = np.sort(np.concatenate(heads))  # [C] corpus order
-        keep = sent[end[first]] - sent[first] >= 2  # a 1-token document has no pair
-        first = first[keep]
+        first = first[end[first] - first >= 2]  # a single-sentence document has no pair of its own
         return first, end[first], target[first].astype(np.int32), doc_of[first].astype(np.int32)
 
     def __len__(self) -> int:
@@ -94,11 +93,7 @@ class SegmentPairs:
         first, end, target, doc = (int(a[index]) for a in (self.first, self.end, self.target, self.doc))
         lo, hi = int(sent[first]), int(sent[end])
         ids, words = shards.read_span(lo, hi - lo)  # [n] the chunk: A then B
-        if end - first >= 2:
-            cut = int(sent[rng.integers(first + 1, end)]) - lo  # a sentence boundary: >= 1 sentence each side
-        else:  # single-sentence document: a word boundary (any token boundary if it is one word)
-            inner = np.flatnonzero(words[1:]) + 1
-            cut = int(rng.choice(inner)) if inner.size else int(rng.integers(1, len(ids)))
+        cut = int(sent[rng.integers(first + 1, end)]) - lo  # a sentence boundary: >= 1 sentence each side
         ids = ids.astype(np.int64)
         raw = {
             "_seg_a": ids[:cut],
