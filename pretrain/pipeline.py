@@ -392,6 +392,7 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
     from pretrain.train.ema import average_states
 
     paths = [resolve_checkpoint(Path(c)) for c in checkpoints]
+    _refuse_other_models(paths)
     states = ((str(p), load_module_state(p)) for p in paths)
     averaged = average_states(states)
     first = paths[0]
@@ -407,6 +408,28 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         inputs = {f"the checkpoint {p}": p for p in paths}
         out, demo = export_model(model, tokens, tokenizer_dir, Path(out), card, arch, verify, inputs)
     return demo
+
+
+def _refuse_other_models(paths: list[Path]) -> None:
+    """Checkpoints whose tokenizer or model settings differ from the first's (by the fingerprints they recorded) are
+    not averaged: two vocabularies of one size gave a mean of unrelated embeddings under the first's tokenizer."""
+    from pretrain.core.errors import UserError
+    from pretrain.train.fingerprint import differences
+    from pretrain.train.state import TrainState
+
+    def model_keys(path: Path) -> dict:
+        record = TrainState.load(path).fingerprint or {}
+        return {k: v for k, v in record.items() if k.startswith(("tokenizer", "model."))}
+
+    first = model_keys(paths[0])
+    for path in paths[1:]:
+        diffs = differences(first, model_keys(path))
+        if diffs:
+            key, a, b = diffs[0]
+            raise UserError(
+                f"{path} is not a checkpoint of the model {paths[0]} is: {key} is {b} there, {a} here; only "
+                f"checkpoints of one model (one tokenizer, one architecture) are averaged"
+            )
 
 
 def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:

@@ -140,7 +140,7 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path):
     card = (tmp_path / "avg" / "README.md").read_text()
     assert "step_00000002" in card and "step_00000004" in card
 
-    # a checkpoint of another shape is refused by name, and nothing is written
+    # a checkpoint of another shape, or of another tokenizer (of the same size), is refused by name: nothing written
     pretrain(
         "run",
         *run_args(tmp_path, corpus, "name=wide", "model.intermediate_size=96"),
@@ -149,6 +149,11 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path):
     )
     other = tmp_path / "wide" / "checkpoints" / "step_00000003"
     proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
-    assert "differ in shape" in proc.stderr and not (tmp_path / "avg2").exists()
+    assert "model.intermediate_size is 96 there, 128 here" in proc.stderr and not (tmp_path / "avg2").exists()
     shutil.rmtree(tmp_path / "wide")
+    other_text = small_corpus(tmp_path, slice(100, 120), "other.jsonl")
+    pretrain("run", *run_args(tmp_path, other_text, "name=words"), "--no-demo", cwd=tmp_path)
+    other = tmp_path / "words" / "checkpoints" / "step_00000003"
+    proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
+    assert "tokenizer (sha256 of tokenizer.json) is" in proc.stderr and not (tmp_path / "avg2").exists()
     assert json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())["step"] == 4
