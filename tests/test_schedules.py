@@ -86,12 +86,37 @@ def metric_lines(run: Path) -> list[dict]:
 
 
 @pytest.mark.slow
+def test_a_schedule_cut_at_a_branchs_end_trains_its_steps_as_before():
+    from pretrain.core.schedule import schedule_until
+
+    spec = {
+        "phases": [{"start": 0, "max_seq_len": 64}, {"start": 6, "max_seq_len": 32}],
+        "values": [
+            {"key": "objectives.mlm.mask_prob", "points": [[0, 0.1], [10, 0.2]]},
+            {"key": "train.global_batch", "points": [[0, 8], [3, 16], [9, 32]], "shape": "steps"},
+            {"key": "objectives.mlm.random_prob", "points": [[0, 0.1], [2, 0.2]]},
+        ],
+    }
+    cut = schedule_until(spec, 6)
+    assert cut["phases"] == [{"start": 0, "max_seq_len": 64}]
+    assert [v["points"] for v in cut["values"]] == [
+        [[0, 0.1], [5, pytest.approx(0.15)]],
+        [[0, 8], [3, 16], [5, 16]],
+        [[0, 0.1], [2, 0.2]],
+    ]
+
+
 def test_decay_from_a_stable_checkpoint_equals_an_uninterrupted_decay(tmp_path):
     corpus = small_corpus(tmp_path)
     wsd = ["train.lr_schedule=wsd", "train.decay_steps=2", "train.save_every=4", "train.lr=2e-3"]
-    # the source: 8 steps, stable until its last 2; the reference: 6 steps, decaying over steps 5-6
-    pretrain("run", *run_args(tmp_path, corpus, *wsd, "train.max_steps=8"), "--no-demo", cwd=tmp_path)
-    pretrain("run", *run_args(tmp_path, corpus, *wsd, "train.max_steps=6", "name=ref"), "--no-demo", cwd=tmp_path)
+    # the source: 8 steps, stable until its last 2, a masking ramp to step 7 and a phase from step 7 (past the
+    # branch's end: the branch keeps the ramp's steps 0-5 and drops the phase, which made `decay` refuse);
+    # the reference: 6 steps, decaying over steps 5-6, the ramp's steps 0-5
+    ramp = lambda points: f"schedule.values=[{{key: objectives.mlm.mask_prob, points: {points}}}]"  # noqa: E731
+    source = [*wsd, "train.max_steps=8", ramp("[[1, 0.15], [5, 0.25], [7, 0.35]]"), "schedule.phases=[{start: 7}]"]
+    pretrain("run", *run_args(tmp_path, corpus, *source), "--no-demo", cwd=tmp_path)
+    reference = [*wsd, "train.max_steps=6", "name=ref", ramp("[[1, 0.15], [5, 0.25]]")]
+    pretrain("run", *run_args(tmp_path, corpus, *reference), "--no-demo", cwd=tmp_path)
     source = tmp_path / "r"
     before = snapshot(source)
 

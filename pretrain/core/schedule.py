@@ -51,6 +51,22 @@ def curve(value: ScheduledValue, steps: np.ndarray) -> np.ndarray:
     return ys[np.maximum(np.searchsorted(xs, steps, side="right") - 1, 0)]
 
 
+def schedule_until(schedule: dict, end: int) -> dict:
+    """A config's `schedule:` (as its YAML holds it) cut for a run that ends at step `end` (train.max_steps) and
+    trains every step before it as the full schedule does: phases from `end` on dropped, and each value's points
+    from `end` on replaced by one point at step end-1 holding the value the full schedule has there."""
+    phases = [p for p in schedule.get("phases") or [] if p.get("start", 0) < end]
+    values = []
+    for v in schedule.get("values") or []:
+        points = [tuple(p) for p in v.get("points") or []]
+        kept = [p for p in points if p[0] < end]
+        if len(kept) < len(points) and (not kept or kept[-1][0] != end - 1):
+            spec = ScheduledValue(points=points, shape=v.get("shape", "linear"))
+            kept.append((end - 1, float(curve(spec, np.array([end - 1]))[0])))
+        values.append({**v, "points": [list(p) for p in kept]})
+    return {**schedule, "phases": phases, "values": values}
+
+
 class Schedule:
     """A run's schedule with its base settings (what holds where the schedule says nothing)."""
 

@@ -24,6 +24,7 @@ from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, mark_output, marked_kind
 from pretrain.core.parsing import apply_overrides, to_dict
+from pretrain.core.schedule import schedule_until
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.metrics import read_metrics
 from pretrain.train.optim import decay_steps, lr_factor
@@ -70,6 +71,8 @@ def decay_config(
     data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
     data["output_dir"] = str(source_run.parent if source_run else Path(saved.get("output_dir", "runs")))
     data["train"] = {**data.get("train", {}), "max_steps": step + steps, "lr_schedule": "wsd", "decay_steps": steps}
+    if data.get("schedule"):  # the source's phases and ramps, to the branch's end (a later phase would be refused)
+        data["schedule"] = schedule_until(data["schedule"], step + steps)
     data["export_dir"] = ""  # the branch exports into its own directory, never the source's
     cfg = resolve_config(build_config(data), apply_init_from=False)
     return cfg, checkpoint, state
