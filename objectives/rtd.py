@@ -19,6 +19,7 @@ import contextlib
 from dataclasses import dataclass, replace
 from typing import NamedTuple
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -76,9 +77,11 @@ class RTDOptions(MaskingRates):
 
 def generator_config(cfg, opts: RTDOptions):
     """The generator's ModelConfig: hidden, intermediate and heads scaled by generator_size, the width
-    rounded to a multiple of the head count so attention splits evenly (256 x 1/3 -> 85, 1 head)."""
+    rounded to a multiple of the head count so attention splits evenly (256 x 1/3 -> 85, 1 head); under RoPE, which
+    rotates pairs of dimensions, to a multiple of twice the head count (-> 86)."""
     heads = max(1, round(cfg.num_heads * opts.generator_size))
-    hidden = max(heads, round(cfg.hidden_size * opts.generator_size / heads) * heads)
+    step = heads * (2 if cfg.position_embedding == "rope" else 1)
+    hidden = max(step, round(cfg.hidden_size * opts.generator_size / step) * step)
     return replace(
         cfg,
         hidden_size=hidden,
@@ -178,8 +181,9 @@ class RTDHead(nn.Module):
 
     def __init__(self, cfg, opts: RTDOptions, encoder: nn.Module, special_ids: tuple[int, ...] = ()):
         super().__init__()
-        # The ids never sampled, on the model's device with it: indexing by a Python list copied the list to the
-        # device in every micro-batch (a pageable host-to-device copy, which waits for the stream on CUDA).
+        # The ids never sampled (`never_sampled`), on the model's device with it: indexing by a Python list copied
+        # the list to the device in every micro-batch (a pageable host-to-device copy, which waits for the stream on
+        # CUDA).
         # Not persistent: it is the tokenizer's, so checkpoints and exports stay as they were.
         self.register_buffer("special_ids", torch.tensor(sorted(special_ids), dtype=torch.long), persistent=False)
         if opts.disentangled:
@@ -281,7 +285,17 @@ class ReplacedTokenDetection(Objective):
         }
 
     def build_head(self, model_config, encoder):
-        return RTDHead(model_config, self.options, encoder, self.tokens.special_ids)
+        return RTDHead(model_config, self.options, encoder, self.never_sampled(model_config.vocab_size))
+
+    def never_sampled(self, vocab_size: int) -> tuple[int, ...]:
+        """Ids the generator never samples: all but the tokenizer's replaceable ones (special tokens, [unusedN]
+        fillers, and rows of a vocabulary wider than the tokenizer), as mlm's random replacements."""
+        replaceable = self.tokens.replaceable
+        if not len(replaceable):  # special ids given without a tokenizer (tests)
+            return self.tokens.special_ids
+        keep = np.zeros(vocab_size, dtype=bool)  # [V]
+        keep[replaceable[replaceable < vocab_size]] = True
+        return tuple(int(i) for i in np.flatnonzero(~keep))
 
     def before_encoder(self, batch, forward, model):
         """Run the generator at the masked positions, keep its loss, and give the encoder (the discriminator) the

@@ -41,6 +41,11 @@ def test_inconsistent_values():
         load_config("tiny", ["model.hidden_size=66"])
     with pytest.raises(ConfigError, match="max_position_embeddings"):
         load_config("tiny", ["data.max_seq_len=1024"])
+    # both crashed only at the first forward
+    with pytest.raises(ConfigError, match="= 9 per head: RoPE rotates pairs"):
+        load_config("tiny", ["model.position_embedding=rope", "model.hidden_size=36", "model.num_heads=4"])
+    with pytest.raises(ConfigError, match="model.embedding_size=32: the PLM query stream"):
+        load_config("tiny", ["objectives={plm: {}}", "model.embedding_size=32"])
 
 
 def test_bad_yaml_names_file_and_line(tmp_path):

@@ -433,6 +433,17 @@ def _check_values(cfg: RunConfig) -> None:
             raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
     _check_schedule(cfg.train)
     _check_sources(cfg.data)
+    head = cfg.model.hidden_size // cfg.model.num_heads
+    if cfg.model.position_embedding == "rope" and head % 2:
+        raise ConfigError(
+            f"model.hidden_size / model.num_heads = {head} per head: RoPE rotates pairs of dimensions, so a head needs "
+            f"an even size"
+        )
+    if "plm" in cfg.objectives and cfg.model.embedding_size not in (0, cfg.model.hidden_size):
+        raise ConfigError(
+            f"model.embedding_size={cfg.model.embedding_size}: the PLM query stream starts from a vector as wide as "
+            f"the encoder (hidden_size {cfg.model.hidden_size}); leave embedding_size at 0 for plm"
+        )
     for key in ("num_layers", "num_heads", "hidden_size", "intermediate_size"):
         if getattr(cfg.model, key) < 1:
             raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg.model, key)}")
