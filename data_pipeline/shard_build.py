@@ -189,9 +189,11 @@ def build_shards(
     module docstring). num_workers=0 tokenizes in this process (no pool). At most 2 chunks per worker are
     in flight, so memory stays bounded whatever the corpus size.
     """
+    if docs_per_shard < 1:
+        raise DataError(f"docs_per_shard must be >= 1, got {docs_per_shard}")
     out = Path(out_dir)
     tok_hash = tokenizer_hash(tokenizer_dir)
-    settings = _settings(text_field, max(1, docs_per_shard), on_bad, max_document_bytes, text_documents)
+    settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes, text_documents)
     key, fingerprint = build_key(paths, tok_hash, settings)
     check_not_input(
         out, {"the tokenizer directory": tokenizer_dir, **{f"the corpus file {p}": p for p in expand_inputs(paths)}}

@@ -221,6 +221,8 @@ def train_tokenizer(
     input, nor the current directory. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and
     renamed into place. A symlink `out_dir` is written through: its target is replaced, the link kept.
     """
+    if vocab_size < 1:
+        raise DataError(f"vocab_size must be >= 1, got {vocab_size}")
     out = _output_dir(Path(out_dir), paths)
     built = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)

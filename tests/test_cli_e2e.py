@@ -120,6 +120,19 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
 
     proc = pretrain("train", "tiny", "model.hidden_size=wide", cwd=tmp_path, rc=2)
     assert "model.hidden_size" in proc.stderr and "'wide'" in proc.stderr and "Traceback" not in proc.stderr
+    # values out of range: tracebacks before (an OverflowError, torch's dropout check), or silently one document per
+    # shard
+    proc = pretrain("tokenizer", small_corpus, "--out", tmp_path / "neg", "--vocab-size", "-5", cwd=tmp_path, rc=2)
+    assert "vocab_size must be >= 1, got -5" in proc.stderr and "Traceback" not in proc.stderr
+    for override, needle in [
+        ("data.vocab_size=-5", "data.vocab_size: must be >= 1, got -5"),
+        ("data.max_seq_len=2", "data.max_seq_len: must be >= 8 tokens, got 2"),
+        ("model.hidden_dropout=1.5", "model.hidden_dropout: must be within [0, 1), got 1.5"),
+        ("model.attention_dropout=-0.5", "model.attention_dropout: must be within [0, 1), got -0.5"),
+        ("data.docs_per_shard=0", "data.docs_per_shard: must be >= 1, got 0"),
+    ]:
+        proc = pretrain("config", "tiny", override, cwd=tmp_path, rc=2)
+        assert needle in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
 
     # a tokenizer built, then shards fail on a bad document: the tokenizer stays, no manifest is left
     pretrain("tokenizer", small_corpus, "--out", tmp_path / "tok", "--vocab-size", "512", cwd=tmp_path)

@@ -420,6 +420,14 @@ def _check_values(cfg: RunConfig) -> None:
         raise ConfigError(
             f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.num_heads ({cfg.model.num_heads})"
         )
+    for key in ("vocab_size", "docs_per_shard"):
+        if getattr(cfg.data, key) < 1:
+            raise ConfigError(f"data.{key}: must be >= 1, got {getattr(cfg.data, key)}")
+    if cfg.data.max_seq_len < 8:  # as a schedule phase's: [CLS] A [SEP] B [SEP] and a masked token need room
+        raise ConfigError(f"data.max_seq_len: must be >= 8 tokens, got {cfg.data.max_seq_len}")
+    for key in ("hidden_dropout", "attention_dropout"):
+        if not 0.0 <= getattr(cfg.model, key) < 1.0:
+            raise ConfigError(f"model.{key}: must be within [0, 1), got {getattr(cfg.model, key)}")
     if cfg.data.max_seq_len > cfg.model.max_position_embeddings:
         raise ConfigError(
             f"data.max_seq_len ({cfg.data.max_seq_len}) exceeds "
