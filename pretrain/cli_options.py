@@ -13,6 +13,7 @@ from typing import Any
 
 from pretrain.core.config import CHOICES, DataConfig, RunConfig
 from pretrain.core.parsing import field_default, field_doc, field_type
+from pretrain.evaluation.configs import FinetuneConfig
 
 CONFIG_HELP = "a config file, or the name of a preset in configs/ (e.g. 'default', 'bert-mini'); see `pretrain presets`"
 OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 train.max_steps=500"
@@ -145,7 +146,8 @@ def config_epilog() -> str:
 # The library functions whose parameters the evaluation commands mirror (imported lazily: they import torch)
 INSPECT = "pretrain.evaluation.inspect:inspect_data"
 EVALUATE = "pretrain.evaluation.evaluate:evaluate_mlm"
-FINETUNE = "pretrain.evaluation.configs:FinetuneConfig"
+# finetune's options: a dataclass with no torch behind it, imported now so that its Literal fields give the choices
+FINETUNE = FinetuneConfig
 ST_EXPORT = "pretrain.hf.sentence_transformers:export_sentence_transformers"
 
 
@@ -312,36 +314,15 @@ def finetune_args(p):
     )
     p.add_argument("--seeds", type=int, default=3, help="number of seeds, 1..N (default: 3)")
     p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
-    add_field_option(
-        p,
-        "--mode",
-        FINETUNE,
-        "mode",
-        help="full fine-tuning, or a linear probe on frozen features",
-    )
+    add_field_option(p, "--mode", FINETUNE, "mode")  # help, type and choices: FinetuneConfig's field
     p.add_argument("--epochs", type=int, help="epochs (default: 3 full, 20 probe)")
     p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
     p.add_argument("--batch-size", type=int, help="batch size (default: 32 full, 64 probe)")
-    add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len", type=int, help="truncate inputs to this many tokens")
-    add_field_option(
-        p,
-        "--task-type",
-        FINETUNE,
-        "task_type",
-        help="auto: inferred from the labels (CoNLL columns are token-level)",
-    )
-    add_field_option(p, "--pooling", FINETUNE, "pooling", help="probe features")
-    add_field_option(
-        p, "--max-train", FINETUNE, "max_train", type=int, help="use a fixed subset of N training examples (0 = all)"
-    )
-    add_field_option(
-        p,
-        "--random-init",
-        FINETUNE,
-        "random_init",
-        action="store_true",
-        help="same config, random weights (a no-pretraining baseline)",
-    )
+    add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len")
+    add_field_option(p, "--task-type", FINETUNE, "task_type")
+    add_field_option(p, "--pooling", FINETUNE, "pooling")
+    add_field_option(p, "--max-train", FINETUNE, "max_train")
+    add_field_option(p, "--random-init", FINETUNE, "random_init")
     p.add_argument(
         "--lrs",
         type=float,

@@ -143,3 +143,22 @@ def test_building_the_parser_imports_no_torch():
     """The library defaults of finetune/eval are read when needed: `pretrain presets` stays fast."""
     code = "import sys, pretrain.cli as c; c.build_parser(); assert 'torch' not in sys.modules, 'torch imported'"
     subprocess.run([sys.executable, "-c", code], check=True, timeout=120)
+
+
+@pytest.mark.parametrize(
+    ("flag", "choices"),
+    [
+        ("--mode", "{full,probe}"),
+        ("--task-type", "{auto,classification,regression,token}"),
+        ("--pooling", "{mean,cls}"),
+    ],
+)
+def test_finetune_options_list_the_config_fields_choices(capsys, flag, choices):
+    """FinetuneConfig's Literal fields give the choices: listed in --help, anything else refused by argparse."""
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    assert f"{flag} {choices}" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["finetune", "model", "task", flag, "nonsense"])
+    assert "invalid choice: 'nonsense'" in capsys.readouterr().err
+
