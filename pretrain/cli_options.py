@@ -278,7 +278,9 @@ def export_args(p):
     )
     p.add_argument("--normalize", action="store_true", help="sentence-transformers: unit-length embeddings")
     p.add_argument(
-        "--st-out", help="sentence-transformers directory (default: <export>-sentence-transformers beside the export)"
+        "--st-out",
+        help="sentence-transformers directory (default: beside the export: RUN/sentence-transformers for an export "
+        "in a directory named hf, as a run's hf/ is; <export>-sentence-transformers for any other)",
     )
 
 

@@ -162,3 +162,11 @@ def test_finetune_options_list_the_config_fields_choices(capsys, flag, choices):
         build_parser().parse_args(["finetune", "model", "task", flag, "nonsense"])
     assert "invalid choice: 'nonsense'" in capsys.readouterr().err
 
+
+def test_export_st_out_help_says_where_the_default_is(capsys):
+    """As cli._sentence_transformers places it: a run's hf/ gets RUN/sentence-transformers, other exports a sibling."""
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "RUN/sentence-transformers for an export in a directory named hf" in out
+    assert "<export>-sentence-transformers for any other" in out
