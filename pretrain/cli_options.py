@@ -302,7 +302,14 @@ def eval_args(p):
     add_field_option(
         p, "--max-samples", EVALUATE, "max_samples", type=int, help="evaluate at most N sequences (0 = all)"
     )
-    add_field_option(p, "--max-seq-len", EVALUATE, "max_seq_len", type=int, help="tokens per sequence")
+    add_field_option(
+        p,
+        "--max-seq-len",
+        EVALUATE,
+        "max_seq_len",
+        type=int,
+        help="tokens per sequence (0 = the model's positions, at most 128)",
+    )
     add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=int, help="sequences per batch")
     p.add_argument("--json", help="also write the result to this JSON file")
 

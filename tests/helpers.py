@@ -263,3 +263,35 @@ def make_pair_task(directory: Path, n_train: int = 48, n_dev: int = 24, seed: in
             rows.append(f"the {' '.join(a)} .\tthe {' '.join(b)} .\t{i % 2}")
         (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
     return directory
+
+
+def tiny_bert(directory: Path, words: list[str], positions: int = 64, head: str = "mlm", num_labels: int = 2) -> Path:
+    """A tiny BERT directory (random weights, as an export holds) with a WordPiece vocabulary of `words` and their
+    characters, `positions` long (its tokenizer capped there, as an export caps it); head: mlm, sequence or token
+    (`num_labels` classes: a model already fine-tuned on another task)."""
+    import torch
+    import transformers
+
+    specials = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    chars = sorted(set("".join(words)))
+    vocab = list(dict.fromkeys([*specials, *words, *chars, *(f"##{c}" for c in chars)]))
+    tok = transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}, model_max_length=positions)
+    config = transformers.BertConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=64,
+        max_position_embeddings=positions,
+        pad_token_id=0,
+        num_labels=num_labels,
+    )
+    model = {
+        "mlm": transformers.BertForMaskedLM,
+        "sequence": transformers.BertForSequenceClassification,
+        "token": transformers.BertForTokenClassification,
+    }[head]
+    torch.manual_seed(0)
+    model(config).save_pretrained(str(directory))
+    tok.save_pretrained(str(directory))
+    return Path(directory)

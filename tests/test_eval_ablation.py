@@ -11,7 +11,7 @@ import math
 from pathlib import Path
 
 import pytest
-from helpers import make_pair_task, one_line_error, snapshot
+from helpers import PAIR_WORDS, make_pair_task, one_line_error, snapshot, tiny_bert
 from helpers import run_cli as pretrain
 
 from pretrain.core.errors import UserError
@@ -226,6 +226,20 @@ def test_eval_on_a_run_gives_accuracy_and_perplexity(ablation):
     # longer than the model's positions: named, not an IndexError
     proc = pretrain("eval", run, "--shards", result["shards"], "--max-seq-len", 4096, cwd=ROOT, rc=2)
     assert "--max-seq-len 4096 is longer than" in proc.stderr and "(128 positions)" in proc.stderr
+
+
+def test_eval_without_max_seq_len_fits_a_model_of_fewer_positions(tmp_path):
+    """The default is 128 tokens, or the model's positions where it has fewer; a longer length given is refused."""
+    from pretrain.evaluation.evaluate import evaluate_mlm
+
+    model = tiny_bert(tmp_path / "m64", PAIR_WORDS, positions=64)
+    corpus = tmp_path / "held.jsonl"
+    text = " ".join(f"the {w} ." for w in PAIR_WORDS * 3)
+    corpus.write_text("".join(json.dumps({"text": text}) + "\n" for _ in range(4)))
+    result = evaluate_mlm(model, corpus=[str(corpus)], max_samples=2)
+    assert result["max_seq_len"] == 64 and result["masked_tokens"] > 0
+    with pytest.raises(UserError, match=r"--max-seq-len 65 is longer than .* \(64 positions\)"):
+        evaluate_mlm(model, corpus=[str(corpus)], max_samples=2, max_seq_len=65)
 
 
 @pytest.mark.slow

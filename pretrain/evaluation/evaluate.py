@@ -28,6 +28,7 @@ from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.train.distributed import local_device
 
 EVAL_SEED = 20240607  # fixed, independent of any run's seed: every model is scored on the same masks
+DEFAULT_SEQ_LEN = 128  # without --max-seq-len: this, or the model's positions where it has fewer
 
 
 def _is_hf_dir(path: Path) -> bool:
@@ -113,12 +114,13 @@ def evaluate_mlm(
     shards: str | None = None,
     corpus: list[str] | None = None,
     max_samples: int = 0,
-    max_seq_len: int = 128,
+    max_seq_len: int = 0,
     batch_size: int = 32,
     mask_prob: float = 0.15,
     seed: int = EVAL_SEED,
 ) -> dict:
-    """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards."""
+    """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards. max_seq_len 0: the model's
+    positions, at most DEFAULT_SEQ_LEN (a longer one given is refused)."""
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -130,7 +132,9 @@ def evaluate_mlm(
     # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
     with contextlib.nullcontext() if hf_dir else reading_checkpoints(target):
         logits_fn, tokenizer_dir, description, limit = load_target(target)
-        if limit is not None and max_seq_len > limit:
+        if not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
+            max_seq_len = min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
+        elif limit is not None and max_seq_len > limit:
             raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
         cache_root = Path(target) if not hf_dir else Path(target).parent
         shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
@@ -148,6 +152,7 @@ def evaluate_mlm(
         "model": description,
         "shards": str(shard_dir),
         "samples": n,
+        "max_seq_len": max_seq_len,
         "masked_tokens": count,
         "accuracy": correct / max(count, 1),
         "loss": loss,
@@ -186,7 +191,10 @@ def format_eval(result: dict) -> str:
     rows = [
         ("model", result["model"]),
         ("shards", result["shards"]),
-        ("samples", f"{result['samples']:,} ({result['masked_tokens']:,} masked tokens)"),
+        (
+            "samples",
+            f"{result['samples']:,} of {result['max_seq_len']} tokens ({result['masked_tokens']:,} masked tokens)",
+        ),
         ("masked-token accuracy", f"{result['accuracy']:.4f}"),
         ("loss (mean CE)", f"{result['loss']:.4f}"),
         ("perplexity", f"{result['perplexity']:.2f}"),
