@@ -225,3 +225,12 @@ def test_ablation_downstream_mixes_a_conll_task_with_a_sequence_task(model_dir, 
     assert (
         np.array(results["chunks"]["dev_predictions"]).shape == (2, 8, 2) and len(results["chunks"]["dev_labels"]) == 8
     )
+
+
+def test_reader_encoding_byte_order_mark_and_other_bytes(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("\ufeffConfidence NN B-NP\nin IN B-PP\n", encoding="utf-8")
+    assert tt.read_conll(path) == ([["Confidence", "in"]], [["B-NP", "B-PP"]])  # not '\ufeffConfidence'
+    path.write_bytes("Confidence NN B-NP\n\ncaf\xe9 NN B-NP\n".encode("latin-1"))
+    with pytest.raises(UserError, match=r"train\.txt:3: byte 0xe9 is not UTF-8"):
+        tt.read_conll(path)

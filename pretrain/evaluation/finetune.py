@@ -19,6 +19,7 @@ Modes:
 from __future__ import annotations
 
 import csv
+import io
 import math
 import re
 import sys
@@ -35,7 +36,7 @@ from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig
 from pretrain.evaluation.fit import autocast, batches, fit
-from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task
+from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task, read_task_text
 from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
@@ -61,7 +62,7 @@ def read_tsv(path: Path) -> tuple[list[str], list[str] | None, list[str]]:
     """Columns of a GLUE-format TSV; a malformed row fails naming the file and line."""
     if not path.is_file():
         raise UserError(f"{path}: task file not found (a task directory needs train.tsv and dev.tsv)")
-    with open(path, newline="", encoding="utf-8") as f:
+    with io.StringIO(read_task_text(path), newline="") as f:  # newline="": as the csv module wants a file opened
         rows = csv.reader(f, delimiter="\t")
         header = next(rows, None)
         if not header:

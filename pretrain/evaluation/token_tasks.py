@@ -19,6 +19,8 @@ count, and each seed's `dev_predictions` its [correct chunks, predicted chunks].
 
 from __future__ import annotations
 
+import codecs
+import io
 import math
 import sys
 from collections import Counter
@@ -76,6 +78,20 @@ def bio_problem(tag: str) -> str | None:
     return None
 
 
+def read_task_text(path: Path) -> str:
+    """A task file's text (TSV or CoNLL): UTF-8, a leading byte-order mark dropped (else the first column's name, or
+    the first token, would start with it); other bytes fail naming the file and line."""
+    data = Path(path).read_bytes()
+    body = data[len(codecs.BOM_UTF8) :] if data.startswith(codecs.BOM_UTF8) else data
+    try:
+        return body.decode("utf-8")
+    except UnicodeDecodeError as err:
+        line = body[: err.start].count(b"\n") + 1
+        raise UserError(
+            f"{path}:{line}: byte {body[err.start]:#04x} is not UTF-8: task files are read as UTF-8 (re-save it so)"
+        ) from None
+
+
 def read_conll(path: Path) -> tuple[list[list[str]], list[list[str]]]:
     """(sentences as word lists, their tag lists). Columns split on tabs if the first line has one, else on single
     spaces; every line needs the first line's column count."""
@@ -85,7 +101,7 @@ def read_conll(path: Path) -> tuple[list[list[str]], list[list[str]]]:
     words: list[list[str]] = []
     tags: list[list[str]] = []
     sep, columns, open_ = None, 0, False
-    with open(path, encoding="utf-8") as f:
+    with io.StringIO(read_task_text(path), newline=None) as f:  # newlines as open() reads them
         for line_no, raw in enumerate(f, 1):
             line = raw.rstrip("\r\n").rstrip(" ")
             if not line.strip() or line.split()[0] == DOCSTART:
