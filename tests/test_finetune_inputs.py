@@ -26,3 +26,26 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
     task = write_task(tmp_path / "t", "\ufeffsentence\tlabel\na b\t0\nc d\t1\n")
     assert read_tsv(task / "train.tsv") == (["a b", "c d"], None, ["0", "1"])
     assert load_task(task).kind == "classification"
+
+
+@pytest.mark.parametrize(
+    "rows,message",
+    [
+        # the quote closes two lines on: the rows between would be one example (its text holding '\t1\n...')
+        (
+            ['"Hello world\t1', 'other text" said\t0', "fine\t1"],
+            r"train\.tsv:2: a field holds a tab \(this row runs on",
+        ),
+        # never closed: the rest of the file would be one field
+        (['"Hello world\t1', "other text\t0", "fine\t1"], r"train\.tsv:2: a field holds a tab \(this row runs on"),
+        (["a\t1", '"tab\tinside"\t0'], r"train\.tsv:3: a field holds a tab: the file's quoting is off"),
+    ],
+)
+def test_a_field_swallowing_tabs_or_lines_is_refused_as_quoting(tmp_path, rows, message):
+    task = write_task(tmp_path / "t", "\n".join(["sentence\tlabel", *rows, "last\t0"]) + "\n")
+    with pytest.raises(UserError, match=message) as err:
+        load_task(task)
+    assert "quoting is off" in str(err.value)
+    # a quote inside a field, or quotes around a whole field, are fine
+    write_task(tmp_path / "t", 'sentence\tlabel\nsay "hi"\t1\n"quoted"\t0\n')
+    assert load_task(tmp_path / "t").train[0] == ['say "hi"', "quoted"]

@@ -78,10 +78,19 @@ def read_tsv(path: Path) -> tuple[list[str], list[str] | None, list[str]]:
             raise UserError(f"{path}:1: header {header} needs 'sentence' or 'sentence1' and 'sentence2'")
         label_col = header.index("label")
         first, second, labels = [], [], []
+        end = rows.line_num
         for row in rows:
-            line = rows.line_num  # physical line, also right after a quoted field spanning lines
+            line, end = end + 1, rows.line_num  # the row's first and last physical lines
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # blank line
+            broken = next((f for f in row if "\n" in f or "\r" in f or "\t" in f), None)
+            if broken is not None:  # a `"` opening a field swallowed separators (and lines) up to the next `"`
+                what = "tab" if "\t" in broken else "line break"
+                runs_on = f" (this row runs on to line {end})" if end > line else ""
+                raise UserError(
+                    f"{path}:{line}: a field holds a {what}{runs_on}: the file's quoting is off; a field that starts "
+                    'with " runs to the next " (remove the quote, or quote the whole field and double each " in it)'
+                )
             if len(row) != len(header):
                 raise UserError(f"{path}:{line}: {len(row)} tab-separated field(s), the header has {len(header)}")
             label = row[label_col].strip()
