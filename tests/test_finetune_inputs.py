@@ -49,3 +49,14 @@ def test_a_field_swallowing_tabs_or_lines_is_refused_as_quoting(tmp_path, rows, 
     # a quote inside a field, or quotes around a whole field, are fine
     write_task(tmp_path / "t", 'sentence\tlabel\nsay "hi"\t1\n"quoted"\t0\n')
     assert load_task(tmp_path / "t").train[0] == ['say "hi"', "quoted"]
+
+
+def test_question_and_sentence_are_a_pair_and_other_columns_are_refused(tmp_path):
+    qnli = write_task(tmp_path / "qnli", "index\tquestion\tsentence\tlabel\n0\tWho?\tHe did.\tyes\n1\tWhen?\tNo.\tno\n")
+    task = load_task(qnli)
+    assert task.pair and task.train[0] == ["Who?", "When?"] and task.train[1] == ["He did.", "No."]
+    rte = write_task(tmp_path / "rte", "idx\tsentence1\tsentence2\tlabel\n0\ta\tb\t1\n1\tc\td\t0\n")
+    assert load_task(rte).train[:2] == (["a", "c"], ["b", "d"])
+    extra = write_task(tmp_path / "extra", "id\tsentence\tcontext\tlabel\n0\ta\tb\t1\n1\tc\td\t0\n")
+    with pytest.raises(UserError, match=r"train\.tsv:1: column\(s\) \['context'\] .* are neither text nor label"):
+        load_task(extra)

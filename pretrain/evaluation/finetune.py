@@ -1,8 +1,10 @@
 """`pretrain finetune`: downstream scores of an exported (or any HF BERT-family) model on GLUE-format TSV tasks.
 
-A task directory holds train.tsv and dev.tsv with a header row: `sentence` (single sentence) or `sentence1`
-and `sentence2` (pairs), and `label`. Integer or string labels make a classification task, non-integer
-numbers a regression task. Scores are reported per seed and as mean, (sample) standard deviation and median.
+A task directory holds train.tsv and dev.tsv with a header row: `sentence` (single sentence), `sentence1` and
+`sentence2`, or `question` and `sentence` (pairs, the question first as GLUE's QNLI), and `label`; an id column
+(`index`, `idx`, `id`) may be there too, any other column is refused by name rather than dropped. Integer or string
+labels make a classification task, non-integer numbers a regression task. Scores are reported per seed and as mean,
+(sample) standard deviation and median.
 The options are a `pretrain.evaluation.configs.FinetuneConfig` (`run_finetune`; `finetune` takes them as arguments).
 
 The protocol, with `lrs`: each learning rate is trained on train minus a held-out part (heldout_fraction, a split
@@ -41,6 +43,8 @@ from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
 csv.field_size_limit(1 << 24)
+PAIR_COLUMNS = (("sentence1", "sentence2"), ("question", "sentence"))  # (first, second) of a pair task, as GLUE's
+ID_COLUMNS = ("index", "idx", "id")  # columns a task may have besides its text and label, not read
 DEFAULTS = FinetuneConfig()  # the options' defaults, declared once there (the command line reads them too)
 
 
@@ -70,13 +74,23 @@ def read_tsv(path: Path) -> tuple[list[str], list[str] | None, list[str]]:
         header = [h.strip() for h in header]
         if "label" not in header:
             raise UserError(f"{path}:1: no 'label' column in header {header}")
-        if "sentence" in header:
+        pair = next((p for p in PAIR_COLUMNS if all(c in header for c in p)), None)
+        if pair:
+            text_cols = [header.index(c) for c in pair]
+        elif "sentence" in header:
             text_cols = [header.index("sentence")]
-        elif "sentence1" in header and "sentence2" in header:
-            text_cols = [header.index("sentence1"), header.index("sentence2")]
         else:
-            raise UserError(f"{path}:1: header {header} needs 'sentence' or 'sentence1' and 'sentence2'")
+            raise UserError(
+                f"{path}:1: header {header} needs 'sentence', 'sentence1' and 'sentence2', or 'question' and 'sentence'"
+            )
         label_col = header.index("label")
+        unread = [h for i, h in enumerate(header) if i not in (*text_cols, label_col) and h not in ID_COLUMNS]
+        if unread:  # a text column not read would be dropped from every example without a word
+            raise UserError(
+                f"{path}:1: column(s) {unread} of header {header} are neither text nor label: a task reads "
+                f"{' and '.join(header[i] for i in text_cols)}, and label (besides an id column: "
+                f"{', '.join(ID_COLUMNS)}); remove or rename them"
+            )
         first, second, labels = [], [], []
         end = rows.line_num
         for row in rows:
