@@ -234,3 +234,12 @@ def test_reader_encoding_byte_order_mark_and_other_bytes(tmp_path):
     path.write_bytes("Confidence NN B-NP\n\ncaf\xe9 NN B-NP\n".encode("latin-1"))
     with pytest.raises(UserError, match=r"train\.txt:3: byte 0xe9 is not UTF-8"):
         tt.read_conll(path)
+
+
+def test_reader_splits_aligned_columns_on_runs_of_spaces(tmp_path):
+    path = tmp_path / "train.txt"
+    path.write_text("A NN  B-NP\nbig    JJ  I-NP\ndog NN I-NP\n\nran VBD  B-VP\n")
+    assert tt.read_conll(path) == ([["A", "big", "dog"], ["ran"]], [["B-NP", "I-NP", "I-NP"], ["B-VP"]])
+    path.write_text("A NN B-NP\n  NN I-NP\n")  # a line that starts with white space has no token
+    with pytest.raises(UserError, match=r"train\.txt:2: empty token"):
+        tt.read_conll(path)

@@ -93,8 +93,8 @@ def read_task_text(path: Path) -> str:
 
 
 def read_conll(path: Path) -> tuple[list[list[str]], list[list[str]]]:
-    """(sentences as word lists, their tag lists). Columns split on tabs if the first line has one, else on single
-    spaces; every line needs the first line's column count."""
+    """(sentences as word lists, their tag lists). Columns split on tabs if the first line has one, else on runs of
+    white space (aligned columns); every line needs the first line's column count."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: task file not found (a CoNLL task directory needs {' and '.join(SPLITS)})")
@@ -107,12 +107,14 @@ def read_conll(path: Path) -> tuple[list[list[str]], list[list[str]]]:
             if not line.strip() or line.split()[0] == DOCSTART:
                 open_ = False  # a sentence (or document) boundary
                 continue
-            if sep is None:
-                sep = "\t" if "\t" in line else " "
+            if not columns:
+                sep = "\t" if "\t" in line else None  # None: str.split's runs of white space
                 columns = len(line.split(sep))
                 if columns < 2:
                     raise UserError(f"{path}:{line_no}: one column; a CoNLL line is `token ... tag`")
             fields = line.split(sep)
+            if sep is None and line[0].isspace():  # split() would drop the empty token and blame the column count
+                raise UserError(f"{path}:{line_no}: empty token")
             if len(fields) != columns:
                 raise UserError(f"{path}:{line_no}: {len(fields)} column(s), the file's first line has {columns}")
             if not fields[0].strip():
