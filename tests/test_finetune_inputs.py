@@ -60,3 +60,13 @@ def test_question_and_sentence_are_a_pair_and_other_columns_are_refused(tmp_path
     extra = write_task(tmp_path / "extra", "id\tsentence\tcontext\tlabel\n0\ta\tb\t1\n1\tc\td\t0\n")
     with pytest.raises(UserError, match=r"train\.tsv:1: column\(s\) \['context'\] .* are neither text nor label"):
         load_task(extra)
+
+
+def test_task_type_token_asks_for_conll_files(tmp_path):
+    task = write_task(tmp_path / "t", "sentence\tlabel\na b\t0\nc d\t1\n")
+    with pytest.raises(UserError, match=r"--task-type token needs a CoNLL task: train\.txt and dev\.txt in that"):
+        load_task(task, "token")
+    # beside train.tsv, CoNLL files are read when the token type is asked for (auto reads the TSV)
+    for split in ("train", "dev"):
+        (task / f"{split}.txt").write_text("A DT B-NP\ndog NN I-NP\n\nruns VBZ B-VP\n")
+    assert load_task(task, "token").kind == "token" and load_task(task).kind == "classification"

@@ -38,7 +38,14 @@ from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig
 from pretrain.evaluation.fit import autocast, batches, fit
-from pretrain.evaluation.token_tasks import TokenTask, finetune_tokens, is_conll_dir, load_token_task, read_task_text
+from pretrain.evaluation.token_tasks import (
+    SPLITS,
+    TokenTask,
+    finetune_tokens,
+    is_conll_dir,
+    load_token_task,
+    read_task_text,
+)
 from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
@@ -136,8 +143,14 @@ def _is_float(s: str) -> bool:
 
 def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Task | TokenTask:
     task_dir = Path(task_dir)
-    if is_conll_dir(task_dir):  # train.txt/dev.txt in CoNLL columns: token classification (kind 'token')
+    conll = all((task_dir / split).is_file() for split in SPLITS)
+    if is_conll_dir(task_dir) or (task_type == "token" and conll):  # CoNLL columns: token classification
         return load_token_task(task_dir, task_type, max_train)
+    if task_type == "token":
+        raise UserError(
+            f"{task_dir}: --task-type token needs a CoNLL task: {' and '.join(SPLITS)} in that directory, one token "
+            "per line (the token first, its BIO tag last) and a blank line between sentences"
+        )
     train_1, train_2, train_y = read_tsv(task_dir / "train.tsv")
     dev_1, dev_2, dev_y = read_tsv(task_dir / "dev.tsv")
     if (train_2 is None) != (dev_2 is None):
@@ -154,7 +167,7 @@ def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Ta
                 file=sys.stderr,
             )
     if task_type not in ("classification", "regression"):
-        raise UserError(f"task type '{task_type}' is not one of auto, classification, regression")
+        raise UserError(f"task type '{task_type}' is not one of auto, classification, regression, token")
     if task_type == "classification" and integral:  # one name per class: '1.0' in train and '1' in dev agree
         train_y, dev_y = [str(int(float(y))) for y in train_y], [str(int(float(y))) for y in dev_y]
     if task_type == "regression":
