@@ -70,3 +70,11 @@ def test_task_type_token_asks_for_conll_files(tmp_path):
     for split in ("train", "dev"):
         (task / f"{split}.txt").write_text("A DT B-NP\ndog NN I-NP\n\nruns VBZ B-VP\n")
     assert load_task(task, "token").kind == "token" and load_task(task).kind == "classification"
+
+
+def test_a_seed_given_twice_is_refused(tmp_path, capsys):
+    from pretrain.cli import main
+
+    task = write_task(tmp_path / "t", "sentence\tlabel\na b\t0\nc d\t1\n")
+    assert main(["finetune", str(tmp_path / "model"), str(task), "--seed-list", "1", "1", "1"]) == 2
+    assert "seeds [1, 1, 1] repeat [1]: give each seed once" in capsys.readouterr().err

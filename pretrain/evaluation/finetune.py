@@ -517,6 +517,11 @@ def run_finetune(model_dir: Path, task_dir: Path, seeds: list[int], cfg: Finetun
     learning rate is first chosen on a held-out part of train (`sweep_lr`, recorded as lr_sweep)."""
     if not seeds:
         raise UserError("at least one seed is needed")
+    repeated = sorted({seed for seed in seeds if list(seeds).count(seed) > 1})
+    if repeated:  # a seed run again is the same run: it would pass for another draw and shrink the spread
+        raise UserError(
+            f"seeds {list(seeds)} repeat {repeated}: give each seed once (--seed-list takes distinct seeds)"
+        )
     cfg = cfg.check().resolved()
     task = load_task(Path(task_dir), cfg.task_type, cfg.max_train)
     features = None
