@@ -2,9 +2,10 @@
 task type a directory allows, the seeds, the model's positions and an existing classification head."""
 
 import pytest
+from helpers import PAIR_WORDS, tiny_bert
 
 from pretrain.core.errors import UserError
-from pretrain.evaluation.finetune import load_task, read_tsv
+from pretrain.evaluation.finetune import finetune, load_task, read_tsv
 
 
 def write_task(directory, train: str | bytes, dev: str | bytes | None = None):
@@ -78,3 +79,25 @@ def test_a_seed_given_twice_is_refused(tmp_path, capsys):
     task = write_task(tmp_path / "t", "sentence\tlabel\na b\t0\nc d\t1\n")
     assert main(["finetune", str(tmp_path / "model"), str(task), "--seed-list", "1", "1", "1"]) == 2
     assert "seeds [1, 1, 1] repeat [1]: give each seed once" in capsys.readouterr().err
+
+
+def long_tasks(tmp_path):
+    """A sentence task and a CoNLL task whose sentences are longer than 32 tokens."""
+    words = PAIR_WORDS * 2
+    rows = "".join(f"{' '.join(words[i:] + words[:i])}\t{i % 2}\n" for i in range(4))
+    tsv = write_task(tmp_path / "tsv", "sentence\tlabel\n" + rows)
+    conll = tmp_path / "conll"
+    conll.mkdir()
+    for split in ("train", "dev"):
+        (conll / f"{split}.txt").write_text(
+            "".join(f"{w} NN {'B' if i % 2 else 'I'}-NP\n" for i, w in enumerate(words))
+        )
+    return tsv, conll
+
+
+def test_max_seq_len_beyond_the_models_positions_is_refused(tmp_path):
+    model = tiny_bert(tmp_path / "m32", PAIR_WORDS, positions=32)
+    for task in long_tasks(tmp_path):
+        with pytest.raises(UserError, match=r"--max-seq-len 48 is longer than .*m32 takes \(32 positions\)"):
+            finetune(model, task, [1], mode="probe", epochs=1, max_seq_len=48)
+        assert finetune(model, task, [1], mode="probe", epochs=1, max_seq_len=32)["per_seed"]

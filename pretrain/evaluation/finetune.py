@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import csv
 import io
+import json
 import math
 import re
 import sys
@@ -46,7 +47,7 @@ from pretrain.evaluation.token_tasks import (
     load_token_task,
     read_task_text,
 )
-from pretrain.hf.export import check_model_dir
+from pretrain.hf.export import check_model_dir, position_limit
 from pretrain.train.distributed import local_device
 
 csv.field_size_limit(1 << 24)
@@ -269,6 +270,17 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
     else:
         model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), config=config, dtype=torch.float32)
     return tokenizer, model
+
+
+def check_max_seq_len(model_dir: Path, max_seq_len: int) -> None:
+    """Refuse inputs longer than the model's position table: an export caps its tokenizer there, but the explicit
+    max_length the encoders pass overrides that cap, and the model then fails mid-run with an index error."""
+    config = json.loads((check_model_dir(model_dir) / "config.json").read_text())
+    if config.get("model_type") == "modernbert" or "max_position_embeddings" not in config:
+        return  # rotary positions have no table (as `pretrain eval`), or the model names its length otherwise
+    limit = position_limit(config)
+    if max_seq_len > limit:
+        raise UserError(f"--max-seq-len {max_seq_len} is longer than {model_dir} takes ({limit} positions)")
 
 
 def _token_types(config) -> bool | None:
@@ -523,6 +535,7 @@ def run_finetune(model_dir: Path, task_dir: Path, seeds: list[int], cfg: Finetun
             f"seeds {list(seeds)} repeat {repeated}: give each seed once (--seed-list takes distinct seeds)"
         )
     cfg = cfg.check().resolved()
+    check_max_seq_len(Path(model_dir), cfg.max_seq_len)
     task = load_task(Path(task_dir), cfg.task_type, cfg.max_train)
     features = None
     if cfg.mode == "probe" and task.kind != "token":  # computed once: they do not depend on the seed or the lr
