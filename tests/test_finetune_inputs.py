@@ -101,3 +101,28 @@ def test_max_seq_len_beyond_the_models_positions_is_refused(tmp_path):
         with pytest.raises(UserError, match=r"--max-seq-len 48 is longer than .*m32 takes \(32 positions\)"):
             finetune(model, task, [1], mode="probe", epochs=1, max_seq_len=48)
         assert finetune(model, task, [1], mode="probe", epochs=1, max_seq_len=32)["per_seed"]
+
+
+@pytest.mark.parametrize("head", ["sequence", "token"])
+def test_a_classifier_of_another_label_count_gets_a_new_head(tmp_path, capsys, head):
+    """A *ForSequenceClassification (or token) model fine-tuned on a task of 5 labels, started on one of 2."""
+    model = tiny_bert(tmp_path / "tuned", PAIR_WORDS, head=head, num_labels=5)
+    tsv, conll = long_tasks(tmp_path)
+    result = finetune(model, tsv if head == "sequence" else conll, [1, 2], mode="full", epochs=1, max_seq_len=32)
+    assert result["num_labels"] == 2 and len(result["per_seed"]) == 2
+    err = capsys.readouterr().err
+    assert "its head was trained for 5 labels, this task has 2: re-initialised for 2 labels" in err
+    assert err.count("re-initialised") == 1  # once, not per seed
+
+
+def test_only_the_head_is_re_initialised(tmp_path):
+    """An encoder weight that does not fit config.json is a broken directory, not a head to draw afresh."""
+    import json
+
+    from pretrain.evaluation.finetune import load_model
+
+    model = tiny_bert(tmp_path / "tuned", PAIR_WORDS, head="sequence", num_labels=5)
+    config = json.loads((model / "config.json").read_text())
+    (model / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
+    with pytest.raises(UserError, match=r"tuned: weights \['bert\.encoder\..*'\] do not have the shapes its config"):
+        load_model(model, 2, "classification")

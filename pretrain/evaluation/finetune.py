@@ -38,7 +38,7 @@ from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig
-from pretrain.evaluation.fit import autocast, batches, fit
+from pretrain.evaluation.fit import autocast, batches, fit, load_with_head
 from pretrain.evaluation.token_tasks import (
     SPLITS,
     TokenTask,
@@ -268,7 +268,7 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
     if random_init:
         model = AutoModelForSequenceClassification.from_config(config)
     else:
-        model = AutoModelForSequenceClassification.from_pretrained(str(model_dir), config=config, dtype=torch.float32)
+        model = load_with_head(AutoModelForSequenceClassification, model_dir, config)
     return tokenizer, model
 
 

@@ -7,9 +7,12 @@ from __future__ import annotations
 import math
 import sys
 from collections.abc import Callable, Iterator
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
+
+from pretrain.core.errors import UserError
 
 
 def autocast():
@@ -17,6 +20,31 @@ def autocast():
     if torch.cuda.is_available():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
+
+
+_REINITIALISED: set[tuple[str, int]] = set()  # (model, labels) whose re-initialised head was already reported
+
+
+def load_with_head(auto_class, model_dir: Path, config):
+    """`auto_class.from_pretrained(model_dir)` with `config`'s label count. A model fine-tuned before (any
+    *ForSequenceClassification or *ForTokenClassification) has a head of its own task's size: one of another size is
+    re-initialised, said once on stderr, where transformers would refuse it (ignore_mismatched_sizes)."""
+    model, info = auto_class.from_pretrained(
+        str(model_dir), config=config, dtype=torch.float32, ignore_mismatched_sizes=True, output_loading_info=True
+    )
+    mismatched = sorted(info.get("mismatched_keys") or ())  # (name, saved shape, new shape)
+    encoder = [k for k, *_ in mismatched if k.startswith(f"{model.base_model_prefix}.")]
+    if encoder:  # only the head may be re-initialised: an encoder weight of another shape is a broken directory
+        raise UserError(f"{model_dir}: weights {encoder[:3]} do not have the shapes its config.json gives them")
+    n = config.num_labels
+    if mismatched and (str(model_dir), n) not in _REINITIALISED:
+        _REINITIALISED.add((str(model_dir), n))
+        print(
+            f"note: {model_dir}: its head was trained for {mismatched[0][1][0]} labels, this task has {n}: "
+            f"re-initialised for {n} labels ({', '.join(k[0] for k in mismatched)})",
+            file=sys.stderr,
+        )
+    return model
 
 
 def batches(n: int, size: int, generator: torch.Generator | None = None) -> Iterator[torch.Tensor]:

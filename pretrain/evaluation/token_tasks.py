@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
-from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule
+from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule, load_with_head
 from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
@@ -294,9 +294,7 @@ def load_token_model(model_dir: Path, tags: list[str], random_init: bool = False
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
     if random_init:
         return tokenizer, AutoModelForTokenClassification.from_config(config)
-    return tokenizer, AutoModelForTokenClassification.from_pretrained(
-        str(model_dir), config=config, dtype=torch.float32
-    )
+    return tokenizer, load_with_head(AutoModelForTokenClassification, model_dir, config)
 
 
 def fit_token_model(
