@@ -55,7 +55,7 @@ class FinetuneConfig:
     epochs: int = doc(0, "Epochs; 0 = the mode's default (3 full, 20 probe).")
     lr: float = doc(0.0, "Peak learning rate; 0 = the mode's default (5e-5 full, 1e-2 probe). Ignored with lrs.")
     batch_size: int = doc(0, "Batch size; 0 = the mode's default (32 full, 64 probe).")
-    max_seq_len: int = doc(128, "Truncate inputs to this many tokens.")
+    max_seq_len: int = doc(0, "Truncate inputs to this many tokens; 0 = the model's positions, at most 128.")
     task_type: Literal["auto", "classification", "regression", "token"] = doc(
         "auto", "auto: inferred from the labels (CoNLL columns are token-level)."
     )
@@ -73,7 +73,7 @@ class FinetuneConfig:
 
     def check(self, where: str = "", lrs_key: str = "lrs") -> FinetuneConfig:
         """Ranges; `where` prefixes the keys in messages, `lrs_key` names the list of learning rates there."""
-        _not_negative(self, ("epochs", "lr", "batch_size", "max_train"), where)
+        _not_negative(self, ("epochs", "lr", "batch_size", "max_train", "max_seq_len"), where)
         for i, lr in enumerate(self.lrs):
             _positive(lr, f"{where}{lrs_key}[{i}]")
         if len(set(self.lrs)) < len(self.lrs):
@@ -81,7 +81,6 @@ class FinetuneConfig:
         if not 0 < self.heldout_fraction < 1:
             raise ConfigError(f"{where}heldout_fraction: must be in (0, 1), got {self.heldout_fraction}")
         _positive(self.sweep_seeds, f"{where}sweep_seeds")
-        _positive(self.max_seq_len, f"{where}max_seq_len")
         return self
 
     def resolved(self) -> FinetuneConfig:
@@ -101,7 +100,7 @@ class EvalConfig:
     epochs: int = doc(0, "As FinetuneConfig.epochs.")
     lr: float = doc(0.0, "As FinetuneConfig.lr.")
     batch_size: int = doc(0, "As FinetuneConfig.batch_size.")
-    max_seq_len: int = doc(128, "Truncate inputs to this many tokens.")
+    max_seq_len: int = doc(128, "As FinetuneConfig.max_seq_len (0 = the model's positions, at most 128).")
     max_train_examples: int = doc(0, "A fixed subset of each task's train examples (0 = all).")
     lrs: list[float] = doc(
         factory=list, text="As FinetuneConfig.lrs, in full mode: a learning-rate sweep per arm and task."

@@ -53,6 +53,7 @@ from pretrain.train.distributed import local_device
 csv.field_size_limit(1 << 24)
 PAIR_COLUMNS = (("sentence1", "sentence2"), ("question", "sentence"))  # (first, second) of a pair task, as GLUE's
 ID_COLUMNS = ("index", "idx", "id")  # columns a task may have besides its text and label, not read
+DEFAULT_SEQ_LEN = 128  # max_seq_len 0: this, or the model's positions where it has fewer (as `pretrain eval`)
 DEFAULTS = FinetuneConfig()  # the options' defaults, declared once there (the command line reads them too)
 
 
@@ -272,15 +273,19 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
     return tokenizer, model
 
 
-def check_max_seq_len(model_dir: Path, max_seq_len: int) -> None:
-    """Refuse inputs longer than the model's position table: an export caps its tokenizer there, but the explicit
-    max_length the encoders pass overrides that cap, and the model then fails mid-run with an index error."""
+def fit_max_seq_len(model_dir: Path, max_seq_len: int) -> int:
+    """The input length to use: 0 is the model's positions, at most DEFAULT_SEQ_LEN; a longer one than the model's
+    position table is refused (an export caps its tokenizer there, but the explicit max_length the encoders pass
+    overrides that cap, and the model then fails mid-run with an index error)."""
     config = json.loads((check_model_dir(model_dir) / "config.json").read_text())
-    if config.get("model_type") == "modernbert" or "max_position_embeddings" not in config:
-        return  # rotary positions have no table (as `pretrain eval`), or the model names its length otherwise
     limit = position_limit(config)
-    if max_seq_len > limit:
+    if config.get("model_type") == "modernbert" or "max_position_embeddings" not in config:
+        limit = None  # rotary positions have no table (as `pretrain eval`), or the model names its length otherwise
+    if not max_seq_len:
+        return min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
+    if limit is not None and max_seq_len > limit:
         raise UserError(f"--max-seq-len {max_seq_len} is longer than {model_dir} takes ({limit} positions)")
+    return max_seq_len
 
 
 def _token_types(config) -> bool | None:
@@ -535,7 +540,7 @@ def run_finetune(model_dir: Path, task_dir: Path, seeds: list[int], cfg: Finetun
             f"seeds {list(seeds)} repeat {repeated}: give each seed once (--seed-list takes distinct seeds)"
         )
     cfg = cfg.check().resolved()
-    check_max_seq_len(Path(model_dir), cfg.max_seq_len)
+    cfg = replace(cfg, max_seq_len=fit_max_seq_len(Path(model_dir), cfg.max_seq_len))
     task = load_task(Path(task_dir), cfg.task_type, cfg.max_train)
     features = None
     if cfg.mode == "probe" and task.kind != "token":  # computed once: they do not depend on the seed or the lr
@@ -557,6 +562,7 @@ def run_finetune(model_dir: Path, task_dir: Path, seeds: list[int], cfg: Finetun
         "lr": cfg.lr,
         "epochs": cfg.epochs,
         "batch_size": cfg.batch_size,
+        "max_seq_len": cfg.max_seq_len,
         "lr_sweep": sweep,
     }
 
