@@ -415,11 +415,12 @@ COMMANDS = (
         finetune_args,
         """\
         Fine-tune (--mode full) or linearly probe a frozen encoder (--mode probe) from a HF directory on
-        TASK_DIR/train.tsv, score on TASK_DIR/dev.tsv. Columns: sentence, or sentence1 and sentence2; and label
-        (ints/strings: classification; floats: regression). Reports accuracy (and MCC for two classes) or
-        Pearson/Spearman, mean +- std over seeds. TASK_DIR/train.txt and dev.txt in CoNLL columns (token first,
-        BIO tag last, blank line between sentences) make a token classification task, labels on each word's first
-        sub-token: reports conlleval's chunk F1 (main), precision, recall and token accuracy.""",
+        TASK_DIR/train.tsv, score on TASK_DIR/dev.tsv. Columns: sentence, or a pair (sentence1 and sentence2, or
+        question and sentence as QNLI); and label (ints/strings: classification; floats: regression); an id column
+        (index, idx or id) may be there. Reports accuracy (and MCC for two classes) or Pearson/Spearman, mean +- std
+        over seeds. TASK_DIR/train.txt and dev.txt in CoNLL columns (token first, BIO tag last, blank line between
+        sentences) make a token classification task, labels on each word's first sub-token: reports conlleval's chunk F1
+        (main), precision, recall and token accuracy.""",
     ),
     Command(
         "ablate",

@@ -57,6 +57,7 @@ def tiny_model(directory: Path) -> Path:
         ("eval.lrs=[1e-4, 1e-4]", r"eval\.lrs: .* names a learning rate twice"),
         ("eval.heldout_fraction=1.5", r"heldout_fraction: must be in \(0, 1\)"),
         ("budget.amount=0", r"budget\.amount: must be > 0"),
+        ("eval.max_seq_len=4096", r"eval\.max_seq_len=4096 is longer than the arms' encoder takes"),
         ("ouput_dir=x", r"unknown config key 'ouput_dir' \(did you mean 'output_dir'\?\)"),
     ],
 )

@@ -167,6 +167,13 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
     run = merge_base(cfg.run, path, REPLACED_BY_PRESET)  # `run.base:`: a preset, or a file relative to this one
     shared, base = _shared_run(run, out, path)
     seeds = list(cfg.seeds) or [base.train.seed]
+    m = base.model
+    if m.position_embedding == "learned" and cfg.eval.max_seq_len > m.max_position_embeddings:
+        # found here, before any arm trains, rather than at the first downstream task after pretraining
+        raise ConfigError(
+            f"{path}: eval.max_seq_len={cfg.eval.max_seq_len} is longer than the arms' encoder takes "
+            f"(model.max_position_embeddings={m.max_position_embeddings}); give at most that, or 0 for its positions"
+        )
     if "full" in cfg.eval.modes and len(cfg.eval.seeds) < 5:
         say(f"note: {len(cfg.eval.seeds)} fine-tuning seed(s): a median over seeds, as GLUE papers report, wants 5+")
     arms = [arm for name, spec in cfg.arms.items() for arm in _arm_runs(str(name), spec, shared, base, seeds, path)]
