@@ -141,6 +141,8 @@ def test_presets_parse_and_arms_carry_their_own_lr(preset, monkeypatch):
         assert arm.cfg.train.lr == expected
         if arm.pretrain:
             assert hyperparameters(arm)["lr"] == expected
+    if ab.budget_kind == "tokens":  # --print-commands plans each arm on launch.procs ranks: at least one step there
+        assert ab.budget_amount >= ab.base.train.global_batch(ab.launch.procs) * ab.base.data.max_seq_len
     if preset == "ablation-gpu":
         assert len(ab.seeds) >= 4 and len(ab.eval.seeds) >= 5 and "full" in ab.eval.modes
         assert {"mlm", "mlm+sop", "span", "rtd", "none"} == set(ab.groups())
