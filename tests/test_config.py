@@ -55,6 +55,14 @@ def test_bad_yaml_names_file_and_line(tmp_path):
         load_config(str(path))
     with pytest.raises(ConfigError, match="not found"):
         load_config("no-such-preset")
+    # a key or a base in a user's file: the file is named (it was not)
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("base: tiny\nmodel: {hiden_size: 64}\n")
+    with pytest.raises(ConfigError, match=rf"^{typo}: unknown config key 'model.hiden_size'"):
+        load_config(str(typo))
+    (tmp_path / "b.yaml").write_text("base: tinyy\n")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'b.yaml'}: base: config 'tinyy' not found"):
+        load_config(str(tmp_path / "b.yaml"))
 
 
 def test_resolved_config_round_trips(tmp_path):

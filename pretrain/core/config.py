@@ -19,6 +19,7 @@ import yaml
 from pretrain.core.errors import ConfigError
 from pretrain.core.files import write_atomic
 from pretrain.core.parsing import (
+    CONFIG_DIR,
     apply_overrides,
     doc,
     from_dict,
@@ -541,8 +542,14 @@ def _check_schedule(t: TrainConfig) -> None:
 
 def read_config(name_or_path: str | None, overrides: list[str] | None = None) -> RunConfig:
     """A preset or file with dotted overrides, typed and checked (not yet resolved: see `build_config`)."""
-    data = load_yaml(resolve_preset(name_or_path)) if name_or_path else {}
-    cfg = build_config(apply_overrides(data, overrides or []))
+    path = resolve_preset(name_or_path) if name_or_path else None
+    data = load_yaml(path) if path else {}
+    try:
+        cfg = build_config(apply_overrides(data, overrides or []))
+    except ConfigError as err:
+        if path is None or path.parent.resolve() == CONFIG_DIR.resolve():  # a preset's name says where already
+            raise
+        raise ConfigError(f"{path}: {err}") from None
     # Here, not in build_config: a checkpoint's config is built too, and exporting it must not need the package
     if cfg.tensorboard.enabled:
         require_tensorboard()

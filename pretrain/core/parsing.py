@@ -286,7 +286,10 @@ def merge_base(block: dict, path: Path, replace: tuple[str, ...] = (), _chain: t
         return block
     base_path = (Path(path).parent / base) if not Path(base).is_absolute() else Path(base)
     if not base_path.is_file():
-        base_path = resolve_preset(str(base))
+        try:
+            base_path = resolve_preset(str(base))
+        except ConfigError as err:
+            raise ConfigError(f"{path}: base: {err}") from None
     return deep_merge(load_yaml_with_base(base_path, replace, _chain), block, replace=replace)
 
 
