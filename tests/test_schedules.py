@@ -24,6 +24,8 @@ def factors(schedule: str, **kw) -> list[float]:
 def test_schedules_follow_their_closed_forms():
     warm = [0.5, 1.0]
     assert factors("linear") == pytest.approx(warm + [(10 - s) / 8 for s in range(2, 10)])
+    # BERT's reference code counts its decay from step 0: 1 - s/10, the warm-up in its place
+    assert factors("bert") == pytest.approx(warm + [1 - s / 10 for s in range(2, 10)])
     cos = [0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * (s - 2) / 8)) for s in range(2, 10)]
     assert factors("cosine", min_lr_ratio=0.1) == pytest.approx(warm + cos)
     # wsd: the peak until the last 4 steps, then down to the floor in the chosen shape

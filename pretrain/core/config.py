@@ -190,8 +190,10 @@ class TrainConfig:
     warmup_steps: int = doc(100, "Linear warm-up steps, then the lr_schedule.")
     lr_schedule: str = doc(
         "linear",
-        "After the warm-up: linear (to 0 at max_steps), cosine (to min_lr_ratio), wsd (warmup-stable-decay: the peak, "
-        "then a decay over the last decay_steps) or inverse_sqrt.",
+        "After the warm-up: linear (from the peak to 0 at max_steps: transformers' get_linear_schedule_with_warmup), "
+        "bert (BERT's reference code: 1 - step/max_steps, the decay counted from step 0, so 10% below the peak after "
+        "a 10% warm-up), cosine (to min_lr_ratio), wsd (warmup-stable-decay: the peak, then a decay over the last "
+        "decay_steps) or inverse_sqrt.",
     )
     decay_steps: int = doc(0, "wsd: steps of the final decay; 0 = 10% of max_steps.")
     decay_shape: str = doc("linear", "wsd: shape of the final decay: linear, cosine or 1-sqrt.")
@@ -401,7 +403,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "model.compile_mode": ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"),
     "train.nan_policy": ("skip", "stop"),
     "train.loss_normalization": ("step", "micro_batch"),
-    "train.lr_schedule": ("linear", "cosine", "wsd", "inverse_sqrt"),
+    "train.lr_schedule": ("linear", "bert", "cosine", "wsd", "inverse_sqrt"),
     "train.decay_shape": ("linear", "cosine", "1-sqrt"),
 }
 """The allowed values of RunConfig's string options, by dotted key (checked here, offered by the command line)."""

@@ -149,7 +149,9 @@ def _remaining(shape: str, progress: float) -> float:
 def lr_factor(step: int, train_cfg) -> float:
     """The learning rate of optimizer step `step` (0-based) as a fraction of train.lr: linear warm-up over
     warmup_steps, then
-    - linear: straight down to 0 at max_steps (BERT);
+    - linear: straight down from the peak to 0 at max_steps (transformers' get_linear_schedule_with_warmup);
+    - bert: 1 - step / max_steps, the decay counted from step 0 and the warm-up in its place (google-research/bert's
+      optimization.py: a polynomial decay over num_train_steps), so 10% below the peak when a 10% warm-up ends;
     - cosine: half a cosine down to min_lr_ratio at max_steps;
     - wsd: warmup-stable-decay (ModernBERT's trapezoid): the peak until the last decay_steps, then down to
       min_lr_ratio in decay_shape; a checkpoint of the stable phase can be decayed into a new run (`pretrain decay`);
@@ -162,7 +164,9 @@ def lr_factor(step: int, train_cfg) -> float:
     if t.lr_schedule == "inverse_sqrt":
         return math.sqrt(max(1, warm) / (step + 1))
     if t.lr_schedule == "linear":
-        return max(0.0, (end - step) / max(1, end - warm))  # as BERT's, and as before the other schedules existed
+        return max(0.0, (end - step) / max(1, end - warm))
+    if t.lr_schedule == "bert":
+        return max(0.0, 1.0 - step / end)
     if t.lr_schedule == "wsd":
         start = end - decay_steps(t)
         if step < start:
