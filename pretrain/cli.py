@@ -110,6 +110,11 @@ def cmd_data_inspect(args) -> int:
 
 
 def cmd_train(args) -> int:
+    if not args.dry_run and (args.world_size is not None or args.gpus_per_node is not None):
+        from pretrain.core.errors import UserError
+
+        # a launcher sets the ranks (WORLD_SIZE); these only plan a dry run, and would be ignored here
+        raise UserError("--world-size and --gpus-per-node plan a --dry-run; to train on several ranks use a launcher")
     if args.dry_run:
         from pretrain.train.dryrun import dry_run
 

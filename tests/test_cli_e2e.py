@@ -124,6 +124,8 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     # shard
     proc = pretrain("tokenizer", small_corpus, "--out", tmp_path / "neg", "--vocab-size", "-5", cwd=tmp_path, rc=2)
     assert "vocab_size must be >= 1, got -5" in proc.stderr and "Traceback" not in proc.stderr
+    proc = pretrain("train", "tiny", "--world-size", "4", cwd=tmp_path, rc=2)  # was ignored: one process trained
+    assert "--world-size and --gpus-per-node plan a --dry-run" in proc.stderr
     for override, needle in [
         ("data.vocab_size=-5", "data.vocab_size: must be >= 1, got -5"),
         ("data.max_seq_len=2", "data.max_seq_len: must be >= 8 tokens, got 2"),
