@@ -107,7 +107,7 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
         else:
             p = Path(entry)
             if not p.exists():
-                raise DataError(f"corpus path '{entry}' not found")
+                raise DataError(f"corpus path '{entry}' not found" + _where_relative(p))
             add(_files_under(p) if p.is_dir() else [_named_file(p)])
     if not found:
         raise DataError(
@@ -115,6 +115,20 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
             f"save_to_disk directory) found in: {', '.join(paths) or '(no inputs)'}"
         )
     return sorted(found.values())
+
+
+def _where_relative(path: Path) -> str:
+    """For a relative path not found: where it was looked for, and the checkout's copy if it has one (the presets'
+    demo corpus, data/..., is relative to the project's root, which `pretrain run tiny` elsewhere does not find)."""
+    if path.is_absolute():
+        return ""
+    from pretrain.core.provenance import SOURCE_ROOT
+
+    here = f" (relative to the directory you run from, {Path.cwd()})"
+    shipped = SOURCE_ROOT / path
+    return here + (
+        f"; the project's copy is {shipped}: give that path, or run from {SOURCE_ROOT}" if shipped.exists() else ""
+    )
 
 
 def _files_under(directory: Path) -> list[Path]:

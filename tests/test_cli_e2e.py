@@ -124,6 +124,9 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     # shard
     proc = pretrain("tokenizer", small_corpus, "--out", tmp_path / "neg", "--vocab-size", "-5", cwd=tmp_path, rc=2)
     assert "vocab_size must be >= 1, got -5" in proc.stderr and "Traceback" not in proc.stderr
+    # the presets' demo corpus is relative to the project: from elsewhere, the message says where it is
+    proc = pretrain("tokenizer", "data/us-speeches.public-domain.jsonl", "--out", tmp_path / "t", cwd=tmp_path, rc=2)
+    assert f"the project's copy is {ROOT / 'data' / 'us-speeches.public-domain.jsonl'}" in proc.stderr
     proc = pretrain("train", "tiny", "--world-size", "4", cwd=tmp_path, rc=2)  # was ignored: one process trained
     assert "--world-size and --gpus-per-node plan a --dry-run" in proc.stderr
     for override, needle in [
