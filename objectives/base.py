@@ -182,11 +182,12 @@ class Objective:
 
     @classmethod
     def describe(cls) -> list[str]:
-        """`pretrain objectives`' lines for this objective: its name and the first line of its module's doc, then
+        """`pretrain objectives`' lines for this objective: its name and the first paragraph of its module's doc, then
         each option with its default, the values it admits and its doc."""
         module = sys.modules.get(cls.__module__)
-        summary = ((module.__doc__ if module else None) or cls.__doc__ or "").strip().splitlines()
-        lines = [f"{cls.name}: {summary[0] if summary else ''}"]
+        doc = ((module.__doc__ if module else None) or cls.__doc__ or "").strip()
+        summary = " ".join(doc.split("\n\n")[0].split())  # its first paragraph, whole: a line may end mid-sentence
+        lines = [f"{cls.name}: {summary}"]
         for f in dataclasses.fields(cls.Options):
             default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
             bounds = f.metadata.get("range")

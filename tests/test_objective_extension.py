@@ -99,6 +99,8 @@ def test_the_listing_shows_an_added_objective_with_its_range(tmp_path, monkeypat
     monkeypatch.setenv(PLUGINS_ENV, PLUGIN)
     out = run_cli("objectives", cwd=tmp_path).stdout
     assert "even: " in out and "objectives.even.fraction = 1.0 (in (0, 1])" in out, out
+    # each summary is its doc's first paragraph, whole (span's was cut at the end of its first line)
+    assert "plus its position in the span (span boundary objective)." in out
 
 
 @pytest.mark.parametrize(
