@@ -447,7 +447,8 @@ def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:
 
 
 def run_all(cfg: RunConfig, demo: bool = True) -> dict:
-    """tokenizer -> shards -> train -> export -> fill-mask demo, skipping stages whose output exists."""
+    """tokenizer -> shards -> train -> export -> fill-mask demo; the tokenizer, shards and training are skipped where
+    done (the export is made again)."""
     from pretrain.core.errors import UserError
     from pretrain.train.distributed import any_rank, init_distributed
     from pretrain.train.trainer import own_run_dir
