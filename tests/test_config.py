@@ -46,6 +46,11 @@ def test_inconsistent_values():
         load_config("tiny", ["model.position_embedding=rope", "model.hidden_size=36", "model.num_heads=4"])
     with pytest.raises(ConfigError, match="model.embedding_size=32: the PLM query stream"):
         load_config("tiny", ["objectives={plm: {}}", "model.embedding_size=32"])
+    # an option of an objective the config does not train added it at weight 1 (sentence pairs, silently)
+    with pytest.raises(ConfigError, match=r"objectives.sop.swap_prob=0.3: this config does not train sop \(mlm\)"):
+        load_config("tiny", ["objectives.sop.swap_prob=0.3"])
+    for named in (["objectives.sop.weight=1"], ["objectives.sop={}"], ["objectives={mlm: {}, sop: {}}"]):
+        assert set(load_config("tiny", [*named, "objectives.sop.swap_prob=0.3"]).objectives) == {"mlm", "sop"}
 
 
 def test_bad_yaml_names_file_and_line(tmp_path):

@@ -546,6 +546,7 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     """A preset or file with dotted overrides, typed and checked (not yet resolved: see `build_config`)."""
     path = resolve_preset(name_or_path) if name_or_path else None
     data = load_yaml(path) if path else {}
+    _refuse_objectives_added_by_an_option(data, overrides or [])
     try:
         cfg = build_config(apply_overrides(data, overrides or []))
     except ConfigError as err:
@@ -557,6 +558,26 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
         require_tensorboard()
     _check_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
     return cfg
+
+
+def _refuse_objectives_added_by_an_option(data: dict, overrides: list[str]) -> None:
+    """`objectives.sop.swap_prob=0.3` on a config without sop added sop at weight 1 (and switched the run to sentence
+    pairs) with no word: an objective is added by name (objectives.sop.weight=1, objectives.sop={...}) or not at all."""
+    trained = set(data.get("objectives") or {})
+    keys = [item.partition("=")[0].strip() for item in overrides]
+    if "objectives" in keys:  # the whole mapping given: what it names is what trains
+        return
+    named = {k.split(".")[1] for k in keys if k.count(".") == 1 and k.startswith("objectives.")}
+    named |= {
+        k.split(".")[1] for k in keys if k.count(".") == 2 and k.startswith("objectives.") and k.endswith(".weight")
+    }
+    for item, key in zip(overrides, keys):
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "objectives" and parts[1] not in trained | named:
+            raise ConfigError(
+                f"{item.strip()}: this config does not train {parts[1]} ({', '.join(sorted(trained)) or 'none'}); to "
+                f"add it, name it: objectives.{parts[1]}.weight=1 (or objectives.{parts[1]}={{{parts[2]}: ...}})"
+            )
 
 
 def _check_options_apply(t: TrainConfig) -> None:
