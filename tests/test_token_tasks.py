@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_bert
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
@@ -38,26 +39,7 @@ def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 
 @pytest.fixture(scope="module")
 def model_dir(tmp_path_factory):
     """A tiny BERT (random weights) with a WordPiece vocabulary of whole words and characters, as an export holds."""
-    import transformers
-
-    words = ["the", ".", "fast", *NOUNS, *VERBS]
-    chars = sorted(set("".join(words)))
-    vocab = SPECIALS + words + chars + [f"##{c}" for c in chars]
-    d = tmp_path_factory.mktemp("tiny_bert")
-    tok = transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)})
-    config = transformers.BertConfig(
-        vocab_size=len(vocab),
-        hidden_size=32,
-        num_hidden_layers=1,
-        num_attention_heads=2,
-        intermediate_size=64,
-        max_position_embeddings=64,
-        pad_token_id=0,
-    )
-    torch.manual_seed(0)
-    transformers.BertForMaskedLM(config).save_pretrained(str(d))
-    tok.save_pretrained(str(d))
-    return d
+    return tiny_bert(tmp_path_factory.mktemp("tiny_bert"), ["the", ".", "fast", *NOUNS, *VERBS])
 
 
 # ----------------------------------------------------------------------------------------------
