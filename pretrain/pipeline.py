@@ -120,18 +120,21 @@ def _refuse_other_inputs(cfg: RunConfig, manifest: dict, paths: list) -> None:
     corpus, left in data.corpus, replaced them with no word. The same files, changed, are built again as ever."""
     import os
 
+    from data_pipeline.readers import input_fingerprint
     from pretrain.core.errors import UserError
 
     built = sorted(os.path.realpath(p) for p in manifest.get("inputs", []))
-    if built == sorted(os.path.realpath(p) for p in paths):
+    # as the manifest names them: a datasets directory by its arrow files
+    if built == sorted(os.path.realpath(fp[0]) for p in paths for fp in input_fingerprint(Path(p))):
         return
     shown = ", ".join(map(str, manifest.get("inputs", [])[:3])) + (
         " ..." if len(manifest.get("inputs", [])) > 3 else ""
     )
     raise UserError(
         f"data.shards={cfg.shards_dir} holds the shards of {shown or 'other files'}, not of data.corpus "
-        f"({', '.join(map(str, cfg.data.corpus[:3]))}): building these would replace them. Set data.corpus=[] to "
-        f"train on them as they are, data.corpus to their files, or another data.shards to build into"
+        f"({', '.join(map(str, cfg.data.corpus[:3]))}): building these would replace them. Set data.corpus=[] "
+        f"(with data.tokenizer, the tokenizer they were built with) to train on them as they are, data.corpus to "
+        f"their files, or another data.shards to build into"
     )
 
 

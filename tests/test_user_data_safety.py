@@ -103,6 +103,17 @@ def test_run_never_builds_over_shards_the_config_names(trained, corpus, tmp_path
     proc = pretrain("run", *run_args(tmp_path, other, "name=as-built", *named, "data.corpus=[]"), "--no-demo", cwd=tmp)
     assert "used as they are" in proc.stderr and snapshot(run / "shards") == before
     assert (tmp_path / "as-built" / "hf" / "config.json").is_file()
+    # a datasets directory is its arrow files in the manifest: the same corpus, shards reused (not refused)
+    import datasets
+
+    ds = tmp_path / "ds"
+    datasets.Dataset.from_dict(
+        {"text": [json.loads(line)["text"] for line in other.read_text().splitlines()]}
+    ).save_to_disk(str(ds))
+    built = tmp_path / "ds-shards"
+    pretrain("shards", ds, "--tokenizer", run / "tokenizer", "--out", built, "--workers", "0", cwd=tmp)
+    named = [f"data.tokenizer={run / 'tokenizer'}", f"data.shards={built}"]
+    pretrain("run", *run_args(tmp_path, ds, "name=from-ds", *named), "--no-demo", cwd=tmp)
 
 
 def test_resume_refuses_changed_fixed_settings_and_allows_the_rest(trained, corpus, tmp_path):
