@@ -53,6 +53,19 @@ def test_inconsistent_values():
         assert set(load_config("tiny", [*named, "objectives.sop.swap_prob=0.3"]).objectives) == {"mlm", "sop"}
 
 
+def test_a_checkpoints_config_from_before_a_data_check_still_loads():
+    """data.docs_per_shard=0 was read as 1 by older versions: refused in a new config, a run's saved one loads (to
+    export or resume it)."""
+    from pretrain.core.parsing import to_dict
+    from pretrain.train.setup import config_from_dict
+
+    with pytest.raises(ConfigError, match="data.docs_per_shard: must be >= 1, got 0"):
+        load_config("tiny", ["data.docs_per_shard=0"])
+    saved = to_dict(load_config("tiny"))
+    saved["data"]["docs_per_shard"] = 0
+    assert config_from_dict(saved).data.docs_per_shard == 0
+
+
 def test_bad_yaml_names_file_and_line(tmp_path):
     path = tmp_path / "bad.yaml"
     path.write_text("model:\n  hidden_size: 64\n  num_layers: [2\n")

@@ -423,9 +423,6 @@ def _check_values(cfg: RunConfig) -> None:
         raise ConfigError(
             f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.num_heads ({cfg.model.num_heads})"
         )
-    for key in ("vocab_size", "docs_per_shard"):
-        if getattr(cfg.data, key) < 1:
-            raise ConfigError(f"data.{key}: must be >= 1, got {getattr(cfg.data, key)}")
     if cfg.data.max_seq_len < 8:  # as a schedule phase's: [CLS] A [SEP] B [SEP] and a masked token need room
         raise ConfigError(f"data.max_seq_len: must be >= 8 tokens, got {cfg.data.max_seq_len}")
     for key in ("hidden_dropout", "attention_dropout"):
@@ -557,6 +554,7 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     if cfg.tensorboard.enabled:
         require_tensorboard()
     _check_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
+    _check_data_stages(cfg.data)
     return cfg
 
 
@@ -578,6 +576,14 @@ def _refuse_objectives_added_by_an_option(data: dict, overrides: list[str]) -> N
                 f"{item.strip()}: this config does not train {parts[1]} ({', '.join(sorted(trained)) or 'none'}); to "
                 f"add it, name it: objectives.{parts[1]}.weight=1 (or objectives.{parts[1]}={{{parts[2]}: ...}})"
             )
+
+
+def _check_data_stages(d: DataConfig) -> None:
+    """Settings of the stages that build data, checked for a new config only: a checkpoint's config of a run whose
+    shards an older version built with docs_per_shard=0 (read then as 1) still exports and resumes."""
+    for key in ("vocab_size", "docs_per_shard"):
+        if getattr(d, key) < 1:
+            raise ConfigError(f"data.{key}: must be >= 1, got {getattr(d, key)}")
 
 
 def _check_options_apply(t: TrainConfig) -> None:
