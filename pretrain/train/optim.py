@@ -128,10 +128,6 @@ def build_optimizer(model: nn.Module, train_cfg, guard: bool = False) -> torch.o
     return optimizer
 
 
-SCHEDULES = ("linear", "cosine", "wsd", "inverse_sqrt")
-DECAY_SHAPES = ("linear", "cosine", "1-sqrt")
-
-
 def decay_steps(train_cfg) -> int:
     """wsd: the length of the final decay (`TrainConfig.wsd_decay_steps`)."""
     return train_cfg.wsd_decay_steps()
