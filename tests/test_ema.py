@@ -114,6 +114,21 @@ def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
     cut = torch.load(tmp_path / "cut" / "checkpoints" / "step_00000004" / EMA_FILE, weights_only=True)
     assert full.keys() == cut.keys() and all(torch.equal(full[k], cut[k]) for k in full)
 
+    # an EMA an older version kept (its config has no train.ema_warmup) goes on without the warm-up, and says so
+    from pretrain.train.checkpoint import write_integrity
+
+    old = tmp_path / "old"
+    shutil.copytree(tmp_path / "cut", old)
+    shutil.rmtree(old / "checkpoints" / "step_00000004")
+    (old / "checkpoints" / "latest").write_text("step_00000002")
+    config = old / "checkpoints" / "step_00000002" / "config.yaml"
+    config.write_text("".join(line for line in config.read_text().splitlines(True) if "ema_warmup" not in line))
+    write_integrity(old / "checkpoints" / "step_00000002")
+    data = ["data.tokenizer=" + str(tmp_path / "r" / "tokenizer"), "data.shards=" + str(tmp_path / "r" / "shards")]
+    proc = pretrain("train", *run_args(tmp_path, corpus, *ema, "train.max_steps=4", "name=old", *data), cwd=tmp_path)
+    assert "EMA was kept without a warm-up: train.ema_warmup=false" in proc.stderr
+    assert "ema_warmup: false" in (old / "checkpoints" / "step_00000004" / "config.yaml").read_text()
+
     # the export holds the EMA weights, not the raw ones, and says so
     exported = load_file(tmp_path / "r" / "hf" / "model.safetensors")
     word = "bert.embeddings.word_embeddings.weight"

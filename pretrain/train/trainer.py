@@ -255,6 +255,8 @@ class Trainer:
                 saved.world_size or world,
                 world,
             )
+            cfg = _keep_an_older_ema_without_warmup(cfg, latest)
+            t = cfg.train
         config = to_dict(cfg)
         config_text = yaml.safe_dump(config, sort_keys=False)  # config.yaml, and in every checkpoint
         if run.is_main:
@@ -503,6 +505,18 @@ class PhaseData:
         (segment pairs, doc-bounded packing), else 0 (packed rows fill the window and need no mask: flash runs)."""
         kind = builder_kind(sample_builder_for(self.objectives), self.cfg.data.packing)
         return phase.max_seq_len if compiled and kind not in FULL_WINDOWS else 0
+
+
+def _keep_an_older_ema_without_warmup(cfg: RunConfig, checkpoint: Path) -> RunConfig:
+    """A run whose EMA an older version kept (no train.ema_warmup in its config) goes on without the warm-up, and
+    records so: turned on mid-run, it would drop the decay (0.9999 -> 0.991 at step 1000) for ~90k steps."""
+    t = cfg.train
+    if not (t.ema_decay and t.ema_warmup) or "ema_warmup" in (load_yaml(checkpoint / "config.yaml").get("train") or {}):
+        return cfg
+    if ckpt.load_ema(checkpoint) is None:
+        return cfg
+    print(f"[pretrain] {checkpoint}'s EMA was kept without a warm-up: train.ema_warmup=false", file=sys.stderr)
+    return replace(cfg, train=replace(t, ema_warmup=False))
 
 
 def start_ema(t, engine, checkpoint: Path | None) -> WeightEMA | None:
