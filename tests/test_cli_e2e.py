@@ -118,6 +118,13 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     assert last.startswith("error:") and "gives no sample of data.max_seq_len=128" in last, proc.stderr
     assert "Traceback" not in proc.stderr
 
+    # sentence pairs from a corpus of one sentence per document: said so (it blamed packing and the corpus's size)
+    lines = tmp_path / "lines.txt"
+    lines.write_text("".join(f"Line number {i} is a sentence of its own about the union.\n" for i in range(300)))
+    args = overrides(tmp_path / "lines", lines, "data.text_documents=lines", "objectives={mlm: {}, nsp: {}}")
+    proc = pretrain("run", "tiny", *args, "--no-demo", cwd=tmp_path, rc=2)
+    assert "has no document of two sentences or more: nsp and sop" in proc.stderr.strip().splitlines()[-1]
+
     proc = pretrain("train", "tiny", "model.hidden_size=wide", cwd=tmp_path, rc=2)
     assert "model.hidden_size" in proc.stderr and "'wide'" in proc.stderr and "Traceback" not in proc.stderr
     # values out of range: tracebacks before (an OverflowError, torch's dropout check), or silently one document per

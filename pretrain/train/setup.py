@@ -174,6 +174,14 @@ def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens,
 def _nonempty(builder, what: str, shards: ShardSet, d):
     """`builder`, or a DataError where its shards give no sample at all (a corpus shorter than one sequence)."""
     if not len(builder):
+        from data_pipeline.pairs import SegmentPairs
+
+        if isinstance(builder, SegmentPairs):  # segment pairs come from documents of two sentences or more
+            raise DataError(
+                f"{what} ({shards.dir}, {shards.num_docs} documents) has no document of two sentences or more: nsp "
+                f"and sop pair a segment with the text after it (with data.text_documents=lines each line is a "
+                f"document; a corpus of one sentence per document trains mlm or span, not these)"
+            )
         raise DataError(
             f"{what} ({shards.dir}, {shards.num_tokens} tokens) gives no sample of data.max_seq_len={d.max_seq_len} "
             f"with data.packing={d.packing}: give it more text"
