@@ -20,11 +20,12 @@ from pretrain.core.tokens import IGNORE_INDEX
 LEGEND = "[MASK](x): x replaced by [MASK];  ~y~(x): x replaced by y;  x(=): x chosen for prediction but unchanged"
 
 
-def packing_efficiency(builder, max_seq_len: int, probe: int = 512) -> float:
+def packing_efficiency(builder, max_seq_len: int, probe: int = 512, objectives=()) -> float:
     """Mean fraction of a max_seq_len window filled by a sample's tokens (the rest would be padding).
 
     Exact for the packed builders (from their chunk table); other builders are probed on up to `probe`
-    evenly spaced samples.
+    evenly spaced samples, each as the sentence-level objective of `objectives` assembles it (segment pairs are
+    raw material until then, see `assembled_sample`).
     """
     from data_pipeline.loader import sample_rng
     from data_pipeline.samples import DocPackedSequences, PackedSequences
@@ -40,9 +41,22 @@ def packing_efficiency(builder, max_seq_len: int, probe: int = 512) -> float:
     picks = np.unique(np.linspace(0, n - 1, min(n, probe)).astype(np.int64))
     lengths = []
     for i in picks:
-        sample = builder.sample(int(i), sample_rng(0, 0, int(i)))
+        sample = assembled_sample(builder, objectives, int(i), sample_rng(0, 0, int(i)))
         lengths.append(len(sample["input_ids"]))
     return float(np.mean(lengths) / max_seq_len)
+
+
+def assembled_sample(builder, objectives, index: int, rng: np.random.Generator) -> dict:
+    """Sample `index` as built and, where a sentence-level objective (nsp, sop) is among `objectives`, as it
+    assembled the pair: [CLS] A [SEP] B [SEP] with its label. That is what the token-level objective then corrupts;
+    a `SegmentPairs` sample alone holds only the raw "_" keys (see `data_pipeline.pairs`). Draws from `rng` as
+    `PretrainDataset` does (builder first, then the sentence-level objective, which runs first), so a fresh rng of
+    the same seed gives the very pair that the dataset's sample was made from."""
+    sample = builder.sample(index, rng)
+    for objective in objectives:
+        if objective.sentence_level:
+            sample = objective.prepare(sample, rng)
+    return sample
 
 
 def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: str) -> Path:
@@ -133,7 +147,7 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
     for kind in kinds:
         builder = build_samples(kind, shards, L, tokens, seed)
         builders[kind] = builder
-        efficiency[kind] = {"samples": len(builder), "efficiency": packing_efficiency(builder, L)}
+        efficiency[kind] = {"samples": len(builder), "efficiency": packing_efficiency(builder, L, 512, objectives)}
 
     if shards.is_mixture:  # each source's own builder, drawn from by weight, as the run does
         builder = build_sample_source(cfg, shards, tokens, objectives)
@@ -170,7 +184,8 @@ def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict:
 
 
 def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer) -> list[dict]:
-    """The first samples a run would train on, each as built and as its objectives prepared it, decoded."""
+    """The first samples a run would train on, each as built (a segment pair as assembled, with its label) and as
+    its objectives prepared it, decoded."""
     from data_pipeline.loader import PretrainDataset, sample_rng
 
     dataset = PretrainDataset(builder, objectives, seed)
@@ -178,7 +193,7 @@ def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer)
     for position in range(min(num_samples, len(dataset))):
         source, epoch, index = dataset.place(position)
         rng = sample_rng(seed, epoch, index, source)  # the builder draws first from the same rng, as the dataset does
-        original = (builder if source is None else builder.builders[source]).sample(index, rng)
+        original = assembled_sample(builder if source is None else builder.builders[source], objectives, index, rng)
         samples.append(
             {
                 "position": position,

@@ -1,0 +1,71 @@
+"""`pretrain data inspect` with sentence-pair objectives: the samples it shows are the pairs the run trains on.
+
+(`tests/test_data_scale.py` covers inspect with packed sequences, `tests/test_corpus_mixing.py` with mixtures.)"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from helpers import make_docs, write_jsonl
+
+from data_pipeline.loader import PretrainDataset, sample_rng
+from data_pipeline.samples import build_samples
+from data_pipeline.shards import ShardSet, build_shards
+from data_pipeline.tokenizer import load_tokenizer, special_tokens, train_tokenizer
+from objectives import build_objectives
+from pretrain.cli import main
+from pretrain.core.tokens import IGNORE_INDEX
+from pretrain.evaluation.inspect import assembled_sample, inspect_data
+from pretrain.train.setup import load_config
+
+
+@pytest.fixture(scope="module")
+def data_dirs(tmp_path_factory):
+    """(tokenizer dir, shards dir) of a tiny corpus."""
+    root = tmp_path_factory.mktemp("inspect")
+    corpus = write_jsonl(root / "docs.jsonl", make_docs(80, seed=3))
+    train_tokenizer([str(corpus)], root / "tokenizer", vocab_size=256, show_progress=False)
+    build_shards([str(corpus)], root / "tokenizer", root / "shards", num_workers=0, show_progress=False)
+    return root / "tokenizer", root / "shards"
+
+
+PAIR_OBJECTIVES = {
+    "nsp": ("{mlm: {weight: 1.0}, nsp: {weight: 1.0}}", "nsp_label"),
+    "sop": ("{mlm: {weight: 1.0}, sop: {weight: 1.0}}", "sop_label"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(PAIR_OBJECTIVES))
+def test_inspect_shows_assembled_pairs(tmp_path, data_dirs, capsys, name):
+    """A segment pair builder's sample is only raw material ("_" keys) until the sentence objective assembles it:
+    inspect measures and shows [CLS] A [SEP] B [SEP] with its label, and the token objective's changes to it (it
+    raised KeyError: 'input_ids')."""
+    spec, label_key = PAIR_OBJECTIVES[name]
+    tok_dir, shard_dir = data_dirs
+    args = [f"data.shards={shard_dir}", f"data.tokenizer={tok_dir}", "data.max_seq_len=32", f"objectives={spec}"]
+    rc = main(["data", "inspect", "tiny", *args, "--out", str(tmp_path / "hist.png"), "--samples", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0 and "* pairs" in out and f"objectives {name}, mlm, builder pairs" in out
+    assert out.count("position ") == 3 and out.count(f"{label_key}=") == 3 and "[MASK](" in out
+
+    cfg = load_config("tiny", args)
+    report = inspect_data(cfg, tmp_path / "hist.png", num_samples=3)
+    assert 0 < report["packing"]["pairs"]["efficiency"] <= 1
+    for s in report["samples"]:
+        words = " ".join(s["lines"][1:]).split()
+        assert words[0] == "[CLS]" and words.count("[SEP]") == 2 and words[-1] == "[SEP]"
+
+    # the original shown is the pair the prepared sample was made from: they differ only where mlm chose a token
+    tokens = special_tokens(load_tokenizer(tok_dir))
+    objectives = build_objectives(cfg.objectives, tokens)
+    builder = build_samples("pairs", ShardSet(shard_dir), 32, tokens, cfg.train.seed)
+    dataset = PretrainDataset(builder, objectives, cfg.train.seed)
+    for position in range(3):
+        _, epoch, index = dataset.place(position)
+        original = assembled_sample(builder, objectives, index, sample_rng(cfg.train.seed, epoch, index))
+        prepared = dataset[position]
+        assert not [k for k in original if k.startswith("_")]
+        assert original[label_key] == prepared[label_key]
+        np.testing.assert_array_equal(original["token_type_ids"], prepared["token_type_ids"])
+        changed = original["input_ids"] != prepared["input_ids"]
+        assert changed.any() and not (changed & (prepared["mlm_labels"] == IGNORE_INDEX)).any()
