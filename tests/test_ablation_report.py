@@ -80,6 +80,37 @@ def test_report_notes_follow_the_numbers(tmp_path):
     assert all(part in run_on for part in ("CPU: test (2 cores)", "torch 2.x", "DeepSpeed 0.y", "2026-11-22"))
 
 
+def test_failed_runs_count_in_no_pretraining_mean(tmp_path):
+    """A run whose training failed records {plan, settings, failed} and no pretraining numbers: the arm's steps,
+    tokens, FLOPs and wall time are the mean of its runs that trained (they averaged the failed one in as zeros, so
+    the row and the budget note showed half the spent budget), and the row and the budget note say of how many."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import cells, notes, pretraining, render_note, write_report
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
+    )
+    ab.out.mkdir(parents=True)
+    results = _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})
+    failed = results["span-seed2"]
+    results["span-seed2"] = {"plan": failed["plan"], "settings": {}, "failed": "RuntimeError: out of memory"}
+    pre = pretraining(ab, results)
+    span = {k: pre["span"][k] for k in ("steps", "tokens", "flops", "wall_s")}
+    assert span == {"steps": 10, "tokens": 5000, "flops": 1e10, "wall_s": 3.0}  # the trained run's, not halved
+    assert pre["span"]["runs"] == 2 and pre["span"]["trained"] == 1
+    assert pre["span"]["failed"] == "1 of 2 runs (totals: mean of the 1 trained): RuntimeError: out of memory"
+    assert pre["mlm"]["trained"] == 2 and pre["mlm"]["failed"] is None and pre["none"]["trained"] == 2
+
+    budget = dict(notes(ab, cells(ab, results), [], pre))["budget"]
+    assert budget["spent"] == {"mlm": 1e10, "span": 1e10} and budget["partial"] == {"span": [1, 2]}
+    text = write_report(ab, results).read_text()
+    assert "| span | FAILED: 1 of 2 runs (totals: mean of the 1 trained): RuntimeError: out of memory | 10 |" in text
+    assert "not all of an arm's runs: span 1 of 2." in render_note("budget", budget) in text
+    budget["partial"] = {}
+    assert "not all of an arm's runs" not in render_note("budget", budget)
+
+
 def test_report_scores_a_token_task_by_chunk_f1_beside_a_sentence_task(tmp_path):
     """A CoNLL task in an ablation: its cells are chunk F1 over sentences (pooled counts, as conlleval), compared and
     tested like any other task."""
@@ -182,6 +213,7 @@ def _pre(tokens=1e6, per_token=None, auc=None) -> dict:
             "flops_per_token": fpt,
             "failed": None,
             "runs": 2,
+            "trained": 2,
         }
     pre["none"] = {
         "objectives": "none (random init)",
@@ -193,6 +225,7 @@ def _pre(tokens=1e6, per_token=None, auc=None) -> dict:
         "flops_per_token": 0,
         "failed": None,
         "runs": 2,
+        "trained": 2,
     }
     return pre
 

@@ -92,9 +92,11 @@ def scale_notes(trained: dict) -> list[Note]:
 
 
 def budget_note(ab, trained: dict) -> Note:
-    """The budget kind, and the quantity it leaves free per arm (tokens under FLOPs, FLOPs otherwise)."""
+    """The budget kind, the quantity it leaves free per arm (tokens under FLOPs, FLOPs otherwise), and the arms whose
+    totals are the mean of fewer than all their runs (`partial`: [trained, runs]; the others failed or are missing)."""
     spent = {a: v["tokens" if ab.budget_kind == "flops" else "flops"] for a, v in trained.items()}
-    return ("budget", {"kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent})
+    partial = {a: [v["trained"], v["runs"]] for a, v in trained.items() if v["trained"] < v["runs"]}
+    return ("budget", {"kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent, "partial": partial})
 
 
 def method_notes(ab, fams: dict, main: str, seeds: int) -> list[Note]:

@@ -271,30 +271,43 @@ def _mean(values) -> float:
     return sum(values) / len(values) if values else 0.0
 
 
+def _failed(failures: list[str], runs: int, trained: int) -> str | None:
+    """What the pretraining row shows in place of an arm's losses when runs of it failed: how many, what its totals
+    are the mean of, and the first error."""
+    if not failures:
+        return None
+    totals = f"totals: mean of the {trained} trained" if trained else "no totals"
+    return f"{len(failures)} of {runs} runs ({totals}): {failures[0]}"
+
+
 def pretraining(ab, results: dict) -> dict[str, dict]:
-    """Per arm: spent budget and final pretraining numbers, averaged over its runs."""
+    """Per arm: spent budget and final pretraining numbers, averaged over its runs that have them (`trained` of
+    `runs`): a run that failed before its training was recorded, or is missing, counts in none of the means."""
     out = {}
     for arm, runs in ab.groups().items():
         states = [results.get(r.name, {}) for r in runs]
         p = [s.get("pretraining", {}) for s in states]
         plans = [s.get("plan", {}) for s in states]
+        trained = sum(q.get("steps") is not None for q in p)
+        failures = [s["failed"] for s in states if s.get("failed")]
         losses: dict[str, list[float]] = {}
         for q in p:
             for key, value in (q.get("final_loss") or {}).items():
                 losses.setdefault(key, []).append(value)
         out[arm] = {
             "objectives": "none (random init)" if not runs[0].pretrain else " + ".join(runs[0].cfg.objectives),
-            "steps": _mean(q.get("steps", 0) for q in p),
-            "tokens": _mean(q.get("tokens_seen", 0) for q in p),
-            "flops": _mean(q.get("flops", 0) for q in p),
-            "wall_s": _mean(q.get("wall_s", 0.0) for q in p),
+            "steps": _mean(q.get("steps") for q in p),
+            "tokens": _mean(q.get("tokens_seen") for q in p),
+            "flops": _mean(q.get("flops") for q in p),
+            "wall_s": _mean(q.get("wall_s") for q in p),
             "final": {k: _mean(v) for k, v in losses.items()},
             "flops_per_token": _mean(
                 pl["flops_per_step"] / pl["tokens_per_step"]
                 for pl in plans
                 if pl.get("flops_per_step") and pl.get("tokens_per_step")
             ),
-            "failed": next((s["failed"] for s in states if s.get("failed")), None),
+            "failed": _failed(failures, len(runs), trained),
             "runs": len(runs),
+            "trained": trained,
         }
     return out

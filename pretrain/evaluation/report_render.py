@@ -51,6 +51,13 @@ def _cost(d: dict) -> str:
 
 
 def _budget(d: dict) -> str:
+    partial = ", ".join(f"{a} {n} of {runs}" for a, (n, runs) in (d.get("partial") or {}).items())
+    if partial:  # the other runs failed or are missing: their totals count in no mean
+        partial = f" Totals are means over the runs that trained, not all of an arm's runs: {partial}."
+    return _budget_kind(d) + partial
+
+
+def _budget_kind(d: dict) -> str:
     if d["kind"] == "flops":
         seen = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
         return (
