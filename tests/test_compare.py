@@ -118,3 +118,39 @@ def test_wall_time_prefers_a_logged_time():
     timed = [{**r, "time": t} for r, t in zip(records, (1.5, 9.0))]
     assert wall_times(timed) == ([1.5, 9.0], "logged")
     assert wall_times([{"step": 1, "tokens": 10}])[0] is None
+
+
+def _run_dir(path: Path, records: list[dict]) -> Path:
+    """A run directory of `records` (an mlm run's config and metrics.jsonl), as `pretrain train` leaves one."""
+    path.mkdir(parents=True)
+    (path / "config.yaml").write_text("objectives: {mlm: {weight: 1.0}}\n")
+    (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    return path
+
+
+def test_runs_without_a_known_wall_time_are_compared(tmp_path):
+    """Older logs carry no `time`, and their first line no tokens/s: such a run's wall time cannot be known. It has
+    no line against wall time and a '—' in the table, said in a note; the rest is compared (it raised TypeError)."""
+    from pretrain.evaluation.compare import load_run
+
+    losses = [(2, 1024, 7.0), (4, 2048, 6.9), (6, 3072, 6.8)]
+    old = [{"step": s, "tokens": t, "loss": x, **({"tokens_per_s": 2000.0} if s > 2 else {})} for s, t, x in losses]
+    timed = [{"step": s, "tokens": t, "loss": x - 0.1, "time": s * 1.5} for s, t, x in losses]
+    old_dir, old2_dir = _run_dir(tmp_path / "old", old), _run_dir(tmp_path / "old2", old)
+    new_dir = _run_dir(tmp_path / "new", timed)
+    assert load_run(old_dir).series("loss", "time") == ([], [])
+    assert load_run(old_dir).series("loss", "tokens") == ([1024, 2048, 3072], [7.0, 6.9, 6.8])
+
+    out, _ = compare_runs([old_dir, new_dir], tmp_path / "cmp")
+    for name in ("vs_tokens.png", "vs_time.png"):
+        assert (out / name).read_bytes()[:8] == PNG
+    summary = {s["label"]: s for s in json.loads((out / "compare.json").read_text())["runs"]}
+    assert summary["old"]["wall_time_s"] is None and summary["old"]["wall_time_source"].startswith("unknown")
+    assert summary["new"]["wall_time_s"] == 9.0 and summary["old"]["final"]["loss"] == 6.8
+    report = (out / "compare.md").read_text()
+    assert table_rows(report)["wall time*"] == ["—", "9.0 s"]
+    assert "Wall time is not known for old:" in report and "rebuilt" not in report
+
+    out, _ = compare_runs([old_dir, old2_dir], tmp_path / "cmp2")  # no run's wall time known: empty panels
+    assert (out / "vs_time.png").read_bytes()[:8] == PNG
+    assert "Wall time is not known for old, old2:" in (out / "compare.md").read_text()

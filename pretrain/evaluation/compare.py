@@ -46,8 +46,10 @@ class Run:
 
     def series(self, key: str, axis: str) -> tuple[list[float], list[float]]:
         """(x, y) of `key` over the run's records, x being tokens seen or wall time; missing and non-finite values
-        left out."""
+        left out, and every value against a wall time the run's records do not give (`seconds` None)."""
         xs, ys = [], []
+        if axis == "time" and self.seconds is None:
+            return xs, ys
         for i, record in enumerate(self.records):
             value = record.get(key)
             if not _is_number(value) or not math.isfinite(value):
@@ -224,12 +226,18 @@ def table(runs: list[Run], summaries: list[dict], keys: list[str]) -> str:
 
 def report(runs: list[Run], summaries: list[dict], keys: list[str]) -> str:
     notes = []
-    if any(r.time_source != "logged" for r in runs):
+    rebuilt = [r for r in runs if r.time_source != "logged" and r.seconds is not None]
+    unknown = [r for r in runs if r.seconds is None]
+    if rebuilt:
         notes.append(
             "\\* Wall time is the training time rebuilt from each log line's tokens and tokens/s (set-up and "
-            "checkpoint loading not counted); "
-            + "; ".join(f"{r.label}: {r.time_source}" for r in runs if r.time_source != "logged")
-            + "."
+            "checkpoint loading not counted); " + "; ".join(f"{r.label}: {r.time_source}" for r in rebuilt) + "."
+        )
+    if unknown:
+        notes.append(
+            f"\\* Wall time is not known for {', '.join(r.label for r in unknown)}: no `time` in the records, and "
+            "not every record has the tokens and tokens/s to rebuild it from (older logs); no line in the panels "
+            "against wall time."
         )
     if any(s["median_mfu"] is None for s in summaries):
         notes.append("MFU is logged only where the device's peak is known (a table of GPUs, or `train.peak_tflops`).")
@@ -296,7 +304,8 @@ def plot(runs: list[Run], keys: list[str], axis: str, path: Path) -> None:
     for ax in list(axes.flat)[len(keys) :]:
         ax.axis("off")
     handles = [plt.Line2D([], [], color=colors[i % len(colors)], lw=2) for i in range(len(runs))]
-    fig.legend(handles, [r.label for r in runs], loc="upper center", ncol=min(len(runs), 4), fontsize=9)
+    labels = [r.label + (" (wall time not known)" if axis == "time" and r.seconds is None else "") for r in runs]
+    fig.legend(handles, labels, loc="upper center", ncol=min(len(runs), 4), fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
     tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     try:
