@@ -57,6 +57,7 @@ def test_report_notes_follow_the_numbers(tmp_path):
     ab.out.mkdir(parents=True)
     clear = write_report(ab, _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6}))
     notes = _notes_of(clear)
+    assert notes["budget"][0]["budget_kind"] == "tokens"  # saved under its own kind (the budget's overwrote it)
     (task_note,) = notes["task"]
     assert [i["a"] for i in task_note["above"]] == ["mlm"] and task_note["above"][0]["diff"] > 0.2
     assert task_note["same"] == ["span"] and task_note["family"] == "primary"
@@ -305,7 +306,7 @@ SITUATIONS = {
     "budget": (
         (_ab(kind="flops"), _table(), FLAT, _pre()),
         (_ab(kind="time"), _table(), FLAT, _pre()),
-        lambda d: d[0]["kind"],
+        lambda d: d[0]["budget_kind"],
     ),
     "method": (
         (_ab(), _table(), FLAT, _pre()),

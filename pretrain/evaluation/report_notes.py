@@ -96,7 +96,7 @@ def budget_note(ab, trained: dict) -> Note:
     totals are the mean of fewer than all their runs (`partial`: [trained, runs]; the others failed or are missing)."""
     spent = {a: v["tokens" if ab.budget_kind == "flops" else "flops"] for a, v in trained.items()}
     partial = {a: [v["trained"], v["runs"]] for a, v in trained.items() if v["trained"] < v["runs"]}
-    return ("budget", {"kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent, "partial": partial})
+    return ("budget", {"budget_kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent, "partial": partial})
 
 
 def method_notes(ab, fams: dict, main: str, seeds: int) -> list[Note]:

@@ -58,13 +58,13 @@ def _budget(d: dict) -> str:
 
 
 def _budget_kind(d: dict) -> str:
-    if d["kind"] == "flops":
+    if d["budget_kind"] == "flops":
         seen = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
         return (
             f"The budget is FLOPs ({d['amount']:.3g} per arm): an arm that costs less per token trains on more "
             f"tokens ({seen}). That is the comparison that holds compute equal."
         )
-    if d["kind"] == "tokens":
+    if d["budget_kind"] == "tokens":
         spent = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
         return (
             f"The budget is tokens: arms that cost more per token also used more compute (FLOPs: {spent}); for "
