@@ -9,6 +9,7 @@ corpus.
 from __future__ import annotations
 
 import itertools
+import json
 import multiprocessing as mp
 import os
 import re
@@ -66,12 +67,38 @@ def _word_fast_path(tok) -> np.ndarray | None:
     return table
 
 
+_FILLER = re.compile(r"\[unused\d+\]")  # data_pipeline.tokenizer.FILLER's pieces
+
+
+def _unreachable_controls(tok):
+    """`tok`, if a Unigram model, with its special-token and [unusedN] filler pieces renamed so that no text
+    segments into them; every id stays where it was.
+
+    encode_special_tokens stops "[SEP]" in the text matching the added token, but Unigram also holds the
+    specials as model pieces of score 0.0, the best there is, so its lattice picked them from the text itself; a
+    filler (score -1e6) beat a run of unknown characters ("[unused0]" with no '[' in the training text). A
+    renamed piece holds a plain space, which Metaspace has replaced by '▁' before the model sees a word. Only
+    the workers' copy is renamed: the saved tokenizer keeps the names HF matches special tokens by."""
+    from tokenizers import Tokenizer, models
+
+    if not isinstance(tok.model, models.Unigram):
+        return tok
+    spec = json.loads(tok.to_str())
+    specials = {t["content"] for t in spec["added_tokens"] if t["special"]}
+    controls = {p for p, _ in spec["model"]["vocab"] if p in specials or _FILLER.fullmatch(p)}
+    for entry in (*spec["model"]["vocab"], *spec["added_tokens"]):  # an added token names its piece: both renamed
+        key = "content" if isinstance(entry, dict) else 0
+        if entry[key] in controls:
+            entry[key] = f" {entry[key]}"
+    return Tokenizer.from_str(json.dumps(spec))
+
+
 def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fast: bool = True) -> None:
     # Each process uses its share of the cores; rayon reads this before its pool first starts.
     os.environ.setdefault("RAYON_NUM_THREADS", str(threads))
     from tokenizers import Tokenizer
 
-    tok = Tokenizer.from_file(tokenizer_file)
+    tok = _unreachable_controls(Tokenizer.from_file(tokenizer_file))
     tok.no_truncation()
     tok.no_padding()
     # Text that spells a control token ("[SEP]" in a paper about BERT) is text: encoded as its pieces, never as the

@@ -1,0 +1,87 @@
+"""What each tokenizer kind (WordPiece, byte-level BPE, Unigram) puts into the shards for text that spells its control
+tokens."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+from tokenizers import Tokenizer
+
+from data_pipeline.shard_build import build_shards
+from data_pipeline.shard_read import ShardSet
+from data_pipeline.tokenizer import load_tokenizer, special_tokens, train_tokenizer
+from tests.helpers import small_corpus
+
+KINDS = ("wordpiece", "bpe", "unigram")
+# A paper about BERT: the control tokens, and a filler's name, as plain text
+CONTROLS = "BERT appends [SEP] after each segment and predicts [MASK] tokens; [PAD] [UNK] [CLS] see [unused0] here."
+
+
+@pytest.fixture(scope="module")
+def corpora(tmp_path_factory) -> dict[str, Path]:
+    """Speeches with no '[' in them, and the same with a document that spells the control tokens ('[' known)."""
+    where = tmp_path_factory.mktemp("corpora")
+    plain = small_corpus(where, slice(0, 6))
+    brackets = where / "brackets.jsonl"
+    brackets.write_text(plain.read_text() + json.dumps({"text": CONTROLS}) + "\n")
+    return {"plain": plain, "brackets": brackets}
+
+
+@pytest.fixture(scope="module")
+def cased(corpora, tmp_path_factory) -> dict[tuple[str, str], Path]:
+    """Cased tokenizers of each kind on each corpus: '[SEP]' is not lowercased away from the special's name."""
+    out = tmp_path_factory.mktemp("tokenizers")
+    dirs = {}
+    for kind in KINDS:
+        for name, path in corpora.items():
+            dirs[kind, name] = out / f"{kind}-{name}"
+            options = dict(kind=kind, vocab_size=500, lowercase=False, strip_accents=False, show_progress=False)
+            train_tokenizer([str(path)], dirs[kind, name], **options)
+    return dirs
+
+
+def shard_tokens(tokenizer_dir: Path, texts: list[str], where: Path) -> list[list[int]]:
+    """Each document's ids as the shards hold them."""
+    corpus = where / "docs.jsonl"
+    where.mkdir(parents=True, exist_ok=True)
+    corpus.write_text("".join(json.dumps({"text": t}) + "\n" for t in texts))
+    build_shards([str(corpus)], tokenizer_dir, where / "shards", num_workers=0, show_progress=False)
+    shards = ShardSet(where / "shards")
+    return [shards.doc_tokens(i).tolist() for i in range(shards.num_docs)]
+
+
+# ----------------------------------------------------------------------------------------------
+# Control tokens spelled in the text
+
+
+@pytest.mark.parametrize("corpus", ["brackets", "plain"])
+@pytest.mark.parametrize("kind", KINDS)
+def test_text_spelling_control_tokens_never_gives_their_ids(cased, kind, corpus, tmp_path):
+    """The shards never hold [PAD] [UNK] [CLS] [SEP] [MASK] or an [unusedN] filler for text that spells them. A cased
+    Unigram did: the specials are also its model pieces, of score 0.0 (the best), and a filler beat a run of unknown
+    characters ('[' unseen in training). Only where a character is unknown is there an [UNK]."""
+    source = cased[kind, corpus]
+    before = hashlib.sha256((source / "tokenizer.json").read_bytes()).hexdigest()
+    tokenizer = load_tokenizer(source)
+    tokens = special_tokens(tokenizer)
+    controls = set(range(tokens.vocab_size)) - set(tokens.replaceable.tolist())  # specials and fillers
+    assert len(controls) > 5  # fillers among them (vocab 500, padded to 512)
+    (ids,) = shard_tokens(source, [CONTROLS], tmp_path)
+    names = [tokenizer.convert_ids_to_tokens(i) for i in ids]
+    assert not controls - {tokens.unk} & set(ids), names
+    assert corpus == "plain" or tokens.unk not in ids, names  # every character known: no [UNK] either
+    # the saved tokenizer is as it was: HF still reads "[SEP]" typed by a user as the special token
+    assert hashlib.sha256((source / "tokenizer.json").read_bytes()).hexdigest() == before
+    assert tokenizer("a [SEP] b", add_special_tokens=False)["input_ids"][-2] == tokens.sep
+
+
+def test_unigram_shards_hold_the_tokenizer_s_own_ids_for_other_text(cased, corpora, tmp_path):
+    """Renaming the control pieces in the shard workers' copy changes nothing else: ordinary text has the ids the saved
+    tokenizer gives it."""
+    source = cased["unigram", "brackets"]
+    texts = [json.loads(line)["text"].split("\n")[0] for line in corpora["plain"].read_text().splitlines()]
+    saved = Tokenizer.from_file(str(source / "tokenizer.json"))
+    assert shard_tokens(source, texts, tmp_path) == [saved.encode(t, add_special_tokens=False).ids for t in texts]
