@@ -59,7 +59,7 @@ def tokenizer_hash(directory: str | os.PathLike) -> str:
 
 def _build(kind: str, lowercase: bool, strip_accents: bool):
     """An untrained `tokenizers.Tokenizer` and its trainer class/options for `kind`."""
-    from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+    from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
     if kind == "wordpiece":
         tok = Tokenizer(models.WordPiece(unk_token="[UNK]", continuing_subword_prefix="##"))
@@ -83,6 +83,8 @@ def _build(kind: str, lowercase: bool, strip_accents: bool):
         return tok, trainers.BpeTrainer, {"initial_alphabet": pre_tokenizers.ByteLevel.alphabet()}
     if kind == "unigram":
         tok = Tokenizer(models.Unigram())
+        # Metaspace splits words at ' ' only: a tab or newline stayed inside a piece, as [UNK] joining two words
+        steps.append(normalizers.Replace(Regex(r"\s+"), " "))
         tok.normalizer = normalizers.Sequence(steps)
         tok.pre_tokenizer = pre_tokenizers.Metaspace()
         tok.decoder = decoders.Metaspace()

@@ -1,5 +1,5 @@
 """What each tokenizer kind (WordPiece, byte-level BPE, Unigram) puts into the shards for text that spells its control
-tokens."""
+tokens or holds tabs."""
 
 from __future__ import annotations
 
@@ -85,3 +85,18 @@ def test_unigram_shards_hold_the_tokenizer_s_own_ids_for_other_text(cased, corpo
     texts = [json.loads(line)["text"].split("\n")[0] for line in corpora["plain"].read_text().splitlines()]
     saved = Tokenizer.from_file(str(source / "tokenizer.json"))
     assert shard_tokens(source, texts, tmp_path) == [saved.encode(t, add_special_tokens=False).ids for t in texts]
+
+
+# ----------------------------------------------------------------------------------------------
+# Whitespace
+
+
+def test_unigram_splits_words_at_tabs_and_newlines(cased, tmp_path):
+    """Metaspace splits at ' ' only: "one\\twith" was '▁one', [UNK], 'w', ... one word with an [UNK] inside. A new
+    unigram tokenizer maps every run of whitespace to one space first."""
+    source = cased["unigram", "plain"]
+    spaced, tabbed = "New one with tab and line.", "New one\twith tab  \t and\nline."
+    tokenizer = load_tokenizer(source)
+    assert tokenizer.tokenize(tabbed) == tokenizer.tokenize(spaced)
+    shards = shard_tokens(source, [spaced, tabbed], tmp_path)
+    assert shards[0] == shards[1] and tokenizer.unk_token_id not in shards[1]
