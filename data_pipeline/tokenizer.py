@@ -33,6 +33,7 @@ from data_pipeline.readers import (
     iter_documents,
     iter_documents_sample,
 )
+from pretrain.core.config import DataConfig
 from pretrain.core.errors import DataError, UserError
 from pretrain.core.files import sha256_file
 from pretrain.core.outputs import check_not_input, claim_output, mark_output
@@ -47,6 +48,7 @@ KINDS = ("wordpiece", "bpe", "unigram")
 VOCAB_MULTIPLE = 64  # padded vocab keeps the embedding/output matmuls on tensor-core friendly shapes
 FILLER = "[unused{}]"
 MODEL_MAX_LENGTH = 512
+MIN_FREQUENCY = DataConfig.min_frequency  # the one value a unigram tokenizer (which has no such option) takes
 
 
 def tokenizer_hash(directory: str | os.PathLike) -> str:
@@ -200,7 +202,7 @@ def train_tokenizer(
     vocab_size: int = 8192,
     lowercase: bool = True,
     strip_accents: bool = True,
-    min_frequency: int = 2,
+    min_frequency: int = MIN_FREQUENCY,
     text_field: str = "text",
     text_documents: str = "paragraphs",
     sample_docs: int = 0,
@@ -215,6 +217,10 @@ def train_tokenizer(
     `sources`: the corpus as weighted sources, (inputs, weight) each, `paths` being all their inputs; with
     sample_docs > 0 each source gives its weight's share of the documents (`mixing.iter_documents_weighted`).
 
+    min_frequency: how often a pair of pieces must occur to be merged (WordPiece and BPE). Unigram's trainer has no
+    such threshold (it prunes pieces by likelihood), so a value other than the default is refused for it rather
+    than ignored.
+
     sample_docs > 0 trains on about that many documents spread over all inputs (the first
     ceil(sample_docs / inputs) of each): a vocabulary converges long before a large corpus ends, and only
     the sampled part of each file is read. Memory is the trainer's word counts, not the corpus.
@@ -225,6 +231,11 @@ def train_tokenizer(
     """
     if vocab_size < 1:
         raise DataError(f"vocab_size must be >= 1, got {vocab_size}")
+    if kind == "unigram" and min_frequency != MIN_FREQUENCY:
+        raise DataError(
+            f"data.min_frequency={min_frequency} has no effect on a unigram tokenizer (its trainer keeps pieces by "
+            f"likelihood, not by count): leave it at {MIN_FREQUENCY}, or train wordpiece or bpe"
+        )
     out = _output_dir(Path(out_dir), paths)
     built = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)

@@ -1,5 +1,5 @@
 """What each tokenizer kind (WordPiece, byte-level BPE, Unigram) puts into the shards for text that spells its control
-tokens or holds tabs."""
+tokens or holds tabs, and which min_frequency a unigram tokenizer takes."""
 
 from __future__ import annotations
 
@@ -13,7 +13,9 @@ from tokenizers import Tokenizer
 from data_pipeline.shard_build import build_shards
 from data_pipeline.shard_read import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, train_tokenizer
-from tests.helpers import small_corpus
+from pretrain.cli import main
+from pretrain.core.errors import DataError
+from tests.helpers import run_args, small_corpus
 
 KINDS = ("wordpiece", "bpe", "unigram")
 # A paper about BERT: the control tokens, and a filler's name, as plain text
@@ -100,3 +102,29 @@ def test_unigram_splits_words_at_tabs_and_newlines(cased, tmp_path):
     assert tokenizer.tokenize(tabbed) == tokenizer.tokenize(spaced)
     shards = shard_tokens(source, [spaced, tabbed], tmp_path)
     assert shards[0] == shards[1] and tokenizer.unk_token_id not in shards[1]
+
+
+# ----------------------------------------------------------------------------------------------
+# min_frequency
+
+
+def test_unigram_refuses_a_min_frequency_it_would_ignore(corpora, tmp_path, capsys):
+    """UnigramTrainer has no min_frequency: 1, 2 and 500 gave the same file. The default trains; another value is a
+    one-line error naming data.min_frequency, from `pretrain run` as from `pretrain tokenizer`, before anything is
+    written."""
+    with pytest.raises(DataError, match=r"data\.min_frequency=5 has no effect on a unigram tokenizer"):
+        train_tokenizer([str(corpora["plain"])], tmp_path / "tok", kind="unigram", min_frequency=5)
+    assert not (tmp_path / "tok").exists()
+    args = run_args(tmp_path, corpora["plain"], "data.tokenizer_type=unigram", "data.min_frequency=1")
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert [line for line in err.splitlines() if not line.startswith("[pretrain]")] == [
+        "error: data.min_frequency=1 has no effect on a unigram tokenizer (its trainer keeps pieces by likelihood, "
+        "not by count): leave it at 2, or train wordpiece or bpe"
+    ], err
+    assert not (tmp_path / "r" / "tokenizer" / "tokenizer.json").exists()
+    out = tmp_path / "cli"
+    args = ["tokenizer", str(corpora["plain"]), "--out", str(out), "--type", "unigram", "--min-frequency", "3"]
+    assert main(args) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: data.min_frequency=3") and err.count("\n") == 1 and not out.exists()
