@@ -7,7 +7,8 @@ of names keeps configs, the trainer and exported checkpoints uniform across kind
 Sentence pairs are encoded as BERT does, [CLS] A [SEP] B [SEP] with token types 0..0 1..1 (the post-processor's pair
 template), which is what `objectives.sentence_head.assemble_pair` builds for NSP and SOP. Whether a tokenizer
 returns those types is a setting of the export (`copy_tokenizer_files`), not of the trained tokenizer: it depends on
-the HF architecture, and the trained files stay byte-identical (the run fingerprint hashes tokenizer.json).
+the HF architecture, and the trained files stay byte-identical (the run fingerprint hashes tokenizer.json). So is
+[MASK] taking the space before it in a BPE or Unigram export (`strip_space_before_mask`).
 
 `transformers` is imported lazily: shard workers import this module and only need `tokenizer_hash`.
 """
@@ -394,6 +395,33 @@ def copy_tokenizer_files(
     model_type = getattr(hf_config, "model_type", None) if hf_config is not None else None
     type_vocab_size = getattr(hf_config, "type_vocab_size", 2) if hf_config is not None else 2
     set_model_inputs(dest, takes_token_types(model_type, type_vocab_size), max_length)
+
+
+# Models whose pieces carry the space before a word ('Ġthe', '▁the'); WordPiece's pre-tokenizer drops spaces instead.
+_SPACE_IN_PIECES = ("BPE", "Unigram")
+
+
+def strip_space_before_mask(directory: str | os.PathLike) -> None:
+    """Make the mask token of `directory`'s tokenizer.json take the spaces before it (lstrip, as RoBERTa's <mask>)
+    where the model's pieces carry a word's leading space (byte-level BPE, Unigram). Without it "the [MASK] of" gave
+    'Ġthe', 'Ġ', '[MASK]', 'Ġof': a lone space piece before the mask, which pretraining (whose masks replace a
+    word's pieces, its space included) never showed the model. For exports only: the run's own tokenizer.json is
+    fingerprinted and stays byte-identical. A file already so, or of another model, is left untouched."""
+    path = Path(directory) / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    if (spec.get("model") or {}).get("type") not in _SPACE_IN_PIECES:
+        return
+    config_path = Path(directory) / "tokenizer_config.json"
+    mask = json.loads(config_path.read_text(encoding="utf-8")).get("mask_token") if config_path.is_file() else None
+    mask = mask.get("content") if isinstance(mask, dict) else mask or "[MASK]"
+    tokens = [t for t in spec.get("added_tokens", []) if t.get("content") == mask and not t.get("lstrip")]
+    if not tokens:
+        return
+    for token in tokens:
+        token["lstrip"] = True
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 def set_model_inputs(directory: str | os.PathLike, token_types: bool, max_length: int | None = None) -> None:

@@ -120,6 +120,41 @@ def test_bpe_and_unigram_exports_type_pairs(tokenizers, kind, tmp_path):
     check_pair_encoding(out)
 
 
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_export_encodes_a_masked_word_as_the_shards_hold_it(tokenizers, kind, tmp_path):
+    """A fill-mask input is the sentence as its shards hold it, the masked word's pieces replaced by one [MASK]. A
+    byte-level BPE or Unigram export put a lone 'Ġ' / '▁' before it ("the [MASK] of": 'Ġthe', 'Ġ', '[MASK]'), the
+    space the word's first piece carries, which pretraining never showed the model: the export's [MASK] takes the
+    space before it (lstrip, as RoBERTa's <mask>). The run's own tokenizer.json, which its fingerprint hashes, is
+    unchanged."""
+    from data_pipeline.shard_build import build_shards
+    from data_pipeline.shard_read import ShardSet
+
+    source = tokenizers[kind]
+    before = (source / "tokenizer.json").read_bytes()
+    _, out = export(source, tmp_path / "hf", {"mlm": {}})
+    words = "the people of the union and their liberty".split()
+    corpus = tmp_path / "sentence.jsonl"
+    corpus.write_text(json.dumps({"text": " ".join(words)}) + "\n")
+    build_shards([str(corpus)], source, tmp_path / "shards", num_workers=0, show_progress=False)
+    shards = ShardSet(tmp_path / "shards")
+    ids, starts = shards.doc_tokens(0).tolist(), np.flatnonzero(shards.doc_word_starts(0)).tolist()
+    assert len(starts) == len(words)
+    bounds = [*starts, len(ids)]
+    tok = transformers.AutoTokenizer.from_pretrained(str(out))
+    for i in range(len(words)):
+        text = " ".join([*words[:i], "[MASK]", *words[i + 1 :]])
+        got = tok(text, add_special_tokens=False)["input_ids"]
+        want = ids[: bounds[i]] + [tok.mask_token_id] + ids[bounds[i + 1] :]
+        assert got == want, (text, tok.convert_ids_to_tokens(got))
+    assert (source / "tokenizer.json").read_bytes() == before
+    exported = json.loads((out / "tokenizer.json").read_text())
+    mask = next(t for t in exported["added_tokens"] if t["content"] == "[MASK]")
+    assert mask["lstrip"] == (kind != "wordpiece")  # WordPiece drops spaces before its pieces: its file is the run's
+    mask["lstrip"] = False
+    assert exported == json.loads(before)  # nothing else differs
+
+
 def test_pair_logits_through_the_tokenizer_match_ours(tokenizers, tmp_path):
     model, out = export(tokenizers["wordpiece"], tmp_path / "hf")
     hf = transformers.BertForPreTraining.from_pretrained(str(out), dtype=torch.float32).eval()

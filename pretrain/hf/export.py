@@ -11,7 +11,8 @@ The layout `save_pretrained` writes, which we reproduce (transformers 5.x):
   re-ties it on load (to the word embeddings and to the head's bias) and `save_pretrained` drops it, so do we;
 - no `*.embeddings.position_ids` / `token_type_ids`: they are non-persistent buffers;
 - a pooler only in the *ForPreTraining classes (the *ForMaskedLM ones build their base model without one);
-- the tokenizer files of the run, and README.md (model card).
+- the tokenizer files of the run (a BPE or Unigram [MASK] taking the space before it, as RoBERTa's <mask>), and
+  README.md (model card).
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from data_pipeline.tokenizer import TOKENIZER_FILES, copy_tokenizer_files
+from data_pipeline.tokenizer import TOKENIZER_FILES, copy_tokenizer_files, strip_space_before_mask
 from pretrain.core.errors import UserError
 from pretrain.core.files import fsync_path, sync_tree, write_atomic
 from pretrain.core.outputs import MARKER, check_not_input, claim_output, exclusive_waiting, mark_output, marked_kind
@@ -187,6 +188,7 @@ def write_hf_dir(
                     where = tmp / sub
                     # pairs typed as this architecture's; no longer inputs than its position table holds
                     copy_tokenizer_files(tokenizer_dir, where, config, position_limit(config.to_dict()))
+                    strip_space_before_mask(where)  # fill-mask input as pretraining masked words
                     config.save_pretrained(where)  # writes config.json
                     save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
                     (where / "README.md").write_text(readme)
