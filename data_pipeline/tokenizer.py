@@ -211,12 +211,16 @@ def train_tokenizer(
     on_bad: str = "skip",
     max_document_bytes: int = DEFAULT_MAX_DOCUMENT_BYTES,
     sources: list[tuple[list, float]] | None = None,
+    recorded: dict | None = None,
 ) -> PreTrainedTokenizerFast:
     """Train a tokenizer on the corpus, streamed, into `out_dir`. The same corpus and settings give byte-identical
     files.
 
     `sources`: the corpus as weighted sources, (inputs, weight) each, `paths` being all their inputs; with
     sample_docs > 0 each source gives its weight's share of the documents (`mixing.iter_documents_weighted`).
+
+    `recorded`: more data.* values to record with the settings (`trained_settings`), keyed as DataConfig's fields: the
+    config's data.corpus and data.sources as written (`paths` are their expanded files, which a config never equals).
 
     min_frequency: how often a pair of pieces must occur to be merged (WordPiece and BPE). Unigram's trainer has no
     such threshold (it prunes pieces by likelihood), so a value other than the default is refused for it rather
@@ -267,13 +271,19 @@ def train_tokenizer(
         strip_accents=strip_accents,
         min_frequency=min_frequency,
         text_documents=text_documents,
+        text_field=text_field,
+        tokenizer_sample_docs=sample_docs,
+        max_document_bytes=max_document_bytes,
+        **(recorded or {}),
     )
     _save_atomically(fast, out, settings)
     return fast
 
 
 # Beside the tokenizer's own files: the data.* settings it was trained with (keys as the config's), so that a run
-# whose config now asks for others trains a new one rather than going on with this (`trained_settings`).
+# whose config now asks for others trains a new one rather than going on with this (`trained_settings`). The file of
+# an older version lacks some (text_field, tokenizer_sample_docs, max_document_bytes, corpus, sources): only the keys
+# a file has are compared.
 SETTINGS_FILE = "training_settings.json"
 
 

@@ -348,3 +348,49 @@ def test_a_run_trains_its_tokenizer_again_when_its_settings_change_before_any_ch
     (tmp_path / "r" / "checkpoints" / "latest").write_text("step_00000001")
     stage_tokenizer(config("data.vocab_size=512"))
     assert "exists, skipped" in capsys.readouterr().err and len(load_tokenizer(out)) == 1024
+
+
+def test_a_run_trains_its_tokenizer_again_when_what_it_was_trained_on_changes(corpus, tmp_path, capsys):
+    """data.tokenizer_sample_docs, data.text_field and data.max_document_bytes decide which text the tokenizer learns
+    from, but were not recorded: a change before the first checkpoint went on with the old tokenizer. data.corpus and
+    data.sources are recorded as the config writes them (`train_tokenizer(recorded=...)`; their expanded files never
+    equal a config's globs). A settings file of an older version, without these keys, compares the keys it has."""
+    from pretrain.pipeline import _tokenizer_settings_changed, stage_tokenizer
+    from pretrain.train.setup import load_config
+
+    def config(*overrides):
+        base = [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=512"]
+        return load_config("tiny", [*base, *overrides])
+
+    out = stage_tokenizer(config())
+    assert _tokenizer_settings_changed(config()) == []
+    for override, said in (
+        ("data.tokenizer_sample_docs=3", "data.tokenizer_sample_docs=0 (now 3)"),
+        ("data.text_field=body", "data.text_field=text (now body)"),
+        ("data.max_document_bytes=1000", "data.max_document_bytes=16777216 (now 1000)"),
+    ):
+        assert _tokenizer_settings_changed(config(override)) == [said]
+    capsys.readouterr()
+    stage_tokenizer(config("data.tokenizer_sample_docs=3"))
+    assert "was trained with data.tokenizer_sample_docs=0 (now 3): training it again" in capsys.readouterr().err
+    assert _tokenizer_settings_changed(config("data.tokenizer_sample_docs=3")) == []
+
+    other = tmp_path / "other.jsonl"
+    other.write_text(corpus.read_text())
+    train_tokenizer(
+        [str(corpus)], out, vocab_size=512, show_progress=False, recorded={"corpus": [str(corpus)], "sources": []}
+    )
+    assert _tokenizer_settings_changed(config()) == []
+    said = f"data.corpus=['{corpus}'] (now ['{other}'])"
+    assert _tokenizer_settings_changed(config(f"data.corpus=[{other}]")) == [said]
+    mixed = config("data.corpus=[]", f"data.sources=[{{name: a, corpus: [{corpus}]}}]")
+    assert f"data.sources=[] (now [{{'name': 'a', 'corpus': ['{corpus}'], 'weight': 1.0}}])" in (
+        _tokenizer_settings_changed(mixed)
+    )
+
+    settings = out / "training_settings.json"  # as an older version wrote it
+    recorded = json.loads(settings.read_text())
+    keys = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents", "min_frequency", "text_documents")
+    settings.write_text(json.dumps({k: recorded[k] for k in keys}))
+    assert _tokenizer_settings_changed(config("data.tokenizer_sample_docs=3", f"data.corpus=[{other}]")) == []
+    assert _tokenizer_settings_changed(config("data.vocab_size=1024")) == ["data.vocab_size=512 (now 1024)"]
