@@ -47,6 +47,8 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         max_document_bytes=d.max_document_bytes,
         on_bad=d.on_bad_document,
         sources=[(fs, w) for _, fs, w in sources] if sources else None,
+        # as the config writes them, so that `_tokenizer_settings_changed` compares them like the other data.* keys
+        recorded={"corpus": list(d.corpus), "sources": to_dict(d.sources)},
     )
     return out
 

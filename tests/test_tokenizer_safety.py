@@ -364,6 +364,7 @@ def test_a_run_trains_its_tokenizer_again_when_what_it_was_trained_on_changes(co
 
     out = stage_tokenizer(config())
     assert _tokenizer_settings_changed(config()) == []
+    assert json.loads((out / "training_settings.json").read_text())["corpus"] == [str(corpus)]  # the stage records it
     for override, said in (
         ("data.tokenizer_sample_docs=3", "data.tokenizer_sample_docs=0 (now 3)"),
         ("data.text_field=body", "data.text_field=text (now body)"),

@@ -61,7 +61,9 @@ class DataConfig:
     vocab_size: int = doc(8192, "Target vocabulary size (padded up to a multiple of 64).")
     lowercase: bool = doc(True, "Lowercase text before tokenizing (uncased model).")
     strip_accents: bool = doc(True, "Strip accents when normalizing.")
-    min_frequency: int = doc(2, "Minimum count of a pair/token to enter the vocabulary.")
+    min_frequency: int = doc(
+        2, "Minimum count of a pair/token to enter the vocabulary (WordPiece and BPE; unigram takes only the default)."
+    )
     shards: str = doc("", "Shard directory; empty means <run_dir>/shards, built from the corpus if missing.")
     num_workers: int = doc(2, "Processes that tokenize the corpus in parallel.")
     docs_per_shard: int = doc(2000, "Documents per shard file.")
