@@ -78,6 +78,14 @@ def test_bad_yaml_names_file_and_line(tmp_path):
     typo.write_text("base: tiny\nmodel: {hiden_size: 64}\n")
     with pytest.raises(ConfigError, match=rf"^{typo}: unknown config key 'model.hiden_size'"):
         load_config(str(typo))
+    # ... but not for what it does not write: an override's value, or a key of the file it is based on
+    five = tmp_path / "five.yaml"
+    five.write_text("base: tiny\ntrain: {max_steps: 5}\n")
+    with pytest.raises(ConfigError, match=r"^train.max_steps: must be >= 1, got 0"):
+        load_config(str(five), ["train.max_steps=0"])
+    (tmp_path / "top.yaml").write_text("base: typo.yaml\n")
+    with pytest.raises(ConfigError, match=r"^unknown config key 'model.hiden_size'"):
+        load_config(str(tmp_path / "top.yaml"))
     (tmp_path / "b.yaml").write_text("base: tinyy\n")
     with pytest.raises(ConfigError, match=rf"^{tmp_path / 'b.yaml'}: base: config 'tinyy' not found"):
         load_config(str(tmp_path / "b.yaml"))

@@ -549,8 +549,8 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     try:
         cfg = build_config(apply_overrides(data, overrides or []))
     except ConfigError as err:
-        if path is None or path.parent.resolve() == CONFIG_DIR.resolve():  # a preset's name says where already
-            raise
+        if path is None or path.parent.resolve() == CONFIG_DIR.resolve() or not _written_in(path, err, overrides):
+            raise  # a preset's name says where already; a value from an override or a base file is not this file's
         raise ConfigError(f"{path}: {err}") from None
     # Here, not in build_config: a checkpoint's config is built too, and exporting it must not need the package
     if cfg.tensorboard.enabled:
@@ -558,6 +558,32 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     _check_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
     _check_data_stages(cfg.data)
     return cfg
+
+
+def _written_in(path: Path, err: ConfigError, overrides: list[str] | None) -> bool:
+    """Whether the setting `err` names is written in the file `path` itself (not only in its base, nor set by an
+    override): the file to name in the message."""
+    import re
+
+    import yaml
+
+    found = re.search(r"\b([a-z_]+(?:\.[a-z_0-9]+)+)", str(err))
+    if found is None:
+        return False
+    key = found.group(1)
+    if any(
+        key == o.partition("=")[0].strip() or key.startswith(o.partition("=")[0].strip() + ".") for o in overrides or []
+    ):
+        return False
+    try:
+        node = yaml.safe_load(path.read_text())
+    except (OSError, yaml.YAMLError):
+        return False
+    for part in key.split("."):
+        if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
 
 
 def _refuse_objectives_added_by_an_option(data: dict, overrides: list[str]) -> None:
