@@ -47,9 +47,9 @@ def test_a_field_swallowing_tabs_or_lines_is_refused_as_quoting(tmp_path, rows, 
     with pytest.raises(UserError, match=message) as err:
         load_task(task)
     assert "quoting is off" in str(err.value)
-    # a quote inside a field, or quotes around a whole field, are fine
-    write_task(tmp_path / "t", 'sentence\tlabel\nsay "hi"\t1\n"quoted"\t0\n')
-    assert load_task(tmp_path / "t").train[0] == ['say "hi"', "quoted"]
+    # a quote inside a field, quotes around a whole field (lines and all), and a trailing tab are fine
+    write_task(tmp_path / "t", 'sentence\tlabel\t\nsay "hi"\t1\n"quoted"\t0\n"two\nlines"\t1\t\n')
+    assert load_task(tmp_path / "t").train[0] == ['say "hi"', "quoted", "two lines"]
 
 
 def test_question_and_sentence_are_a_pair_and_other_columns_are_refused(tmp_path):

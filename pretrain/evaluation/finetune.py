@@ -81,6 +81,8 @@ def read_tsv(path: Path) -> tuple[list[str], list[str] | None, list[str]]:
         if not header:
             raise UserError(f"{path}:1: empty file, expected a header row (sentence<TAB>label)")
         header = [h.strip() for h in header]
+        while header and not header[-1]:  # a trailing tab (spreadsheet exports write one): no column
+            header.pop()
         if "label" not in header:
             raise UserError(f"{path}:1: no 'label' column in header {header}")
         pair = next((p for p in PAIR_COLUMNS if all(c in header for c in p)), None)
@@ -106,14 +108,15 @@ def read_tsv(path: Path) -> tuple[list[str], list[str] | None, list[str]]:
             line, end = end + 1, rows.line_num  # the row's first and last physical lines
             if not row or (len(row) == 1 and not row[0].strip()):
                 continue  # blank line
-            broken = next((f for f in row if "\n" in f or "\r" in f or "\t" in f), None)
-            if broken is not None:  # a `"` opening a field swallowed separators (and lines) up to the next `"`
-                what = "tab" if "\t" in broken else "line break"
+            if len(row) > len(header) and not any(f.strip() for f in row[len(header) :]):
+                row = row[: len(header)]  # trailing empty fields
+            if any("\t" in f for f in row):  # a `"` opening a field swallowed separators up to the next `"`
                 runs_on = f" (this row runs on to line {end})" if end > line else ""
                 raise UserError(
-                    f"{path}:{line}: a field holds a {what}{runs_on}: the file's quoting is off; a field that starts "
+                    f"{path}:{line}: a field holds a tab{runs_on}: the file's quoting is off; a field that starts "
                     'with " runs to the next " (remove the quote, or quote the whole field and double each " in it)'
                 )
+            row = [" ".join(f.split()) if "\n" in f or "\r" in f else f for f in row]  # a quoted field's lines
             if len(row) != len(header):
                 raise UserError(f"{path}:{line}: {len(row)} tab-separated field(s), the header has {len(header)}")
             label = row[label_col].strip()
