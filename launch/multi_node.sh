@@ -17,5 +17,5 @@ if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCE
 first_host=$(awk '!/^[[:space:]]*(#|$)/ {print $1; exit}' "$hostfile")
 per_node=()
 if [ -n "${NODE_RANK:-}" ]; then per_node=(--no_ssh --node_rank "$NODE_RANK"); fi
-exec deepspeed --hostfile "$hostfile" "${per_node[@]}" --master_addr "${MASTER_ADDR:-$first_host}" \
+exec deepspeed --hostfile "$hostfile" ${per_node[@]+"${per_node[@]}"} --master_addr "${MASTER_ADDR:-$first_host}" \
   --master_port "${MASTER_PORT:-29500}" --module pretrain.cli train "$@"
