@@ -7,6 +7,11 @@
 set -euo pipefail
 nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
-exec torchrun --nproc_per_node "$nproc_per_node" --nnodes "${NNODES:-1}" --node_rank "${NODE_RANK:-0}" \
+nnodes=${NNODES:-1}
+if [ "$nnodes" != 1 ] && [ -z "${MASTER_ADDR:-}" ]; then  # 127.0.0.1 would leave the other nodes waiting on themselves
+  echo "$0: NNODES=$nnodes needs MASTER_ADDR, an address of node 0 (NODE_RANK=0) that every node reaches" >&2
+  exit 2
+fi
+exec torchrun --nproc_per_node "$nproc_per_node" --nnodes "$nnodes" --node_rank "${NODE_RANK:-0}" \
   --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" \
   -m pretrain.cli train "$@"

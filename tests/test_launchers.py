@@ -3,11 +3,49 @@
 
 from __future__ import annotations
 
+import os
 import re
+import subprocess
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "launch"
+VENV_BIN = Path(sys.executable).parent
+# What a launcher sets or reads: none of it may leak in from the environment the tests run in (a CI job on SLURM)
+LAUNCH_VARS = re.compile(
+    r"(RANK|WORLD_SIZE|LOCAL_RANK|LOCAL_SIZE|LOCAL_WORLD_SIZE|MASTER_ADDR|MASTER_PORT|NNODES|NODE_RANK|"
+    r"GLOO_SOCKET_IFNAME|NCCL_SOCKET_IFNAME|CROSS_RANK|CROSS_SIZE|DS_ENV_FILE|SLURM_.*|SLURMD_.*|SRUN_.*|"
+    r"TORCHELASTIC_.*)"
+)
+
+
+def env_for(*front: Path, **variables) -> dict[str, str]:
+    """The environment of a launch: this one's python, deepspeed and torchrun first on PATH (after `front`, where
+    stand-ins go), CPU ranks of one thread each."""
+    env = {k: v for k, v in os.environ.items() if not LAUNCH_VARS.fullmatch(k)}
+    env.update(
+        DS_ACCELERATOR="cpu",
+        WANDB_MODE="disabled",
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        TOKENIZERS_PARALLELISM="false",
+        PATH=os.pathsep.join([*map(str, front), str(VENV_BIN), env.get("PATH", "")]),
+    )
+    env.update({k: str(v) for k, v in variables.items()})
+    return env
+
+
+def stand_in(directory: Path, name: str, script: str) -> None:
+    path = directory / name
+    path.write_text(script)
+    path.chmod(0o755)
+
+
+# A stand-in that records its name and arguments, one a line, in $STAND_IN_LOG
+RECORD = """#!/bin/sh
+printf '%s\\n' "$0" "$@" >> "$STAND_IN_LOG"
+"""
 
 
 # ----------------------------------------------------------------------------------------------
@@ -20,3 +58,27 @@ def test_launchers_expand_arrays_that_may_be_empty_safely():
     for script in [*LAUNCH.glob("*.sh"), *LAUNCH.glob("*.sbatch")]:
         text = re.sub(r'\$\{(\w+)\[@\]\+"\$\{\1\[@\]\}"\}', "", script.read_text())
         assert not re.search(r"\$\{\w+\[@\]\}", text), f"{script.name}: an unguarded array expansion"
+
+
+# ----------------------------------------------------------------------------------------------
+# torchrun.sh
+
+
+def test_torchrun_across_nodes_needs_master_addr(tmp_path):
+    """NNODES > 1 without MASTER_ADDR: a one-line error and no torchrun, where 127.0.0.1 left every node but the
+    first waiting for a rendezvous on itself, without a word."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "torchrun", RECORD)
+    log = tmp_path / "torchrun.args"
+    env = env_for(bin_dir, STAND_IN_LOG=log, NNODES=2, NODE_RANK=1)
+    proc = subprocess.run([LAUNCH / "torchrun.sh", "1", "tiny"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode != 0
+    assert "MASTER_ADDR" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1, proc.stderr
+    assert not log.exists(), "torchrun ran"
+
+    env["MASTER_ADDR"] = "10.0.0.1"
+    proc = subprocess.run([LAUNCH / "torchrun.sh", "1", "tiny"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    args = log.read_text().splitlines()
+    assert args[args.index("--master_addr") + 1] == "10.0.0.1"
