@@ -82,3 +82,60 @@ def test_torchrun_across_nodes_needs_master_addr(tmp_path):
     assert proc.returncode == 0, proc.stderr
     args = log.read_text().splitlines()
     assert args[args.index("--master_addr") + 1] == "10.0.0.1"
+
+
+# ----------------------------------------------------------------------------------------------
+# slurm.sbatch under stand-in scontrol and srun
+
+FAKE_SRUN = """#!/bin/sh
+{ printf 'MASTER_ADDR=%s\\nMASTER_PORT=%s\\nSRUN_CPUS_PER_TASK=%s\\n' "$MASTER_ADDR" "$MASTER_PORT" \\
+    "${SRUN_CPUS_PER_TASK-unset}"; printf '%s\\n' "$@"; } > "$STAND_IN_LOG"
+"""
+SCONTROL = "#!/bin/sh\nprintf 'node1\\nnode2\\n'\n"
+
+
+def _sbatch(tmp_path: Path, scontrol: str, **variables) -> tuple[subprocess.CompletedProcess, Path]:
+    """launch/slurm.sbatch as a batch job of a 2-node allocation runs it; the log holds what srun got."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    stand_in(bin_dir, "scontrol", scontrol)
+    stand_in(bin_dir, "srun", FAKE_SRUN)
+    log = tmp_path / "srun.log"
+    log.unlink(missing_ok=True)
+    env = env_for(bin_dir, STAND_IN_LOG=log, SLURM_JOB_NODELIST="node[1-2]", **variables)
+    proc = subprocess.run([LAUNCH / "slurm.sbatch", "tiny"], env=env, capture_output=True, text=True, timeout=60)
+    return proc, log
+
+
+def _srun_saw(log: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in log.read_text().splitlines()[:3])
+
+
+def test_slurm_master_addr_defaults_to_the_first_node_and_a_users_is_kept(tmp_path):
+    proc, log = _sbatch(tmp_path, SCONTROL)
+    assert proc.returncode == 0, proc.stderr
+    assert _srun_saw(log)["MASTER_ADDR"] == "node1"
+    assert log.read_text().splitlines()[3:] == ["--kill-on-bad-exit=1", "python", "-m", "pretrain.cli", "train", "tiny"]
+
+    proc, log = _sbatch(tmp_path, SCONTROL, MASTER_ADDR="node1-ib", MASTER_PORT=29600)
+    assert proc.returncode == 0, proc.stderr
+    assert _srun_saw(log)["MASTER_ADDR"] == "node1-ib"  # it was replaced by the first node's hostname
+    assert _srun_saw(log)["MASTER_PORT"] == "29600"
+
+
+def test_slurm_a_failing_scontrol_stops_the_job_before_srun(tmp_path):
+    """`export MASTER_ADDR=$(scontrol ...)` hid scontrol's failure from set -e: srun started every task with an
+    empty MASTER_ADDR."""
+    proc, log = _sbatch(tmp_path, "#!/bin/sh\necho 'scontrol: error: no such job' >&2\nexit 1\n")
+    assert proc.returncode != 0
+    assert not log.exists(), "srun ran"
+    assert "MASTER_ADDR" in proc.stderr, proc.stderr
+
+
+def test_slurm_srun_gets_the_jobs_cpus_per_task(tmp_path):
+    """srun does not inherit --cpus-per-task from the batch job on Slurm >= 22.05 unless SRUN_CPUS_PER_TASK says it."""
+    proc, log = _sbatch(tmp_path, SCONTROL, SLURM_CPUS_PER_TASK=8)
+    assert proc.returncode == 0, proc.stderr
+    assert _srun_saw(log)["SRUN_CPUS_PER_TASK"] == "8"
+    proc, log = _sbatch(tmp_path, SCONTROL)
+    assert _srun_saw(log)["SRUN_CPUS_PER_TASK"] == "unset"
