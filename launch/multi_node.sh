@@ -1,16 +1,17 @@
 #!/usr/bin/env bash
-# Several nodes from a hostfile (one line per node: "hostname slots=8"), through the DeepSpeed launcher.
+# Several nodes from a hostfile (one line per node: "hostname slots=8"), through the DeepSpeed launcher, running
+# `pretrain train` on a tokenizer and shards prepared once on a file system every node mounts (`pretrain tokenizer`,
+# `pretrain shards`; README.md, "Several processes, nodes, clusters"), named by data.tokenizer and data.shards; the
+# run directory (output_dir) belongs there too.
 # Over ssh (the default): run it on the first node of the hostfile; it starts the ranks on every node over
-# passwordless ssh.
-#   launch/multi_node.sh HOSTFILE CONFIG [key=value ...]
+# passwordless ssh (pdsh).
+#   launch/multi_node.sh HOSTFILE CONFIG data.tokenizer=/shared/tok data.shards=/shared/shards [key=value ...]
 # Without ssh: run it on every node yourself (or from a scheduler) with NODE_RANK set, 0 on the first node of the
 # hostfile, 1 on the next, ...; every node reads the same hostfile.
 #   NODE_RANK=1 launch/multi_node.sh HOSTFILE CONFIG [key=value ...]
 # MASTER_ADDR (default: the first host of the hostfile) and MASTER_PORT (default 29500) must be reachable from
 # every node; where a node has several network interfaces, name the one to use with GLOO_SOCKET_IFNAME (CPU ranks)
 # or NCCL_SOCKET_IFNAME (GPUs). README.md, "Several processes, nodes, clusters", says how to check them.
-# Build the tokenizer and shards first (`pretrain tokenizer`, `pretrain shards`) on a shared file system,
-# and point data.tokenizer / data.shards at them.
 set -euo pipefail
 hostfile=${1:?usage: [NODE_RANK=N] $0 HOSTFILE CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# One node, several GPUs (or CPU ranks), through the DeepSpeed launcher.
+# One node, several GPUs (or CPU ranks), through the DeepSpeed launcher: `pretrain run`, every stage of a run.
 #   launch/single_node.sh NUM_PROCS CONFIG [key=value ...]
 #   launch/single_node.sh 8 configs/bert-base.yaml train.micro_batch_size=64
-# Data stages (tokenizer, shards) run once on rank 0; the others wait at a barrier.
+# Data stages (tokenizer, shards) run once on rank 0, skipped where their output exists; the others wait at a
+# barrier, for 30 minutes at most: prepare a corpus that takes longer first (`pretrain tokenizer`, `pretrain
+# shards`, then data.tokenizer= data.shards=). Then training, and the export to <run_dir>/hf.
 set -euo pipefail
 nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi

@@ -5,9 +5,13 @@ from __future__ import annotations
 
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
+
+import pytest
+from helpers import small_corpus
 
 ROOT = Path(__file__).resolve().parent.parent
 LAUNCH = ROOT / "launch"
@@ -18,6 +22,7 @@ LAUNCH_VARS = re.compile(
     r"GLOO_SOCKET_IFNAME|NCCL_SOCKET_IFNAME|CROSS_RANK|CROSS_SIZE|DS_ENV_FILE|SLURM_.*|SLURMD_.*|SRUN_.*|"
     r"TORCHELASTIC_.*)"
 )
+LAUNCH_TIMEOUT = 480  # one launch: about a minute on an idle machine, much longer on a busy 2-core one
 
 
 def env_for(*front: Path, **variables) -> dict[str, str]:
@@ -48,6 +53,25 @@ printf '%s\\n' "$0" "$@" >> "$STAND_IN_LOG"
 """
 
 
+@pytest.fixture(scope="module")
+def data(tmp_path_factory):
+    """A corpus, and a tokenizer and shards built from it, shared by the runs."""
+    from data_pipeline.shards import build_shards
+    from data_pipeline.tokenizer import train_tokenizer
+
+    d = tmp_path_factory.mktemp("launchers")
+    corpus = small_corpus(d, slice(0, 12))
+    train_tokenizer([corpus], d / "tok", vocab_size=512, show_progress=False)
+    build_shards([corpus], d / "tok", d / "shards", num_workers=0, show_progress=False)
+    return d
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
 # ----------------------------------------------------------------------------------------------
 # Bash
 
@@ -65,8 +89,8 @@ def test_launchers_expand_arrays_that_may_be_empty_safely():
 
 
 def test_torchrun_across_nodes_needs_master_addr(tmp_path):
-    """NNODES > 1 without MASTER_ADDR: a one-line error and no torchrun, where 127.0.0.1 left every node but the
-    first waiting for a rendezvous on itself, without a word."""
+    """NNODES > 1: `pretrain train`, on data prepared once and shared; without MASTER_ADDR a one-line error and no
+    torchrun, where 127.0.0.1 left every node but the first waiting for a rendezvous on itself, without a word."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_in(bin_dir, "torchrun", RECORD)
@@ -82,6 +106,7 @@ def test_torchrun_across_nodes_needs_master_addr(tmp_path):
     assert proc.returncode == 0, proc.stderr
     args = log.read_text().splitlines()
     assert args[args.index("--master_addr") + 1] == "10.0.0.1"
+    assert args[-3:] == ["pretrain.cli", "train", "tiny"], args
 
 
 # ----------------------------------------------------------------------------------------------
@@ -139,3 +164,37 @@ def test_slurm_srun_gets_the_jobs_cpus_per_task(tmp_path):
     assert _srun_saw(log)["SRUN_CPUS_PER_TASK"] == "8"
     proc, log = _sbatch(tmp_path, SCONTROL)
     assert _srun_saw(log)["SRUN_CPUS_PER_TASK"] == "unset"
+
+
+# ----------------------------------------------------------------------------------------------
+# What a launcher runs on one node
+
+
+@pytest.mark.slow
+def test_torchrun_on_one_node_runs_every_stage_as_single_node_does(data):
+    """README's `launch/torchrun.sh 8 bert-base`: on one node, the tokenizer and shards are built (once, on rank 0),
+    trained on and exported, as by launch/single_node.sh; it ran `pretrain train`, which found no tokenizer."""
+    name = "torchrun-run"
+    cmd = [
+        LAUNCH / "torchrun.sh",
+        2,
+        "tiny",
+        f"output_dir={data}",
+        f"name={name}",
+        f"data.corpus={data / 'speeches.jsonl'}",
+        "data.vocab_size=512",
+        "model.num_layers=1",
+        "train.max_steps=2",
+    ]
+    proc = subprocess.run(
+        list(map(str, cmd)),
+        env=env_for(MASTER_PORT=_port()),
+        cwd=data,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    run_dir = data / name
+    assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
+    assert (run_dir / "hf" / "config.json").is_file(), proc.stderr[-3000:]
