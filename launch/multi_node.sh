@@ -12,11 +12,33 @@
 # MASTER_ADDR (default: the first host of the hostfile) and MASTER_PORT (default 29500) must be reachable from
 # every node; where a node has several network interfaces, name the one to use with GLOO_SOCKET_IFNAME (CPU ranks)
 # or NCCL_SOCKET_IFNAME (GPUs). README.md, "Several processes, nodes, clusters", says how to check them.
+# SIGTERM or SIGINT (^C): without ssh, the ranks of this node finish the step, save a checkpoint and exit 75, and so
+# does this script. Over ssh, DeepSpeed's runner stops the ranks through pdsh (`pkill -f` of its launcher on every
+# node, which gives them 30 s to save) and exits 1.
 set -euo pipefail
 hostfile=${1:?usage: [NODE_RANK=N] $0 HOSTFILE CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
 first_host=$(awk '!/^[[:space:]]*(#|$)/ {print $1; exit}' "$hostfile")
 per_node=()
 if [ -n "${NODE_RANK:-}" ]; then per_node=(--no_ssh --node_rank "$NODE_RANK"); fi
-exec deepspeed --hostfile "$hostfile" ${per_node[@]+"${per_node[@]}"} --master_addr "${MASTER_ADDR:-$first_host}" \
-  --master_port "${MASTER_PORT:-29500}" --module pretrain.cli train "$@"
+# The signal goes to the ranks of this node, not to DeepSpeed's processes: without ssh its runner forwards none,
+# and its launch.py, signalled itself, kills the ranks 30 s later and exits 1. From a rank's 75 both exit 75. Over
+# ssh (no launch.py here), it goes to the runner, which stops the ranks through pdsh.
+forward() {
+  local launch ranks=
+  [ -n "${!:-}" ] || exit $((128 + $(kill -l "$1")))
+  launch=$(pgrep -d, -P "$!" -f deepspeed.launcher.launch || true)
+  if [ -n "$launch" ]; then ranks=$(pgrep -d' ' -P "$launch" || true); fi
+  kill -s "$1" ${ranks:-${launch:-$!}} 2>/dev/null || true
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+set -m  # the launcher in a process group of its own: a terminal's ^C reaches this script alone, which forwards it
+deepspeed --hostfile "$hostfile" ${per_node[@]+"${per_node[@]}"} --master_addr "${MASTER_ADDR:-$first_host}" \
+  --master_port "${MASTER_PORT:-29500}" --module pretrain.cli train "$@" &
+launcher=$!
+while :; do
+  status=0
+  wait "$launcher" || status=$?
+  kill -0 "$launcher" 2>/dev/null || exit "$status"  # still running: the wait was cut short by a forwarded signal
+done

@@ -10,6 +10,8 @@
 # MASTER_ADDR) and MASTER_ADDR (an address of node 0 every node reaches), the same MASTER_PORT everywhere, and where
 # a node has several network interfaces GLOO_SOCKET_IFNAME (CPU ranks) or NCCL_SOCKET_IFNAME (GPUs).
 #   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 GLOO_SOCKET_IFNAME=eth0 launch/torchrun.sh 1 tiny data.shards=... data.tokenizer=...
+# SIGTERM or SIGINT (^C): the workers finish the step, save a checkpoint and exit 75. torchrun exits 1 whenever a
+# worker exits non-zero (its report names exitcode 75 for each), and so does this script.
 set -euo pipefail
 nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
@@ -22,6 +24,24 @@ if [ "$nnodes" != 1 ]; then
   fi
   command=train
 fi
-exec torchrun --nproc_per_node "$nproc_per_node" --nnodes "$nnodes" --node_rank "${NODE_RANK:-0}" \
+# The signal goes to the workers (torchrun starts each in a session of its own): torchrun, signalled itself, kills
+# them 30 s later, maybe during the checkpoint, and ends in a SignalException. Before they exist, to torchrun
+# ($!: set as soon as it is started); before that, this script ends.
+forward() {
+  local workers
+  [ -n "${!:-}" ] || exit $((128 + $(kill -l "$1")))
+  workers=$(pgrep -d' ' -P "$!" || true)
+  kill -s "$1" ${workers:-$!} 2>/dev/null || true
+}
+trap 'forward TERM' TERM
+trap 'forward INT' INT
+set -m  # torchrun in a process group of its own: a terminal's ^C reaches this script alone, which forwards it
+torchrun --nproc_per_node "$nproc_per_node" --nnodes "$nnodes" --node_rank "${NODE_RANK:-0}" \
   --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" \
-  -m pretrain.cli "$command" "$@"
+  -m pretrain.cli "$command" "$@" &
+launcher=$!
+while :; do
+  status=0
+  wait "$launcher" || status=$?
+  kill -0 "$launcher" 2>/dev/null || exit "$status"  # still running: the wait was cut short by a forwarded signal
+done

@@ -5,9 +5,12 @@ from __future__ import annotations
 
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
+import time
+import uuid
 from pathlib import Path
 
 import pytest
@@ -23,6 +26,8 @@ LAUNCH_VARS = re.compile(
     r"TORCHELASTIC_.*)"
 )
 LAUNCH_TIMEOUT = 480  # one launch: about a minute on an idle machine, much longer on a busy 2-core one
+STOP_TIMEOUT = 120  # from the signal to the launcher's exit
+EXIT_PREEMPTED = 75
 
 
 def env_for(*front: Path, **variables) -> dict[str, str]:
@@ -70,6 +75,22 @@ def _port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def train_args(data: Path, name: str) -> list[str]:
+    """A tiny run on the prepared data that outlasts a test (a signal stops it)."""
+    return [
+        "tiny",
+        f"output_dir={data}",
+        f"name={name}",
+        f"data.corpus={data / 'speeches.jsonl'}",  # `pretrain run` finds its shards built from it
+        f"data.tokenizer={data / 'tok'}",
+        f"data.shards={data / 'shards'}",
+        "model.num_layers=1",
+        "train.max_steps=1000000",
+        "train.save_every=0",
+        "train.log_every=1",
+    ]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -198,3 +219,108 @@ def test_torchrun_on_one_node_runs_every_stage_as_single_node_does(data):
     run_dir = data / name
     assert (run_dir / "tokenizer" / "tokenizer.json").is_file()
     assert (run_dir / "hf" / "config.json").is_file(), proc.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# A signal to a launcher (real 2-rank CPU runs)
+
+
+def _marked(mark: str) -> list[int]:
+    """The processes whose environment holds `mark`: those of one launch, wherever they were reparented."""
+    needle = f"LAUNCH_TEST_MARK={mark}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit():
+            try:
+                if needle in (proc / "environ").read_bytes().split(b"\0"):
+                    found.append(int(proc.name))
+            except OSError:  # gone, or not ours to read
+                pass
+    return found
+
+
+def stop_mid_run(cmd: list, env: dict, data: Path, run_dir: Path, sig: signal.Signals) -> tuple[int, str]:
+    """Start `cmd` (a launcher), send `sig` to the launcher's process alone once its ranks train, and return its
+    exit status and output. Fails if the launcher outlives STOP_TIMEOUT or leaves a process of its launch behind;
+    every process of the launch is killed in the end."""
+    mark = uuid.uuid4().hex
+    log = run_dir.parent / f"{run_dir.name}.log"
+    with open(log, "w") as out:
+        proc = subprocess.Popen(
+            list(map(str, cmd)),
+            env={**env, "LAUNCH_TEST_MARK": mark},
+            cwd=data,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            # a shell ignores SIGINT in what it starts in the background (pytest, say), and a script cannot trap a
+            # signal ignored when it starts: the launcher gets it as a terminal would give it
+            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
+        )
+    try:
+        deadline = time.monotonic() + LAUNCH_TIMEOUT
+        while "process(es)" not in log.read_text(errors="replace"):  # the trainer's first line: its handler is set
+            assert proc.poll() is None, f"ended before training:\n{log.read_text()[-4000:]}"
+            assert time.monotonic() < deadline, "no training in time"
+            time.sleep(0.2)
+        proc.send_signal(sig)
+        try:
+            status = proc.wait(timeout=STOP_TIMEOUT)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"still running {STOP_TIMEOUT} s after {sig.name}:\n{log.read_text()[-4000:]}")
+        deadline = time.monotonic() + 10
+        while _marked(mark) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        left = _marked(mark)
+        assert not left, f"{sig.name} left {len(left)} process(es) of the launch running:\n{log.read_text()[-3000:]}"
+        return status, log.read_text(errors="replace")
+    finally:
+        proc.kill()
+        proc.wait()
+        for pid in _marked(mark):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def assert_saved(run_dir: Path, said: str) -> None:
+    assert "checkpoint saved" in said, said[-3000:]
+    latest = run_dir / "checkpoints" / "latest"
+    assert latest.is_file(), said[-3000:]
+    assert (run_dir / "checkpoints" / latest.read_text().strip()).is_dir()
+
+
+@pytest.mark.slow
+def test_single_node_sigterm_reaches_the_ranks_which_save_and_exit_75(data):
+    """DeepSpeed's runner forwards no signal on one node: under `exec` it died alone, and its ranks trained on as
+    orphans with nothing saved."""
+    run_dir = data / "single-term"
+    cmd = [LAUNCH / "single_node.sh", 2, *train_args(data, run_dir.name)]
+    status, said = stop_mid_run(cmd, env_for(MASTER_PORT=_port()), data, run_dir, signal.SIGTERM)
+    assert status == EXIT_PREEMPTED, said[-3000:]
+    assert_saved(run_dir, said)
+
+
+@pytest.mark.slow
+def test_multi_node_without_ssh_sigint_reaches_the_ranks_which_save_and_exit_75(data, tmp_path):
+    """launch/multi_node.sh with NODE_RANK set (the DeepSpeed launcher without ssh), one host of one rank, ^C."""
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("localhost slots=1\n")
+    run_dir = data / "multi-int"
+    cmd = [LAUNCH / "multi_node.sh", hostfile, *train_args(data, run_dir.name)]
+    status, said = stop_mid_run(cmd, env_for(NODE_RANK=0, MASTER_PORT=_port()), data, run_dir, signal.SIGINT)
+    assert status == EXIT_PREEMPTED, said[-3000:]
+    assert_saved(run_dir, said)
+
+
+@pytest.mark.slow
+def test_torchrun_sigterm_reaches_the_workers_which_save_and_exit_75(data):
+    """torchrun, signalled itself, ended in a SignalException and would kill its workers 30 s into the checkpoint;
+    now the workers get the signal and exit 75, and torchrun exits 1 as for any worker's non-zero status."""
+    run_dir = data / "torchrun-term"
+    cmd = [LAUNCH / "torchrun.sh", 2, *train_args(data, run_dir.name)]
+    status, said = stop_mid_run(cmd, env_for(MASTER_PORT=_port()), data, run_dir, signal.SIGTERM)
+    assert_saved(run_dir, said)
+    assert "SignalException" not in said, said[-3000:]
+    assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", said)) == {str(EXIT_PREEMPTED)}, said[-3000:]
+    assert status == 1, said[-3000:]
