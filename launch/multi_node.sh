@@ -10,8 +10,13 @@
 # hostfile, 1 on the next, ...; every node reads the same hostfile.
 #   NODE_RANK=1 launch/multi_node.sh HOSTFILE CONFIG [key=value ...]
 # MASTER_ADDR (default: the first host of the hostfile) and MASTER_PORT (default 29500) must be reachable from
-# every node; where a node has several network interfaces, name the one to use with GLOO_SOCKET_IFNAME (CPU ranks)
-# or NCCL_SOCKET_IFNAME (GPUs). README.md, "Several processes, nodes, clusters", says how to check them.
+# every node; where a node has several network interfaces, name the one to use with GLOO_SOCKET_IFNAME (CPU ranks,
+# and GPUs too: the trainer's control group is gloo) and NCCL_SOCKET_IFNAME (GPUs). README.md, "Several processes,
+# nodes, clusters", says how to check them.
+# Over ssh, the ranks get the variables of this environment named GLOO_*, NCCL_*, TORCH_*, WANDB_*, HF_*,
+# DS_ACCELERATOR and OMP_NUM_THREADS, but not those whose names hold KEY, TOKEN, SECRET or PASSWORD (DeepSpeed prints
+# the command it runs: log in on a shared home instead, or use .deepspeed_env), then the lines of ~/.deepspeed_env and
+# ./.deepspeed_env (DeepSpeed's file, untouched; a name set there wins). Without ssh each node's environment is its own.
 # SIGTERM or SIGINT (^C): without ssh, the ranks of this node finish the step, save a checkpoint and exit 75, and so
 # does this script. Over ssh, DeepSpeed's runner stops the ranks through pdsh (`pkill -f` of its launcher on every
 # node, which gives them 30 s to save) and exits 1.
@@ -20,7 +25,29 @@ hostfile=${1:?usage: [NODE_RANK=N] $0 HOSTFILE CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
 first_host=$(awk '!/^[[:space:]]*(#|$)/ {print $1; exit}' "$hostfile")
 per_node=()
-if [ -n "${NODE_RANK:-}" ]; then per_node=(--no_ssh --node_rank "$NODE_RANK"); fi
+if [ -n "${NODE_RANK:-}" ]; then
+  per_node=(--no_ssh --node_rank "$NODE_RANK")
+else
+  # DeepSpeed's runner exports to the other nodes only PYTHON*, NCCL* (on GPUs) and a few more, and the lines of
+  # DS_ENV_FILE (.deepspeed_env) in ~ and in the current directory: a file of our own holds the variables the ranks
+  # read, then the lines of the user's files, and DS_ENV_FILE names it to the runner.
+  env_file=$(mktemp "${TMPDIR:-/tmp}/deepspeed_env.XXXXXX")
+  trap 'rm -f "$env_file"' EXIT
+  for name in ${!GLOO_@} ${!NCCL_@} ${!TORCH_@} ${!WANDB_@} ${!HF_@} DS_ACCELERATOR OMP_NUM_THREADS; do
+    case $name in *KEY* | *TOKEN* | *SECRET* | *PASSWORD*) continue ;; esac  # DeepSpeed logs the command it runs
+    if [ -z "${!name+set}" ]; then continue; fi
+    case ${!name} in  # DeepSpeed puts the value in a shell command, in double quotes where it needs quoting
+      *[$'\n'\"\$\`\\]*) echo "$0: $name not passed on: a newline, \", \$, \` or \\ in its value" >&2 ;;
+      *) printf '%s=%s\n' "$name" "${!name}" ;;
+    esac
+  done >"$env_file"
+  for dir in ~ .; do  # the runner reads os.path.join(dir, DS_ENV_FILE)
+    f=${DS_ENV_FILE:-.deepspeed_env}
+    case $f in /*) ;; *) f=$dir/$f ;; esac
+    if [ -f "$f" ]; then awk NF "$f" >>"$env_file"; fi  # a blank line would stop the runner
+  done
+  export DS_ENV_FILE=$env_file
+fi
 # The signal goes to the ranks of this node, not to DeepSpeed's processes: without ssh its runner forwards none,
 # and its launch.py, signalled itself, kills the ranks 30 s later and exits 1. From a rank's 75 both exit 75. Over
 # ssh (no launch.py here), it goes to the runner, which stops the ranks through pdsh.

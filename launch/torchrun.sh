@@ -8,7 +8,8 @@
 # file system every node mounts (`pretrain tokenizer`, `pretrain shards`; README.md, "Several processes, nodes,
 # clusters") and named by data.tokenizer / data.shards. On each node set NNODES, NODE_RANK (0 on the node at
 # MASTER_ADDR) and MASTER_ADDR (an address of node 0 every node reaches), the same MASTER_PORT everywhere, and where
-# a node has several network interfaces GLOO_SOCKET_IFNAME (CPU ranks) or NCCL_SOCKET_IFNAME (GPUs).
+# a node has several network interfaces GLOO_SOCKET_IFNAME (CPU ranks, and GPUs too: the trainer's control group is
+# gloo) and NCCL_SOCKET_IFNAME (GPUs).
 #   NNODES=2 NODE_RANK=1 MASTER_ADDR=10.0.0.1 GLOO_SOCKET_IFNAME=eth0 launch/torchrun.sh 1 tiny data.shards=... data.tokenizer=...
 # SIGTERM or SIGINT (^C): the workers finish the step, save a checkpoint and exit 75. torchrun exits 1 whenever a
 # worker exits non-zero (its report names exitcode 75 for each), and so does this script.

@@ -324,3 +324,69 @@ def test_torchrun_sigterm_reaches_the_workers_which_save_and_exit_75(data):
     assert "SignalException" not in said, said[-3000:]
     assert set(re.findall(r"exitcode\s*:\s*(-?\d+)", said)) == {str(EXIT_PREEMPTED)}, said[-3000:]
     assert status == 1, said[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------
+# multi_node.sh over ssh: the environment the remote ranks get
+
+# pdsh as DeepSpeed's runner calls it: `pdsh -S -f N -w HOSTS "export K=V; ... " "cd DIR;" python -u -m
+# deepspeed.launcher.launch ...`; the stand-in records its arguments and ends as if every node had.
+FAKE_PDSH = RECORD + "printf '%s\\n' ---- >> \"$STAND_IN_LOG\"\n"
+
+
+@pytest.mark.slow
+def test_multi_node_over_ssh_passes_the_environment_to_the_remote_ranks(data, tmp_path):
+    """DeepSpeed's runner exports to the other nodes only PYTHON*, NCCL* (GPUs) and the like, and the lines of
+    .deepspeed_env: GLOO_SOCKET_IFNAME and WANDB_MODE, which the script header and README tell users to set, never
+    reached them. Secrets stay out of the command (DeepSpeed logs it); the user's own .deepspeed_env files are read
+    and left as they were."""
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    stand_in(bin_dir, "pdsh", FAKE_PDSH)
+    stand_in(bin_dir, "ssh", "#!/bin/sh\nexit 0\n")  # the runner's check that ssh reaches the first host
+    home, work = tmp_path / "home", tmp_path / "work"
+    home.mkdir()
+    work.mkdir()
+    (home / ".deepspeed_env").write_text("FROM_HOME=1\n\nNCCL_IB_DISABLE=1")  # a blank line, no final newline
+    (work / ".deepspeed_env").write_text("FROM_CWD=2\n")
+    before = {p: p.read_text() for p in (home / ".deepspeed_env", work / ".deepspeed_env")}
+    hostfile = tmp_path / "hostfile"
+    hostfile.write_text("node-a slots=1\nnode-b slots=1\n")
+    log = tmp_path / "pdsh.args"
+    env = env_for(
+        bin_dir,
+        HOME=home,
+        TMPDIR=tmp_path,
+        STAND_IN_LOG=log,
+        GLOO_SOCKET_IFNAME="eth7",
+        NCCL_SOCKET_IFNAME="ib0",
+        NCCL_IB_DISABLE="0",
+        WANDB_MODE="offline",
+        WANDB_API_KEY="secret-key",
+        HF_HOME="/shared/hf home",
+        WANDB_NOTES="costs $5",  # DeepSpeed would put it in double quotes, where the shell expands $5
+    )
+    proc = subprocess.run(
+        [LAUNCH / "multi_node.sh", hostfile, *train_args(data, "ssh")],
+        env=env,
+        cwd=work,
+        capture_output=True,
+        text=True,
+        timeout=LAUNCH_TIMEOUT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    args = log.read_text().split("----\n")[0].splitlines()
+    assert args[args.index("-w") + 1] == "node-a,node-b", args
+    exports = dict(re.findall(r"export (\w+)=([^;]*);", next(a for a in args if a.startswith("export "))))
+    assert exports["GLOO_SOCKET_IFNAME"] == "eth7"
+    assert exports["NCCL_SOCKET_IFNAME"] == "ib0"
+    assert exports["WANDB_MODE"] == "offline"
+    assert exports["DS_ACCELERATOR"] == "cpu"
+    assert exports["OMP_NUM_THREADS"] == "1"
+    assert exports["HF_HOME"] == '"/shared/hf home"'
+    assert exports["FROM_HOME"] == "1" and exports["FROM_CWD"] == "2"
+    assert exports["NCCL_IB_DISABLE"] == "1"  # a name in the user's file wins, as in DeepSpeed
+    assert "WANDB_API_KEY" not in exports and "secret-key" not in proc.stdout + proc.stderr
+    assert "WANDB_NOTES" not in exports and "WANDB_NOTES not passed on" in proc.stderr, proc.stderr[-3000:]
+    assert {p: p.read_text() for p in before} == before
+    assert not list(tmp_path.glob("deepspeed_env.*")), "the script's env file was left behind"
