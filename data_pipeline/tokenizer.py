@@ -196,6 +196,17 @@ def _output_dir(out: Path, paths: list[str]) -> Path:
     return real
 
 
+def _check_training_settings(kind: str, vocab_size: int, min_frequency: int) -> None:
+    """Values the trainer would crash on, or ignore, refused before anything is read or written."""
+    if vocab_size < 1:
+        raise DataError(f"vocab_size must be >= 1, got {vocab_size}")
+    if kind == "unigram" and min_frequency != MIN_FREQUENCY:
+        raise DataError(
+            f"data.min_frequency={min_frequency} has no effect on a unigram tokenizer (its trainer keeps pieces by "
+            f"likelihood, not by count): leave it at {MIN_FREQUENCY}, or train wordpiece or bpe"
+        )
+
+
 def train_tokenizer(
     paths: list[str],
     out_dir: str | os.PathLike,
@@ -234,13 +245,7 @@ def train_tokenizer(
     input, nor the current directory. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and
     renamed into place. A symlink `out_dir` is written through: its target is replaced, the link kept.
     """
-    if vocab_size < 1:
-        raise DataError(f"vocab_size must be >= 1, got {vocab_size}")
-    if kind == "unigram" and min_frequency != MIN_FREQUENCY:
-        raise DataError(
-            f"data.min_frequency={min_frequency} has no effect on a unigram tokenizer (its trainer keeps pieces by "
-            f"likelihood, not by count): leave it at {MIN_FREQUENCY}, or train wordpiece or bpe"
-        )
+    _check_training_settings(kind, vocab_size, min_frequency)
     out = _output_dir(Path(out_dir), paths)
     built = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
