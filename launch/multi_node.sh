@@ -48,24 +48,7 @@ else
   done
   export DS_ENV_FILE=$env_file
 fi
-# The signal goes to the ranks of this node, not to DeepSpeed's processes: without ssh its runner forwards none,
-# and its launch.py, signalled itself, kills the ranks 30 s later and exits 1. From a rank's 75 both exit 75. Over
-# ssh (no launch.py here), it goes to the runner, which stops the ranks through pdsh.
-forward() {
-  local launch ranks=
-  [ -n "${!:-}" ] || exit $((128 + $(kill -l "$1")))
-  launch=$(pgrep -d, -P "$!" -f deepspeed.launcher.launch || true)
-  if [ -n "$launch" ]; then ranks=$(pgrep -d' ' -P "$launch" || true); fi
-  kill -s "$1" ${ranks:-${launch:-$!}} 2>/dev/null || true
-}
-trap 'forward TERM' TERM
-trap 'forward INT' INT
-set -m  # the launcher in a process group of its own: a terminal's ^C reaches this script alone, which forwards it
-deepspeed --hostfile "$hostfile" ${per_node[@]+"${per_node[@]}"} --master_addr "${MASTER_ADDR:-$first_host}" \
-  --master_port "${MASTER_PORT:-29500}" --module pretrain.cli train "$@" &
-launcher=$!
-while :; do
-  status=0
-  wait "$launcher" || status=$?
-  kill -0 "$launcher" 2>/dev/null || exit "$status"  # still running: the wait was cut short by a forwarded signal
-done
+source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"
+ranks_of() { deepspeed_ranks "$1"; }
+run_forwarding deepspeed --hostfile "$hostfile" ${per_node[@]+"${per_node[@]}"} --master_addr "${MASTER_ADDR:-$first_host}" \
+  --master_port "${MASTER_PORT:-29500}" --module pretrain.cli train "$@"

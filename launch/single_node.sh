@@ -10,24 +10,7 @@
 set -euo pipefail
 nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
-# The signal goes to the ranks, not to DeepSpeed's processes: its runner forwards none on one node, and its
-# launch.py, signalled itself, kills the ranks 30 s later and exits 1. From a rank's 75 both exit 75. Until the
-# ranks exist, it goes to launch.py or the runner ($!: set as soon as it is started); before that, this script ends.
-forward() {
-  local launch ranks=
-  [ -n "${!:-}" ] || exit $((128 + $(kill -l "$1")))
-  launch=$(pgrep -d, -P "$!" -f deepspeed.launcher.launch || true)
-  if [ -n "$launch" ]; then ranks=$(pgrep -d' ' -P "$launch" || true); fi
-  kill -s "$1" ${ranks:-${launch:-$!}} 2>/dev/null || true
-}
-trap 'forward TERM' TERM
-trap 'forward INT' INT
-set -m  # the launcher in a process group of its own: a terminal's ^C reaches this script alone, which forwards it
-deepspeed --num_gpus "$nproc_per_node" --master_port "${MASTER_PORT:-29500}" \
-  --module pretrain.cli run "$@" --no-demo &
-launcher=$!
-while :; do
-  status=0
-  wait "$launcher" || status=$?
-  kill -0 "$launcher" 2>/dev/null || exit "$status"  # still running: the wait was cut short by a forwarded signal
-done
+source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"
+ranks_of() { deepspeed_ranks "$1"; }
+run_forwarding deepspeed --num_gpus "$nproc_per_node" --master_port "${MASTER_PORT:-29500}" \
+  --module pretrain.cli run "$@" --no-demo

@@ -25,24 +25,9 @@ if [ "$nnodes" != 1 ]; then
   fi
   command=train
 fi
-# The signal goes to the workers (torchrun starts each in a session of its own): torchrun, signalled itself, kills
-# them 30 s later, maybe during the checkpoint, and ends in a SignalException. Before they exist, to torchrun
-# ($!: set as soon as it is started); before that, this script ends.
-forward() {
-  local workers
-  [ -n "${!:-}" ] || exit $((128 + $(kill -l "$1")))
-  workers=$(pgrep -d' ' -P "$!" || true)
-  kill -s "$1" ${workers:-$!} 2>/dev/null || true
-}
-trap 'forward TERM' TERM
-trap 'forward INT' INT
-set -m  # torchrun in a process group of its own: a terminal's ^C reaches this script alone, which forwards it
-torchrun --nproc_per_node "$nproc_per_node" --nnodes "$nnodes" --node_rank "${NODE_RANK:-0}" \
-  --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" \
-  -m pretrain.cli "$command" "$@" &
-launcher=$!
-while :; do
-  status=0
-  wait "$launcher" || status=$?
-  kill -0 "$launcher" 2>/dev/null || exit "$status"  # still running: the wait was cut short by a forwarded signal
-done
+source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"
+# torchrun starts each worker in a session of its own; signalled itself, it kills them 30 s later, maybe during the
+# checkpoint, and ends in a SignalException: the signal goes to the workers
+ranks_of() { pgrep -d' ' -P "$1" || true; }
+run_forwarding torchrun --nproc_per_node "$nproc_per_node" --nnodes "$nnodes" --node_rank "${NODE_RANK:-0}" \
+  --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" -m pretrain.cli "$command" "$@"
