@@ -138,7 +138,7 @@ def test_the_global_batch_is_formed_in_one_function():
     def forms_it(node):
         return isinstance(node, ast.BinOp) and {"micro_batch_size", "grad_accum_steps"} <= _product_names(node)
 
-    assert sorted(set(_functions_with(forms_it))) == ["pretrain/core/config.py:global_batch"]
+    assert sorted(set(_functions_with(forms_it))) == ["pretrain/core/config_schema.py:global_batch"]
 
 
 def _docstrings() -> set[int]:
