@@ -170,6 +170,26 @@ def test_resume_is_bitwise_identical(data, recipe):
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
+@requires_fp16
+def test_resume_after_skipped_fp16_steps_keeps_the_schedule(data):
+    """fp16's loss scale starts at 2^16 and overflows in the first steps at this learning rate: a checkpoint then
+    holds DeepSpeed's count of skipped steps (not the run's: fp16's overflows are routine), which a resume restores.
+    The first step after it used to be taken for one more skip (the count was compared with the one before loading):
+    the schedule ran a step ahead from then on."""
+    fp16 = ["train.precision=fp16", "train.lr=2", "train.lr_schedule=linear", "train.max_steps=10"]
+    fp16.append("train.save_every=6")
+    run(data, "fp16-skips-straight", *fp16)
+    run(data, "fp16-skips-split", *fp16, "train.exit_after_steps=6")
+    proc = run(data, "fp16-skips-split", *fp16)
+    assert "resumed from" in proc.stderr
+    straight, split = metrics(data, "fp16-skips-straight"), metrics(data, "fp16-skips-split")
+    assert straight[5]["loss_scale"] < 2.0**16  # overflows (skipped steps) before the checkpoint
+    keys = ("step", "loss", "lr", "skipped_steps", "loss_scale")
+    assert [[r[k] for k in keys] for r in split] == [[r[k] for k in keys] for r in straight]
+    a, b = final_weights(data, "fp16-skips-straight"), final_weights(data, "fp16-skips-split")
+    assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
+
+
 RESIZE = {
     # name: (ranks before, ranks after, overrides, tolerance). ZeRO-0 fp32 keeps whole optimizer state in one
     # file; the others shard it per rank and resume through DeepSpeed's universal checkpoint.

@@ -88,7 +88,6 @@ class Engine:
     precision: str  # the run's precision mode (`ResolvedRun.precision`): fp32, bf16-autocast, bf16 or fp16
     prescale_fp16: bool
     skip_flags: list = field(default_factory=list)  # steps DeepSpeed's wrappers skipped, when they skip
-    _skipped_before: int = 0
     explicit_boundary: bool = False  # say where each optimizer step ends (a schedule varies the accumulation)
 
     @property
@@ -125,11 +124,12 @@ class Engine:
     def step(self) -> None:
         """engine.step(): the optimizer steps at the end of the accumulation (DeepSpeed knows when)."""
         boundary = self.ds.is_gradient_accumulation_boundary()
+        # counted around this step, not since the engine was built: loading a checkpoint restores DeepSpeed's count
+        before = self.ds.skipped_steps
         self.ds.step()
         if boundary and not self.guarded:  # DeepSpeed's wrappers decided on the host already: note it
-            skipped = self.ds.skipped_steps > self._skipped_before
+            skipped = self.ds.skipped_steps > before
             self.skip_flags.append(skipped)
-            self._skipped_before = self.ds.skipped_steps
             if skipped and self.ds.lr_scheduler is not None:
                 # DeepSpeed holds its schedule back on a skipped step; ours is a function of the step, which a skip
                 # counts (as the data, the schedule's values and the guarded optimizer of ZeRO-0 count it)
@@ -188,7 +188,7 @@ def build_engine(run: ResolvedRun, model: nn.Module, fresh: bool, load_universal
     skip_single_rank_allreduce(ds, run.world, t.zero_stage)
     if fp32_weights is not None:
         restore_fp32_masters(ds, fp32_weights)
-    return Engine(ds, precision, fp16_loss_needs_scaling(ds), _skipped_before=ds.skipped_steps)
+    return Engine(ds, precision, fp16_loss_needs_scaling(ds))
 
 
 def skip_single_rank_allreduce(engine, world_size: int, zero_stage: int) -> None:
