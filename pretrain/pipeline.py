@@ -397,6 +397,7 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
     from pretrain.train.ema import average_states
 
     paths = [resolve_checkpoint(Path(c)) for c in checkpoints]
+    _refuse_repeats(checkpoints, paths)
     _refuse_other_models(paths)
     states = ((str(p), load_module_state(p)) for p in paths)
     averaged = average_states(states)
@@ -413,6 +414,21 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         inputs = {f"the checkpoint {p}": p for p in paths}
         out, demo = export_model(model, tokens, tokenizer_dir, Path(out), card, arch, verify, inputs)
     return demo
+
+
+def _refuse_repeats(given: list[Path], paths: list[Path]) -> None:
+    """A checkpoint named twice (as itself, or as the latest of a run also named) would weigh twice in the mean."""
+    from pretrain.core.errors import UserError
+
+    seen: dict[Path, Path] = {}
+    for name, path in zip(given, paths):
+        real = path.resolve()
+        if real in seen:
+            raise UserError(
+                f"{name} and {seen[real]} are the same checkpoint ({real}): each checkpoint is averaged once; name "
+                "it once"
+            )
+        seen[real] = Path(name)
 
 
 def _refuse_other_models(paths: list[Path]) -> None:

@@ -154,6 +154,18 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path):
     torch.testing.assert_close(exported[word], (a[ours].double() + b[ours].double()).div(2).float(), rtol=0, atol=0)
     card = (tmp_path / "avg" / "README.md").read_text()
     assert "step_00000002" in card and "step_00000004" in card
+    # a checkpoint named twice (the run's latest is step 4) would weigh twice: refused, nothing written
+    proc = pretrain(
+        "average",
+        ckpts / "step_00000002",
+        tmp_path / "r",
+        ckpts / "step_00000004",
+        "--out",
+        tmp_path / "avg3",
+        cwd=tmp_path,
+        rc=2,
+    )
+    assert "are the same checkpoint" in proc.stderr and not (tmp_path / "avg3").exists()
 
     # a checkpoint of another shape, or of another tokenizer (of the same size), is refused by name: nothing written
     pretrain(
