@@ -138,6 +138,16 @@ def test_decay_from_a_stable_checkpoint_equals_an_uninterrupted_decay(tmp_path):
         proc = pretrain("decay", *other, "--name", "r-decay4", cwd=tmp_path, rc=2)
         one_line_error(proc, f"{branch} exists and is the decay of {source} at step 4 over 2 steps", "--name")
     assert snapshot(branch) == made
+    # a branch stopped part-way goes on with the same command once the source's rotation removed the checkpoint it
+    # came from; the stop asked of one invocation (train.exit_after_steps) is not the next one's
+    half = ["decay", source / "checkpoints" / "step_00000004", "--steps", "3", "--name", "half"]
+    proc = pretrain(*half, "train.exit_after_steps=1", cwd=tmp_path)
+    assert "stopped at step 5" in proc.stderr, proc.stderr[-2000:]
+    (source / "checkpoints" / "step_00000004").rename(tmp_path / "rotated")  # what the source's rotation does
+    proc = pretrain(*half, cwd=tmp_path)
+    assert "is gone since): resuming it" in proc.stderr and "export:" in proc.stderr, proc.stderr[-2000:]
+    assert [r["step"] for r in metric_lines(tmp_path / "half")] == list(range(1, 8))
+    (tmp_path / "rotated").rename(source / "checkpoints" / "step_00000004")
     (tmp_path / "mine").mkdir()
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     proc = pretrain("decay", source, "--steps", "2", "--name", "mine", cwd=tmp_path, rc=2)

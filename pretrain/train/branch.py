@@ -7,7 +7,8 @@ never written in place), with the source's tokenizer and shards and its metrics 
 a resume with a changed schedule, which the resume applies (`optim.apply_hyperparameters`): the same samples in the
 same order, the same optimizer state, a decay over the given steps. Everything the run fixes is as in the source.
 `branch.json` records what the branch was made from (source, step, decay steps): the same `pretrain decay` command
-resumes it, and a `--name` that would continue another branch is refused.
+resumes it (also once the source's rotation removed that checkpoint), and a `--name` that would continue another
+branch is refused. The source's `train.exit_after_steps` and `max_minutes` are not the branch's.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pretrain.train.metrics import read_metrics
 from pretrain.train.optim import decay_steps, lr_factor
 from pretrain.train.state import TrainState
 
+_SOURCE_LIMITS = ("exit_after_steps", "max_minutes")  # the source's, not inherited (unless given again)
 BRANCH_FILE = "branch.json"  # in a branch: the source run (or checkpoint), its step and the decay's steps
 
 
@@ -53,6 +55,14 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=link)
 
 
+def _drop_limits(data: dict, overrides: list[str]) -> None:
+    """When the source (or the branch's last invocation) stopped, by its clock or a step count, is not when this
+    invocation does: those settings hold only where this command gives them."""
+    for key in _SOURCE_LIMITS:
+        if not any(o.partition("=")[0].strip() in (f"train.{key}", "train") for o in overrides):
+            data.get("train", {}).pop(key, None)
+
+
 def decay_config(
     source: Path, steps: int, name: str | None, overrides: list[str]
 ) -> tuple[RunConfig, Path, TrainState]:
@@ -71,6 +81,7 @@ def decay_config(
     data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
     data["output_dir"] = str(source_run.parent if source_run else Path(saved.get("output_dir", "runs")))
     data["train"] = {**data.get("train", {}), "max_steps": step + steps, "lr_schedule": "wsd", "decay_steps": steps}
+    _drop_limits(data, overrides)
     if data.get("schedule"):  # the source's phases and ramps, to the branch's end (a later phase would be refused)
         data["schedule"] = schedule_until(data["schedule"], step + steps)
     data["export_dir"] = ""  # the branch exports into its own directory, never the source's
@@ -78,9 +89,31 @@ def decay_config(
     return cfg, checkpoint, state
 
 
+def _branch_without_its_source(source: Path, steps: int, name: str | None, overrides: list[str]):
+    """(config, summary) of the branch this command made, when `source` names a checkpoint that is gone: the source
+    run trained on and its rotation removed the checkpoint the branch copied. The branch holds all it needs (its
+    copy of the checkpoint, its config, tokenizer and shards), so the same command still resumes it. None otherwise."""
+    from pretrain.train.setup import resolve_config
+
+    step = ckpt.step_of_tag(source.name)
+    if source.exists() or step is None or source.parent.name != "checkpoints":
+        return None
+    source_run = source.parent.parent
+    run_dir = source_run.parent / (name or f"{source_run.name}-decay{step}")
+    if _read_branch(run_dir) != {"source": str(source_run.resolve()), "step": step, "decay_steps": steps}:
+        return None
+    data = apply_overrides(load_yaml(run_dir / "config.yaml"), overrides)
+    _drop_limits(data, overrides)
+    cfg = resolve_config(build_config(data), apply_init_from=False)
+    return cfg, f"{run_dir} exists and is this decay (its source checkpoint {source} is gone since): resuming it"
+
+
 def branch_for_decay(source: Path, steps: int, name: str | None = None, overrides: list[str] | None = None):
     """Make the branch run directory (see the module doc); returns (its config, a line saying what it holds). The
     directory must be absent or empty: an existing one is refused, never replaced."""
+    gone = _branch_without_its_source(Path(source), steps, name, overrides or [])
+    if gone is not None:
+        return gone
     cfg, checkpoint, state = decay_config(Path(source), steps, name, overrides or [])
     source_cfg = build_config(load_yaml(checkpoint / "config.yaml"))
     run_dir = cfg.run_dir
@@ -100,9 +133,10 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
                 if made
                 else f"not a decay branch (no {BRANCH_FILE}): `pretrain train {run_dir / 'config.yaml'}` resumes it"
             )
+            go_on = f"; `pretrain train {run_dir / 'config.yaml'}` continues it" if made else ""
             raise UserError(
                 f"{run_dir} exists and is {was}, not the decay of {made_from['source']} at step {state.step} over "
-                f"{steps} steps: give another --name (nothing was changed)"
+                f"{steps} steps: give another --name (nothing was changed){go_on}"
             )
         return cfg, f"{run_dir} exists and is this decay: resuming it"
     claim_output(run_dir, "run", "the decay run directory")

@@ -68,6 +68,12 @@ def tag_for(step: int) -> str:
     return f"step_{step:08d}"
 
 
+def step_of_tag(tag: str) -> int | None:
+    """The step a checkpoint directory's name says (`tag_for`'s inverse), or None for any other name."""
+    found = _TAG.match(tag)
+    return int(found.group(1)) if found else None
+
+
 def write_integrity(path: Path) -> None:
     """Size and sha256 of every file of a finished checkpoint (written once all ranks are done)."""
     from pretrain.core.files import sha256_file
