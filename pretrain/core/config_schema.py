@@ -223,7 +223,7 @@ class TrainConfig:
     save_every: int = doc(
         200, "Steps between checkpoints (0 = none in between; a final one, and one when stopped, are always written)."
     )
-    keep_checkpoints: int = doc(2, "How many recent checkpoints to keep.")
+    keep_checkpoints: int = doc(2, "How many recent checkpoints to keep (older ones are removed); 0 keeps every one.")
     allow_changes: list[str] = doc(
         factory=list,
         text="Settings a resume may change although the run fixed them "
