@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import sys
 from pathlib import Path
 
@@ -392,17 +393,19 @@ def export_model(model, tokens, tokenizer_dir: Path, out: Path, card: dict, arch
 def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, verify: bool = True) -> Path:
     """The uniform average of several checkpoints of one model (every weight the mean of theirs, computed in fp64),
     exported like a run into `out`, its card naming the checkpoints. Checkpoints of different shapes are refused
-    before anything is written."""
+    before anything is written. Every checkpoint is held (`reading_checkpoints`) from its resolution to the export:
+    a trainer saving into its run meanwhile keeps it instead of rotating it away under the reader."""
     from pretrain.train.checkpoint import load_module_state, reading_checkpoints, resolve_checkpoint
     from pretrain.train.ema import average_states
 
-    paths = [resolve_checkpoint(Path(c)) for c in checkpoints]
-    _refuse_repeats(checkpoints, paths)
-    _refuse_other_models(paths)
-    states = ((str(p), load_module_state(p)) for p in paths)
-    averaged = average_states(states)
-    first = paths[0]
-    with reading_checkpoints(first):
+    with contextlib.ExitStack() as held:
+        for c in checkpoints:
+            held.enter_context(reading_checkpoints(c))
+        paths = [resolve_checkpoint(Path(c)) for c in checkpoints]
+        _refuse_repeats(checkpoints, paths)
+        _refuse_other_models(paths)
+        averaged = average_states((str(p), load_module_state(p)) for p in paths)
+        first = paths[0]
         cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(first, ema=False)
         model.load_state_dict(averaged)
         names = ", ".join(

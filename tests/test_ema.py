@@ -137,7 +137,7 @@ def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
 
 
 @pytest.mark.slow
-def test_average_of_two_checkpoints_through_the_cli(tmp_path):
+def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
     corpus = small_corpus(tmp_path)
     pretrain("run", *run_args(tmp_path, corpus, "train.max_steps=4", "train.save_every=2"), "--no-demo", cwd=tmp_path)
     ckpts = tmp_path / "r" / "checkpoints"
@@ -154,6 +154,18 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path):
     torch.testing.assert_close(exported[word], (a[ours].double() + b[ours].double()).div(2).float(), rtol=0, atol=0)
     card = (tmp_path / "avg" / "README.md").read_text()
     assert "step_00000002" in card and "step_00000004" in card
+    # a trainer saving into the run meanwhile (keeping 1) leaves the checkpoints being averaged where they are
+    import pretrain.train.checkpoint as checkpoint
+    from pretrain.pipeline import stage_average
+
+    def rotating(path, load=checkpoint.load_module_state):
+        checkpoint.rotate(ckpts, 1, ckpts / "step_00000004")
+        return load(path)
+
+    monkeypatch.setattr(checkpoint, "load_module_state", rotating)
+    stage_average([ckpts / "step_00000002", ckpts / "step_00000004"], tmp_path / "avg4", verify=False)
+    assert (ckpts / "step_00000002").is_dir()
+    monkeypatch.undo()
     # a checkpoint named twice (the run's latest is step 4) would weigh twice: refused, nothing written
     proc = pretrain(
         "average",
