@@ -114,7 +114,12 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
     gone = _branch_without_its_source(Path(source), steps, name, overrides or [])
     if gone is not None:
         return gone
-    cfg, checkpoint, state = decay_config(Path(source), steps, name, overrides or [])
+    with ckpt.reading_checkpoints(source):  # a source training on keeps the checkpoint while it is copied
+        return _branch_from(Path(source), steps, name, overrides or [])
+
+
+def _branch_from(source: Path, steps: int, name: str | None, overrides: list[str]):
+    cfg, checkpoint, state = decay_config(source, steps, name, overrides)
     source_cfg = build_config(load_yaml(checkpoint / "config.yaml"))
     run_dir = cfg.run_dir
     source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
