@@ -125,6 +125,7 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
     if missing:
         if len(cache) + len(missing) > _WORD_CACHE_MAX:
             cache.clear()
+            missing = list(distinct)  # the words found before the clear are gone with it
         for w, e in zip(missing, tok.encode_batch_fast(missing, add_special_tokens=False)):
             cache[w] = e.ids
     pieces = [cache[w] for w in distinct]

@@ -155,6 +155,19 @@ def test_word_fast_path_matches_encode_batch(tok_dir):
         assert fast.tolist() == slow.tolist()
 
 
+def test_word_cache_cleared_mid_batch_encodes_every_word(tok_dir, monkeypatch):
+    """A batch whose new words overflow the word cache clears it: the words it had cached are encoded again."""
+    monkeypatch.setattr(shard_encode, "_WORD_CACHE_MAX", 10)
+    texts = ["one two three four five six seven eight.", "one two three nine ten eleven twelve."]
+    got = []
+    for fast in (True, False):
+        shard_encode._worker.clear()
+        shard_encode._init_worker(str(tok_dir / "tokenizer.json"), "/tmp", "uint16", 1, fast)
+        got.append([shard_encode._encode_slice([t])[0].tolist() for t in texts])
+    shard_encode._worker.clear()
+    assert got[0] == got[1]
+
+
 # ---------------------------------------------------------------------------------------------- shards
 
 
