@@ -119,8 +119,9 @@ def _named_shards(cfg: RunConfig) -> dict | None:
 
 
 def _refuse_other_inputs(cfg: RunConfig, manifest: dict, paths: list) -> None:
-    """Shards the user built (data.shards) from other files than data.corpus are not rebuilt over: a preset's demo
-    corpus, left in data.corpus, replaced them with no word. The same files, changed, are built again as ever."""
+    """Shards the user built (data.shards) from other files than data.corpus (or data.sources) are not rebuilt over:
+    a preset's demo corpus, left in data.corpus, replaced them with no word; a mixture's manifest cleared them. The
+    same files, changed, are built again as ever."""
     import os
 
     from data_pipeline.readers import input_fingerprint
@@ -133,11 +134,15 @@ def _refuse_other_inputs(cfg: RunConfig, manifest: dict, paths: list) -> None:
     shown = ", ".join(map(str, manifest.get("inputs", [])[:3])) + (
         " ..." if len(manifest.get("inputs", [])) > 3 else ""
     )
+    if cfg.data.sources:
+        given = f"data.sources ({', '.join(s.name for s in cfg.data.sources)})"
+        instead = "data.sources=[] and data.corpus=[]"
+    else:
+        given, instead = f"data.corpus ({', '.join(map(str, cfg.data.corpus[:3]))})", "data.corpus=[]"
     raise UserError(
-        f"data.shards={cfg.shards_dir} holds the shards of {shown or 'other files'}, not of data.corpus "
-        f"({', '.join(map(str, cfg.data.corpus[:3]))}): building these would replace them. Set data.corpus=[] "
-        f"(with data.tokenizer, the tokenizer they were built with) to train on them as they are, data.corpus to "
-        f"their files, or another data.shards to build into"
+        f"data.shards={cfg.shards_dir} holds the shards of {shown or 'other files'}, not of {given}: building these "
+        f"would replace them. Set {instead} (with data.tokenizer, the tokenizer they were built with) to train on "
+        f"them as they are, the files they were built from, or another data.shards to build into"
     )
 
 
@@ -201,6 +206,9 @@ def _swap_in(new: Path, out: Path) -> None:
     from pretrain.core.errors import UserError
     from pretrain.core.outputs import exclusive_if_free
 
+    if not out.exists():  # a source new to the run: nothing to replace
+        new.rename(out)
+        return
     with exclusive_if_free(out) as free:
         if not free:
             shutil.rmtree(new, ignore_errors=True)
@@ -218,56 +226,21 @@ def _swap_in(new: Path, out: Path) -> None:
 def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
     """`stage_shards` for data.sources: each source tokenized into <shards_dir>/<name>, a cache of its own (a source
     whose inputs did not change is a hit), then the mixture's manifest (`shards.write_mixture`). Resuming, a source
-    whose inputs changed on disk is built beside its shards and swapped in only if the mixture still holds the data
-    the checkpoint trained on (or `train.allow_changes` names data), as `_rebuild_for_resume` does for one corpus."""
-    import shutil
-
+    that would be built is built beside and swapped in only if the mixture still holds the data the checkpoint
+    trained on (or `train.allow_changes` names data), as `_rebuild_for_resume` does for one corpus: a refused
+    resume leaves the run's shards (a one-corpus build there included) as they were."""
     from data_pipeline.mixing import source_inputs
-    from data_pipeline.shards import build_shards, mixture_hash, shards_current, shards_hash, write_mixture
-    from pretrain.core.errors import UserError
+    from data_pipeline.shards import write_mixture
     from pretrain.core.outputs import claim_output, mark_output
-    from pretrain.train.fingerprint import DATA_KEY, change_allowed
-    from pretrain.train.trainer import saved_fingerprint
 
     d, out = cfg.data, cfg.shards_dir
     sources = source_inputs(d.sources)  # a pattern matching nothing fails here, naming its source
-    settings = dict(
-        text_field=d.text_field,
-        docs_per_shard=d.docs_per_shard,
-        on_bad=d.on_bad_document,
-        max_document_bytes=d.max_document_bytes,
-        text_documents=d.text_documents,
-    )
+    named = _named_shards(cfg)
+    if named is not None:  # the user's shards of other files: writing the mixture would clear them
+        _refuse_other_inputs(cfg, named, [f for _, files, _ in sources for f in files])
     claim_output(out, "shards", "the shard directory")  # the sources' directories go inside: ours before they do
     mark_output(out, "shards")
-    built: dict[str, dict] = {}
-    rebuilt: dict[str, Path] = {}  # source -> where it was built beside the run's shards
-    try:
-        for name, files, _ in sources:
-            where = out / name
-            if (
-                resuming is not None
-                and (where / "manifest.json").is_file()
-                and not shards_current(files, cfg.tokenizer_dir, where, **settings)
-            ):
-                where = rebuilt[name] = out / f".{name}.rebuild"
-                shutil.rmtree(where, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
-                say(f"shards: source {name} changed on disk since {resuming.name}; building it beside to compare")
-            built[name] = build_shards(files, cfg.tokenizer_dir, where, num_workers=d.num_workers, **settings)
-        if rebuilt:
-            now = mixture_hash([(n, w, shards_hash(built[n]["shards"])) for n, _, w in sources])
-            then = saved_fingerprint(resuming).get(DATA_KEY)
-            if then is not None and now != then and not change_allowed(DATA_KEY, cfg.train.allow_changes):
-                raise UserError(
-                    f"cannot resume {resuming}: data.sources (changed on disk: {', '.join(rebuilt)}) no longer give "
-                    f"the data this run trained on (shard content {now[:12]}... now, {then[:12]}... in the "
-                    "checkpoint). The run directory and its shards were left as they were. Use the corpus the run "
-                    "started with, or another run name; to continue on purpose anyway, add train.allow_changes=[data]"
-                )
-    except BaseException:
-        for tmp in rebuilt.values():
-            shutil.rmtree(tmp, ignore_errors=True)
-        raise
+    built, rebuilt = _build_sources(cfg, sources, resuming)
     for name, tmp in rebuilt.items():
         _swap_in(tmp, out / name)
     manifest = write_mixture(out, [(n, w, built[n]) for n, _, w in sources])
@@ -281,6 +254,67 @@ def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
         f"{len(manifest['shards'])} shard(s) at {out} (skipped: {skipped})"
     )
     return manifest
+
+
+def _build_sources(cfg: RunConfig, sources: list, resuming: Path | None) -> tuple[dict[str, dict], dict[str, Path]]:
+    """(manifest of each source, where each source built beside the run's shards went). Resuming, any source not
+    already current in <shards_dir>/<name> is built beside it, and the mixture is compared with the checkpoint's data
+    before anything in <shards_dir> changes: a UserError then, with the builds beside removed."""
+    import shutil
+
+    from data_pipeline.shards import build_shards, shards_current
+
+    d, out = cfg.data, cfg.shards_dir
+    settings = dict(
+        text_field=d.text_field,
+        docs_per_shard=d.docs_per_shard,
+        on_bad=d.on_bad_document,
+        max_document_bytes=d.max_document_bytes,
+        text_documents=d.text_documents,
+    )
+    built: dict[str, dict] = {}
+    rebuilt: dict[str, Path] = {}  # source -> where it was built beside the run's shards
+    try:
+        for name, files, _ in sources:
+            where = out / name
+            if resuming is not None and not shards_current(files, cfg.tokenizer_dir, where, **settings):
+                where = rebuilt[name] = out / f".{name}.rebuild"
+                shutil.rmtree(where, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
+                say(f"shards: source {name} is not built as {resuming.name} used it; building it beside to compare")
+            built[name] = build_shards(files, cfg.tokenizer_dir, where, num_workers=d.num_workers, **settings)
+        if resuming is not None:
+            _refuse_other_mixture(cfg, sources, built, rebuilt, resuming)
+    except BaseException:
+        for tmp in rebuilt.values():
+            shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return built, rebuilt
+
+
+def _refuse_other_mixture(cfg: RunConfig, sources: list, built: dict, rebuilt: dict, checkpoint: Path) -> None:
+    """A UserError unless the mixture `built` is the data `checkpoint` trained on (or train.allow_changes names data):
+    sources changed on disk, other weights or names, or a run that trained on data.corpus."""
+    from data_pipeline.shards import mixture_hash, shards_hash
+    from pretrain.core.errors import UserError
+    from pretrain.train.fingerprint import DATA_KEY, change_allowed
+    from pretrain.train.trainer import saved_fingerprint
+
+    now = mixture_hash([(n, w, shards_hash(built[n]["shards"])) for n, _, w in sources])
+    then = saved_fingerprint(checkpoint).get(DATA_KEY)
+    if then is None or now == then or change_allowed(DATA_KEY, cfg.train.allow_changes):
+        return
+    old = [n for n in rebuilt if (cfg.shards_dir / n / "manifest.json").is_file()]
+    new = [n for n in rebuilt if n not in old]
+    changed = "; ".join(
+        [f"changed on disk: {', '.join(old)}"] * bool(old) + [f"not in the run's shards: {', '.join(new)}"] * bool(new)
+    )
+    changed = changed or "their names or weights changed"
+    raise UserError(
+        f"cannot resume {checkpoint}: data.sources ({changed}) no longer give the data this run trained on (shard "
+        f"content {now[:12]}... now, {then[:12]}... in the checkpoint). The run directory and its shards were left "
+        "as they were. Use the corpus the run started with, or another run name; to continue on purpose anyway, "
+        "add train.allow_changes=[data]"
+    )
 
 
 def stage_train(cfg: RunConfig) -> dict:

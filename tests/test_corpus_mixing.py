@@ -246,6 +246,53 @@ def test_resume_with_a_changed_source_is_refused_and_leaves_the_shards(two_sourc
     assert ShardSet(cfg.shards_dir).content_hash() == trained_on
 
 
+def _tree(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
+def test_sources_never_build_over_shards_the_config_names(two_sources, tmp_path):
+    """data.sources with data.shards naming the user's shards of another file wrote the mixture's manifest there,
+    clearing their shard files; now it is refused as data.corpus is, and nothing there changes."""
+    from data_pipeline.shards import build_shards
+    from pretrain.pipeline import stage_shards
+
+    d, overrides = two_sources
+    tokenizer = d / "runs" / "r" / "tokenizer"
+    other = tmp_path / "c.jsonl"
+    other.write_text("\n".join(CORPUS.read_text().splitlines()[70:90]) + "\n")
+    users = tmp_path / "usershards"
+    build_shards([str(other)], tokenizer, users, num_workers=0, show_progress=False)
+    (users / "NOTES.md").write_text("mine")
+    before = _tree(users)
+    cfg = _config([*overrides, "name=named", f"data.tokenizer={tokenizer}", f"data.shards={users}"], d, 1, 1)
+    with pytest.raises(UserError, match=rf"data.shards={users} holds the shards of .*c.jsonl, not of data.sources"):
+        stage_shards(cfg)
+    assert _tree(users) == before
+
+
+def test_resume_switched_from_corpus_to_sources_leaves_the_shards(two_sources):
+    """A run that trained on data.corpus, resumed with data.sources: the mixture was written over its shards (a
+    one-corpus build, cleared) before the resume was refused; now it is built beside, compared and refused first."""
+    from pretrain.pipeline import stage_shards
+    from pretrain.train.fingerprint import DATA_KEY
+    from pretrain.train.setup import load_config
+
+    d, overrides = two_sources
+    tokenizer = f"data.tokenizer={d / 'runs' / 'r' / 'tokenizer'}"
+    single = load_config("tiny", [*overrides, "name=switch", tokenizer, f"data.corpus=[{d / 'a.jsonl'}]"])
+    stage_shards(single)
+    checkpoint = d / "switch_step_00000003"
+    checkpoint.mkdir(exist_ok=True)
+    trained_on = ShardSet(single.shards_dir).content_hash()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"fingerprint": {DATA_KEY: trained_on}}))
+    before = _tree(single.shards_dir)
+    mixed = _config([*overrides, "name=switch", tokenizer], d, 1, 1)
+    with pytest.raises(UserError, match=r"data.sources \(not in the run's shards: a, b\).*left as they were"):
+        stage_shards(mixed, checkpoint)
+    assert _tree(single.shards_dir) == before
+    assert ShardSet(single.shards_dir).content_hash() == trained_on
+
+
 def test_one_corpus_keeps_its_layout(two_sources):
     from pretrain.pipeline import stage_shards
     from pretrain.train.setup import load_config
