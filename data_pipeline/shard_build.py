@@ -55,7 +55,15 @@ from data_pipeline.shard_read import ShardSet
 from data_pipeline.tokenizer import tokenizer_hash
 from pretrain.core.errors import DataError
 from pretrain.core.files import sha256_file, write_json_atomic
-from pretrain.core.outputs import check_not_input, claim_output, exclusive, exclusive_if_free, mark_output
+from pretrain.core.outputs import (
+    LOCK,
+    MARKER,
+    check_not_input,
+    claim_output,
+    exclusive,
+    exclusive_if_free,
+    mark_output,
+)
 
 
 def build_key(paths: list[str], tok_hash: str, settings: dict) -> tuple[str, list]:
@@ -375,3 +383,27 @@ def write_mixture(out_dir: str | os.PathLike, sources: list[tuple[str, float, di
         manifest["created"] = time.time()
         write_json_atomic(out / MANIFEST, manifest)
     return manifest
+
+
+def replace_build(new: Path, out: Path) -> None:
+    """Put the finished build in `new` (built beside `out`) in place of the build in `out`, file by file: only the
+    files a build writes (and a mixture's source directories) are replaced; anything else in `out` stays, and a
+    symlinked `out` stays a link to the same place. The manifest goes first and comes back last, so a crash
+    between leaves `out` incomplete (built again when next used), never a mix that looks finished. The caller holds
+    `out` exclusively."""
+    out = Path(out)
+    old = read_json(out / MANIFEST) or {}
+    (out / MANIFEST).unlink(missing_ok=True)
+    (out / BUILD_STATE).unlink(missing_ok=True)
+    shutil.rmtree(out / TMP, ignore_errors=True)
+    for p in out.glob("shard_*"):
+        if _is_build_file(p):
+            p.unlink()
+    for source in old.get(MIXTURE_KEY, []):  # named by the manifest that listed their shards: ours
+        shutil.rmtree(out / source["name"], ignore_errors=True)
+    for p in new.iterdir():
+        if p.name not in (MANIFEST, MARKER, LOCK):
+            os.replace(p, out / p.name)
+    os.replace(new / MANIFEST, out / MANIFEST)
+    mark_output(out, "shards")
+    shutil.rmtree(new, ignore_errors=True)

@@ -11,7 +11,7 @@ Other modules import from here, so the stages can move without their callers cha
 
 from __future__ import annotations
 
-from data_pipeline.shard_build import build_key, build_shards, shards_current, write_mixture
+from data_pipeline.shard_build import build_key, build_shards, replace_build, shards_current, write_mixture
 from data_pipeline.shard_format import (
     BUILD_STATE,
     DONE,
@@ -39,6 +39,7 @@ __all__ = [
     "build_key",
     "build_shards",
     "mixture_hash",
+    "replace_build",
     "shard_name",
     "shards_current",
     "shards_hash",

@@ -157,9 +157,9 @@ DATA_SETTINGS = {
 
 
 def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint: Path) -> dict:
-    """The shards of a resumed run, built again (their inputs' sizes or times changed) in a directory beside them,
-    compared with the data the checkpoint recorded, and swapped in only if it is the same data or the user allows
-    the change; otherwise removed, with a UserError, leaving the run's shards untouched."""
+    """The shards of a resumed run, built again (their inputs' sizes or times changed) in `.rebuild` within their
+    directory, compared with the data the checkpoint recorded, and swapped in only if it is the same data or the user
+    allows the change; otherwise removed, with a UserError, leaving the run's shards untouched."""
     import shutil
 
     from data_pipeline.shard_format import read_json
@@ -169,10 +169,10 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
     from pretrain.train.trainer import saved_fingerprint
 
     out = cfg.shards_dir
-    tmp = out.parent / f".{out.name}.rebuild"
+    tmp = out / ".rebuild"  # inside: on the same file system as the shards, a symlinked data.shards included
     shutil.rmtree(tmp, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
     before = (read_json(out / "manifest.json") or {}).get("settings", {})
-    say(f"shards: the corpus or the shards' settings changed since {checkpoint.name}; building beside {out} to compare")
+    say(f"shards: the corpus or the shards' settings changed since {checkpoint.name}; building beside, in {tmp}")
     try:
         manifest = build_shards(paths, cfg.tokenizer_dir, tmp, num_workers=cfg.data.num_workers, **settings)
         now, then = ShardSet(tmp, verify=False).content_hash(), saved_fingerprint(checkpoint).get(DATA_KEY)
@@ -199,10 +199,12 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
 
 
 def _swap_in(new: Path, out: Path) -> None:
-    """Replace the shard directory `out` by `new` (built beside it), unless a trainer reads `out` (another run on
-    the same data.shards holds it `shared`): then `new` goes, with a UserError, and `out` stays."""
+    """Put the shards in `new` (built beside `out`) in place of those in `out` (`shards.replace_build`: the user's
+    other files there, and a symlinked `out`, stay as they are), unless a trainer reads `out` (another run on the
+    same data.shards holds it `shared`): then `new` goes, with a UserError, and `out` stays."""
     import shutil
 
+    from data_pipeline.shards import replace_build
     from pretrain.core.errors import UserError
     from pretrain.core.outputs import exclusive_if_free
 
@@ -216,11 +218,7 @@ def _swap_in(new: Path, out: Path) -> None:
                 f"{out} holds shards a run is training on (it reads them now): resume once it has finished, or use "
                 "another data.shards directory; the shards were left as they were"
             )
-        old = out.parent / f".{out.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        out.rename(old)
-        new.rename(out)
-    shutil.rmtree(old, ignore_errors=True)
+        replace_build(new, out)
 
 
 def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:

@@ -293,6 +293,42 @@ def test_resume_switched_from_corpus_to_sources_leaves_the_shards(two_sources):
     assert ShardSet(single.shards_dir).content_hash() == trained_on
 
 
+@pytest.mark.parametrize("linked", [False, True])
+def test_resume_swap_keeps_the_users_files_and_link(two_sources, tmp_path, linked):
+    """A resume's rebuild of a named data.shards swapped the whole directory in: the user's NOTES.md there went, and
+    a symlinked data.shards became a directory of its own. Now only the build's files are replaced."""
+    import os
+
+    from pretrain.pipeline import stage_shards
+    from pretrain.train.fingerprint import DATA_KEY
+    from pretrain.train.setup import load_config
+
+    d, overrides = two_sources
+    corpus = tmp_path / "a.jsonl"
+    corpus.write_text((d / "a.jsonl").read_text())
+    real = tmp_path / "real"
+    shards = tmp_path / "link" if linked else real
+    if linked:
+        real.mkdir()
+        shards.symlink_to(real)
+    named = [f"data.tokenizer={d / 'runs' / 'r' / 'tokenizer'}", f"data.shards={shards}"]
+    cfg = load_config("tiny", [*overrides, "name=swap", *named, f"data.corpus=[{corpus}]"])
+    stage_shards(cfg)
+    (real / "NOTES.md").write_text("mine")
+    (real / "eval").mkdir()
+    (real / "eval" / "scores.txt").write_text("0.9")
+    trained_on = ShardSet(real).content_hash()
+    checkpoint = tmp_path / "step_00000003"
+    checkpoint.mkdir()
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"fingerprint": {DATA_KEY: trained_on}}))
+    os.utime(corpus, ns=(1, 1))  # the same text, another time: rebuilt beside, found equal, swapped in
+    stage_shards(cfg, checkpoint)
+    assert not linked or os.readlink(shards) == str(real)
+    assert (real / "NOTES.md").read_text() == "mine" and (real / "eval" / "scores.txt").read_text() == "0.9"
+    assert ShardSet(real).content_hash() == trained_on
+    assert not list(real.glob(".*rebuild")) and sorted(tmp_path.iterdir()) == sorted({corpus, real, shards, checkpoint})
+
+
 def test_one_corpus_keeps_its_layout(two_sources):
     from pretrain.pipeline import stage_shards
     from pretrain.train.setup import load_config
