@@ -243,7 +243,8 @@ def train_tokenizer(
 
     `out_dir` must be absent, empty or a tokenizer directory of ours (`pretrain.core.outputs.claim_output`), and hold no
     input, nor the current directory. The directory appears atomically: it is written to `<out_dir>.tmp-<pid>` and
-    renamed into place. A symlink `out_dir` is written through: its target is replaced, the link kept.
+    renamed into place (entries of the old one that are not tokenizer files are carried into it). A symlink `out_dir`
+    is written through: its target is replaced, the link kept.
     """
     _check_training_settings(kind, vocab_size, min_frequency)
     out = _output_dir(Path(out_dir), paths)
@@ -350,20 +351,35 @@ def _wrap(tok, lowercase: bool, strip_accents: bool) -> PreTrainedTokenizerFast:
 
 def _save_atomically(fast: PreTrainedTokenizerFast, out: Path, settings: dict) -> None:
     """Write the tokenizer (and the `settings` it was trained with) to `<out>.tmp-<pid>` and rename it into place, so
-    `out` is never half-written."""
+    `out` is never half-written. Entries of an old `out` that are not tokenizer files (the user's notes, an eval/
+    directory) are carried into the new one first, and put back if the swap fails: never deleted with the old."""
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
+    carried: list[str] = []
     try:
         fast.save_pretrained(tmp)
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n")
         mark_output(tmp, "tokenizer")
         if out.exists():  # os.replace cannot overwrite a non-empty directory: move the old one aside first
+            ours = {p.name for p in tmp.iterdir()} | set(TOKENIZER_FILES) | {SETTINGS_FILE}
+            for entry in sorted(out.iterdir()):
+                if entry.name not in ours:
+                    os.replace(entry, tmp / entry.name)
+                    carried.append(entry.name)
             os.replace(out, old)
         os.replace(tmp, out)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
-        shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        if old.exists() and not out.exists():
+            os.replace(old, out)
+        for name in carried:  # back where they were
+            os.replace(tmp / name, out / name)
+        raise
+    finally:  # removed only when nothing there is the only copy of something: the user's entries, the old tokenizer
+        if not any((tmp / name).exists() for name in carried):
+            shutil.rmtree(tmp, ignore_errors=True)
+        if out.exists():
+            shutil.rmtree(old, ignore_errors=True)
 
 
 # The files a HuggingFace tokenizer directory may hold; a `model.init_from` checkpoint also holds weights.

@@ -1,5 +1,6 @@
-"""Exported tokenizers type sentence pairs as pretraining did; `pretrain tokenizer` writes through a symlinked --out and
-refuses `--out .`; a config that is not UTF-8 and a corpus with no usable document are one-line errors saying why."""
+"""Exported tokenizers type sentence pairs as pretraining did; `pretrain tokenizer` writes through a symlinked --out,
+keeps the user's other files there and refuses `--out .`; a config that is not UTF-8 and a corpus with no usable
+document are one-line errors saying why."""
 
 from __future__ import annotations
 
@@ -262,6 +263,38 @@ def test_tokenizer_out_symlink_is_written_through(corpus, tmp_path, capsys):
         assert link.is_symlink() and (target / "tokenizer.json").is_file()
     assert str(target) in capsys.readouterr().out
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link", "real"]  # no .tmp / .old left beside it
+
+
+def test_retraining_keeps_the_users_other_files(corpus, tmp_path, monkeypatch):
+    """Training again into a tokenizer directory of ours swapped the whole directory, deleting the user's NOTES.md
+    and eval/ there; now they are carried into the new one, and put back where they were if the swap fails."""
+    import os
+
+    from data_pipeline import tokenizer as tokenizer_module
+
+    out = tmp_path / "tok"
+    train_tokenizer([str(corpus)], out, vocab_size=300, show_progress=False)
+    (out / "NOTES.md").write_text("mine")
+    (out / "eval").mkdir()
+    (out / "eval" / "scores.txt").write_text("0.9")
+    train_tokenizer([str(corpus)], out, vocab_size=320, show_progress=False)
+    assert (out / "NOTES.md").read_text() == "mine" and (out / "eval" / "scores.txt").read_text() == "0.9"
+    assert load_tokenizer(out).vocab_size == 320
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]  # no .tmp / .old left beside it
+
+    replace = os.replace
+
+    def failing(src, dst):  # the new directory's rename into place fails (a full disk, a signal)
+        if Path(src).name.startswith("tok.tmp-") and Path(dst) == out:
+            raise OSError("no")
+        return replace(src, dst)
+
+    monkeypatch.setattr(tokenizer_module.os, "replace", failing)
+    with pytest.raises(OSError, match="no"):
+        train_tokenizer([str(corpus)], out, vocab_size=340, show_progress=False)
+    assert (out / "NOTES.md").read_text() == "mine" and (out / "eval" / "scores.txt").read_text() == "0.9"
+    assert load_tokenizer(out).vocab_size == 320
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["tok"]
 
 
 def test_tokenizer_out_dot_is_a_clear_error(corpus, tmp_path, monkeypatch, capsys):
