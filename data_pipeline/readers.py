@@ -560,12 +560,32 @@ def _arrow_batches(path: Path, text_field: str):
         schema = f.schema
     else:
         schema = reader.schema
+        reader = _stream_to_its_end(path, source, reader)
     index = _text_column(path, schema, text_field)
     try:
         for batch in reader:
             yield batch.select([index])  # zero-copy: other columns are never touched
-    except OSError as e:
+    except (OSError, pa.ArrowException) as e:  # ArrowInvalid (a cut inside a batch) is a ValueError, not an OSError
         raise DataError(f"{path}: cannot read ({e}); the file is truncated or corrupt") from e
+
+
+_END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")  # Arrow's marker; before 0.15's
+
+
+def _stream_to_its_end(path: Path, source, reader):
+    """The batches of an Arrow stream, then a DataError unless its end-of-stream marker follows the last: pyarrow takes
+    the end of a file cut at a batch boundary (an interrupted write or copy) for the end of the stream, and would
+    read it short in silence. The memory map's position is where the reader's next message starts."""
+    end, batches = source.tell(), 0  # after the schema, then after each batch
+    for batch in reader:
+        end, batches = source.tell(), batches + 1
+        yield batch
+    marker = source.read_at(min(8, source.size() - end), end)
+    if marker != _END_OF_STREAM[0] and marker[:4] != _END_OF_STREAM[1]:
+        raise DataError(
+            f"{path}: the Arrow stream stops after {batches} record batch(es) without its end-of-stream marker: the "
+            "file is truncated (an interrupted write or copy); write or copy it again"
+        )
 
 
 def _iter_arrow(

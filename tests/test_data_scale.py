@@ -101,6 +101,30 @@ def test_parquet_null_and_corrupt_zstd_named(tmp_path):
         list(iter_documents([str(tmp_path / "t.jsonl.zst")]))
 
 
+def test_truncated_arrow_stream_is_named(tmp_path):
+    """An Arrow stream cut at a record-batch boundary read short with no error (pyarrow takes the end of the file for
+    the end of the stream); a cut inside a batch raised pyarrow's ArrowInvalid. Both are a DataError naming the file."""
+    import io
+
+    import pyarrow as pa
+
+    table = pa.table({"text": [f"document {i} has some text." for i in range(100)], "n": list(range(100))})
+    sink, ends = io.BytesIO(), []
+    with pa.ipc.new_stream(sink, table.schema) as writer:
+        for batch in table.to_batches(max_chunksize=10):
+            writer.write_batch(batch)
+            ends.append(sink.tell())
+    data = sink.getvalue()
+    whole = tmp_path / "whole.arrow"
+    whole.write_bytes(data)
+    assert len(list(iter_documents([str(whole)]))) == 100
+    for cut, message in ((ends[4], r"stops after 5 record batch\(es\) without its end-of-stream"), (ends[4] + 40, "")):
+        path = tmp_path / f"cut{cut}.arrow"
+        path.write_bytes(data[:cut])
+        with pytest.raises(DataError, match=rf"{path}: .*{message}.*truncated"):
+            list(iter_documents([str(path)]))
+
+
 @pytest.mark.parametrize("fmt", ["jsonl", "txt"])
 def test_huge_line_bounded_memory(tmp_path, fmt):
     """A 16 MiB line without a newline, limit 1 MiB: skipped and counted (or an error naming file:line),
