@@ -20,6 +20,7 @@ import io
 import itertools
 import json
 import os
+import re
 import sys
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -290,6 +291,9 @@ class _ZstdRaw(io.RawIOBase):
         super().close()
 
 
+_SKIPS = "(on_bad_document=skip skips such lines)"
+
+
 def _bad(reason: str, message: str, on_bad: str, skipped: collections.Counter) -> None:
     if on_bad == "error":
         raise DataError(message)
@@ -302,7 +306,7 @@ def _decode(raw: bytes, where: str, on_bad: str, skipped: collections.Counter) -
     except UnicodeDecodeError as e:
         _bad(
             "invalid_utf8",
-            f"{where}: invalid UTF-8 at byte {e.start} of the line (on_bad_document=skip skips such lines)",
+            f"{where}: invalid UTF-8 at byte {e.start} of the line {_SKIPS}",
             on_bad,
             skipped,
         )
@@ -381,10 +385,21 @@ def _iter_jsonl(
                 problem = f"record is a JSON {type(record).__name__}, not an object with field '{text_field}'"
             _bad("missing_field", f"{where}: {problem}; set data.text_field", on_bad, skipped)
             continue
+        lone = _LONE_SURROGATE.search(text) if "\\u" in line else None  # only an escape gives one
+        if lone:
+            at = f"U+{ord(lone.group()):04X} at character {lone.start()}"
+            message = f"{where}: invalid UTF-8: '{text_field}' holds a lone surrogate ({at}) {_SKIPS}"
+            _bad("invalid_utf8", message, on_bad, skipped)
+            continue
         if not text.strip():
             skipped["empty"] += 1
             continue
         yield Document(text, str(path), lineno)
+
+
+# A surrogate code point in a str from json.loads ("\\ud800", which it accepts) is a lone one (an escaped pair is joined
+# into one character): no UTF-8 holds it, and the tokenizer's trainer and encoder fail on it far from the file and line.
+_LONE_SURROGATE = re.compile("[\ud800-\udfff]")
 
 
 def _read_guarded(path: Path, lines: Iterator) -> Iterator:

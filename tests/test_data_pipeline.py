@@ -130,6 +130,27 @@ def test_bad_lines_skipped_and_counted_or_named(tmp_path):
         list(iter_documents([str(path)], on_bad="error"))
 
 
+def test_a_lone_surrogate_is_a_bad_document(tmp_path):
+    """json.loads accepts "\\ud800", which no UTF-8 holds: it crashed tokenizer training (UnicodeEncodeError) and the
+    shard build (TypeError in a worker), naming neither file nor line, whatever on_bad_document said."""
+    path = tmp_path / "lone.jsonl"
+    good = [f"document {i} about the union and its states." for i in range(20)]
+    lines = [json.dumps({"text": t}) for t in good]
+    lines.insert(1, '{"text": "half a pair \\ud800 here"}')
+    lines.insert(3, '{"text": "a pair \\ud83d\\ude00 is fine"}')
+    path.write_text("\n".join(lines) + "\n")
+    skipped = collections.Counter()
+    docs = list(iter_documents([str(path)], skipped=skipped))
+    assert [d.text for d in docs] == [good[0], good[1], "a pair \U0001f600 is fine", *good[2:]]
+    assert skipped == {"invalid_utf8": 1}
+    with pytest.raises(DataError, match=rf"{path}:2: invalid UTF-8: 'text' holds a lone surrogate \(U\+D800 at"):
+        list(iter_documents([str(path)], on_bad="error"))
+    tok = tmp_path / "tok"
+    train_tokenizer([str(path)], tok, vocab_size=120, show_progress=False)
+    manifest = build_shards([str(path)], tok, tmp_path / "shards", num_workers=0, show_progress=False)
+    assert manifest["counts"]["documents"] == 21 and manifest["counts"]["skipped"] == {"invalid_utf8": 1}
+
+
 def test_a_byte_order_mark_is_not_text(tmp_path):
     """Windows editors start UTF-8 files with a BOM: it cost a JSONL file its first record (invalid JSON), and began a
     text file's first document with U+FEFF."""
