@@ -333,9 +333,11 @@ def _lines(f: BinaryIO, limit: int) -> Iterator[tuple[int, bytes | int]]:
     (what some Windows editors write first) is not part of the first line's text.
     """
     for lineno in itertools.count(1):
-        raw = f.readline(limit + 1)
-        if lineno == 1 and raw.startswith(_BOM):
-            raw = raw[len(_BOM) :] or f.readline(limit + 1)
+        if lineno == 1:  # room for a BOM: stripped after the limit was applied, it cut a line near it in two
+            raw = f.readline(limit + 1 + len(_BOM))
+            raw = raw[len(_BOM) :] if raw.startswith(_BOM) else raw
+        else:
+            raw = f.readline(limit + 1)
         if not raw:
             return
         if len(raw) <= limit or raw.endswith(b"\n") and len(raw) == limit + 1:

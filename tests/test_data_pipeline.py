@@ -161,6 +161,20 @@ def test_a_byte_order_mark_is_not_text(tmp_path):
     assert docs == ["first", "second", "First paragraph.", "Second one."] and not skipped
 
 
+def test_a_byte_order_mark_does_not_count_against_the_line_limit(tmp_path):
+    """The BOM was stripped after the first line was read to max_document_bytes: a first line near the limit was cut
+    in two, and counted twice as invalid JSON."""
+    first = '{"text": "abcdefgh"}'  # 20 bytes
+    path = tmp_path / "bom.jsonl"
+    path.write_bytes(b"\xef\xbb\xbf" + first.encode() + b'\n{"text": "second"}\n')
+    skipped = collections.Counter()
+    docs = [d.text for d in iter_documents([str(path)], skipped=skipped, max_document_bytes=len(first))]
+    assert docs == ["abcdefgh", "second"] and not skipped
+    path.write_bytes(b"\xef\xbb\xbf" + first.encode() + b"x\n")  # one byte over: too long, once
+    assert not list(iter_documents([str(path)], skipped=skipped, max_document_bytes=len(first)))
+    assert skipped == {"too_long": 1}
+
+
 def test_missing_path_and_empty_dir(tmp_path):
     with pytest.raises(DataError, match="corpus path '.*nope.jsonl' not found"):
         expand_inputs([str(tmp_path / "nope.jsonl")])
