@@ -6,9 +6,9 @@ Nothing depends on rank, world size or worker count, so resuming is "skip to pos
 O(1), no batches replayed, and any world size continues the same global order.
 
 A run with schedule phases (`pretrain.core.schedule`) has one such stream per phase, its positions counted from
-the phase's start; phase 0's is the stream above, phase k > 0 adds k to every seed. A phase's sampler
-(`PhaseBatchSampler`) tags each position with its optimizer step, so a scheduled rate (a masking rate) is that
-step's value in every worker.
+the phase's start; phase 0's is the stream above, phase k > 0 appends (3, k) to every rng's seed key
+(`_stream_key`), so its order and masks are streams of their own. A phase's sampler (`PhaseBatchSampler`) tags
+each position with its optimizer step, so a scheduled rate (a masking rate) is that step's value in every worker.
 """
 
 from __future__ import annotations
