@@ -254,3 +254,28 @@ def test_a_budget_follows_an_arms_schedule_and_refuses_to_cut_off_a_phase():
     # a budget that ends the arm before its second phase is refused, naming arm, step and phase
     with pytest.raises(ConfigError, match=r"arm 'two-phase': its tokens budget ends it at step 200: schedule\.phases"):
         plan("tokens", 200 * 512, phases)
+
+
+@pytest.mark.parametrize("preset", ["ablation", "ablation-gpu"])
+def test_preset_seed_comments_say_what_their_seeds_can_show(preset):
+    """The comment over `seeds:` states the sign-flip floor of that many seeds and the seeds each Holm family of the
+    preset would need (it said ">= 3" was enough, where 3 seeds cannot go below p = 0.25)."""
+    import yaml
+
+    from pretrain.evaluation.report import PRIMARY, SECONDARY, main_mode, planned
+    from pretrain.evaluation.stats import seeds_needed, sign_flip_floor
+
+    path = ROOT / "configs" / f"{preset}.yaml"
+    raw = yaml.safe_load(path.read_text())
+    modes = raw["eval"]["mode"] if isinstance(raw["eval"]["mode"], list) else [raw["eval"]["mode"]]
+    arms = {name: None for name in raw["arms"]}
+    plan = planned({mode: {t: arms for t in raw["eval"]["tasks"]} for mode in modes}, main_mode(modes))
+    lines = path.read_text().splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("seeds:"))
+    comment = " ".join(line.lstrip("# ") for line in lines[at - 3 : at])
+    n = len(raw["seeds"])
+    assert f"2/2^{n} = {sign_flip_floor(n):g}" in comment and "no difference can hold" in comment
+    (m1, m2) = (sum(p[0] == family for p in plan) for family in (PRIMARY, SECONDARY))
+    assert n < seeds_needed(m1) <= seeds_needed(m2)
+    assert f"{seeds_needed(m1)} seeds for the primary family's {m1} comparisons" in comment
+    assert f"{seeds_needed(m2)} for the secondary's {m2}" in comment

@@ -315,7 +315,7 @@ SITUATIONS = {
     ),
     "few_seeds": (
         (_ab(seeds=2), _table(), FLAT, _pre()),
-        (_ab(seeds=5), _table(), [_cmp("mlm", seeds=FIVE)], _pre()),
+        (_ab(seeds=6), _table(), [_cmp("mlm", seeds=FIVE + (0.1,))], _pre()),  # 1 comparison: 6 seeds suffice
         lambda d: d and d[0]["seed_draws"],
     ),
     "task": (
@@ -407,11 +407,12 @@ def test_notes_never_contradict_each_other():
     import random
 
     from pretrain.evaluation.report import render_note
+    from pretrain.evaluation.stats import ALPHA, sign_flip_floor
 
     rng = random.Random(0)
     for _ in range(300):
         modes = rng.choice([("probe",), ("probe", "full")])
-        seeds = rng.choice([1, 2, 3, 5, 6])
+        seeds = rng.choice([1, 2, 3, 5, 6, 7, 8])
         found = []
         for mode in modes:
             for a, b in (("mlm", "none"), ("span", "none"), ("mlm", "span")):
@@ -431,9 +432,39 @@ def test_notes_never_contradict_each_other():
             assert not any(t["below"] for t in kinds["task"]) and "pairs" not in kinds
         pairs = kinds.get("pairs", [{"significant": []}])[0]["significant"]
         assert bool(pairs) == any(c.significant for c in found if c.b != "none")
-        assert ("few_seeds" in kinds) == (seeds < 5)
+        sizes = [v["comparisons"] for v in kinds["method"][0]["families"].values()]
+        assert ("few_seeds" in kinds) == any(m * sign_flip_floor(seeds) >= ALPHA for m in sizes)
         assert not ("seeds_untested" in kinds and "seed_level" in kinds)
         text = " ".join(render_note(kind, d) for kind, ds in kinds.items() for d in ds)
         if modes == ("probe",):  # no note counts or names a fine-tuning cell, nor words one
             assert kinds["probe"][0]["cells"] == 0 and kinds["method"][0]["main"] == "probe"
             assert all(t["mode"] == "probe" for t in kinds["task"]) and "fine-tun" not in text.lower()
+
+
+def test_few_seeds_says_the_seeds_each_family_needs():
+    """A sign-flip test over n seeds cannot go below 2/2^n, and Holm multiplies that by the family's size m: the
+    warning stands until m x 2/2^n < alpha and names that n (it was silent from 5 seeds, where 2/2^5 = 0.0625)."""
+    from pretrain.evaluation.report import render_note
+    from pretrain.evaluation.report_notes import few_seeds
+    from pretrain.evaluation.stats import ALPHA, seeds_needed, sign_flip_floor
+
+    for m, n in ((1, 6), (2, 7), (12, 9), (25, 10), (48, 11)):
+        assert seeds_needed(m) == n and m * sign_flip_floor(n) < ALPHA <= m * sign_flip_floor(n - 1)
+    assert seeds_needed(100_000) is None  # beyond what the Monte Carlo floor allows
+
+    one = [_cmp("mlm", seeds=FIVE)]
+    (warned,) = _kinds(_ab(seeds=5), _table(), one, _pre())["few_seeds"]
+    assert (warned["needed"], warned["families"]) == (6, {"primary": {"comparisons": 1, "needed": 6}})
+    text = render_note("few_seeds", warned)
+    assert "6 or more" in text and "5 or more" not in text and "0.0625 (2/2^5)" in text
+    assert "few_seeds" not in _kinds(_ab(seeds=6), _table(), [_cmp("mlm", seeds=FIVE + (0.1,))], _pre())
+
+    fams = {"primary": {"comparisons": 12}, "secondary": {"comparisons": 48}}  # the GPU preset's families
+    assert few_seeds(fams, 4)["needed"] == 11 and set(few_seeds(fams, 4)["families"]) == {"primary", "secondary"}
+    assert few_seeds(fams, 9)["families"] == {"secondary": {"comparisons": 48, "needed": 11}}
+    assert few_seeds(fams, 11) is None
+    assert few_seeds({}, 5)["needed"] == 6 and few_seeds({}, 6) is None  # nothing compared: as one comparison
+    huge = few_seeds({"secondary": {"comparisons": 100_000}}, 20)
+    assert huge["needed"] is None and "smaller families" in render_note("few_seeds", huge)
+    single = render_note("few_seeds", few_seeds(fams, 1))
+    assert "11 or more" in single and "5 or more" not in single

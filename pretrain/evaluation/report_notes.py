@@ -18,7 +18,7 @@ from pretrain.evaluation.report_numbers import (
     families,
     main_mode,
 )
-from pretrain.evaluation.stats import ALPHA, POWER, sign_flip_floor
+from pretrain.evaluation.stats import ALPHA, POWER, seeds_needed, sign_flip_floor
 
 # BERT-base (Devlin et al. 2019): 1M steps of 256 sequences, 90% of the steps at 128 tokens and 10% at 512:
 # 256 x (900,000 x 128 + 100,000 x 512) = 256 x 1.664e8 = 4.26e10 token slots.
@@ -26,7 +26,6 @@ BERT_BASE_TOKENS = 256 * (900_000 * 128 + 100_000 * 512)
 # ELECTRA-Small (Clark et al. 2020): 1M steps of 128 sequences of 128 tokens = 1.64e10.
 ELECTRA_SMALL_TOKENS = 1_000_000 * 128 * 128
 EARLY = 0.01  # below this share of ELECTRA-Small's tokens, a run is in the first phase of pretraining
-ENOUGH_SEEDS = 5  # below, the notes warn that run-to-run variance is poorly measured
 
 Note = tuple[str, dict]
 NOTE_KINDS = (
@@ -100,7 +99,7 @@ def budget_note(ab, trained: dict) -> Note:
 
 
 def method_notes(ab, fams: dict, main: str, seeds: int) -> list[Note]:
-    """How the comparisons were made, and a warning when too few pretraining seeds measure run-to-run variance."""
+    """How the comparisons were made, and a warning wherever the seeds are too few for a test across them to hold."""
     method = {
         "seeds": len(ab.seeds),
         "downstream_seeds": len(ab.eval["seeds"]),
@@ -109,10 +108,28 @@ def method_notes(ab, fams: dict, main: str, seeds: int) -> list[Note]:
         "alpha": ALPHA,
     }
     out: list[Note] = [("method", method)]
-    if seeds < ENOUGH_SEEDS:
-        floor = sign_flip_floor(seeds) if seeds >= SEED_TEST_MIN else None
-        out.append(("few_seeds", {"seeds": seeds, "seed_draws": math.comb(2 * seeds - 1, seeds), "seed_floor": floor}))
-    return out
+    few = few_seeds(fams, seeds)
+    return out + ([("few_seeds", few)] if few else [])
+
+
+def few_seeds(fams: dict, seeds: int) -> dict | None:
+    """The seeds each family needs for a sign-flip test to hold after Holm (m x 2/2^n < alpha), where `seeds` is
+    short of it in any family (None where not): a fixed count such as 5 cannot do (2/2^5 > 0.05 even for m = 1)."""
+    sizes = {f: v["comparisons"] for f, v in fams.items()}
+    short = {f: {"comparisons": m, "needed": seeds_needed(m)} for f, m in sizes.items()}
+    short = {f: v for f, v in short.items() if v["needed"] is None or seeds < v["needed"]}
+    if (sizes and not short) or (not sizes and seeds >= seeds_needed(1)):  # nothing compared: as one comparison
+        return None
+    reachable = [v["needed"] for v in short.values() if v["needed"] is not None] or ([] if short else [seeds_needed(1)])
+    needed = max(reachable, default=None)  # None: some family is too large for any number of seeds
+    return {
+        "seeds": seeds,
+        "seed_draws": math.comb(2 * seeds - 1, seeds),
+        "seed_floor": sign_flip_floor(seeds) if seeds >= SEED_TEST_MIN else None,
+        "families": short,
+        "needed": needed,
+        "alpha": ALPHA,
+    }
 
 
 def task_notes(table: dict, found: list[Comparison]) -> list[Note]:

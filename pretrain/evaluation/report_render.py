@@ -103,22 +103,32 @@ def _method(d: dict) -> str:
 
 
 def _few_seeds(d: dict) -> str:
+    advice = (
+        f"for claims about the objectives, set `seeds:` to {d['needed']} or more"
+        if d["needed"] is not None
+        else "for claims about the objectives, split the comparisons into smaller families"
+    )
     if d["seeds"] <= 1:
         return (
             "With one pretraining seed per arm the intervals leave out the run-to-run variance of pretraining "
-            "itself, so they are too narrow, and no test across seeds is possible: set `seeds:` to 5 or more "
-            "for claims about the objectives."
+            f"itself, so they are too narrow, and no test across seeds is possible: {advice}."
         )
     seed_test = (
         f"a test across seeds cannot give p below {d['seed_floor']:.3g} (2/2^{d['seeds']})"
         if d["seed_floor"] is not None
-        else f"a test across seeds needs at least {SEED_TEST_MIN}"
+        else f"a test across seeds needs at least {SEED_TEST_MIN} and cannot give p below 2/2^n"
+    )
+    needs = "; ".join(
+        f"the {f} family's {v['comparisons']} comparison(s) need "
+        + (f"{v['needed']} seeds" if v["needed"] is not None else "more than any number of seeds can give")
+        for f, v in d["families"].items()
     )
     return (
-        f"With {d['seeds']} pretraining seeds per arm the run-to-run variance of pretraining is poorly measured: "
-        f"the bootstrap can draw only {d['seed_draws']} distinct sets of seeds per arm, and {seed_test}. "
-        "Significant differences hold for these pretraining runs; for claims about the objectives, use 5 or "
-        "more seeds (`seeds:`)."
+        f"With {d['seeds']} pretraining seeds per arm the bootstrap can draw only {d['seed_draws']:,} distinct sets "
+        f"of seeds per arm, and {seed_test}; Holm multiplies that by the family's size, so a difference can hold "
+        f"across seeds only with m x 2/2^n below {d['alpha']}"
+        + (f" ({needs})" if needs else "")
+        + f". Significant differences hold for these pretraining runs; {advice}."
     )
 
 

@@ -16,7 +16,8 @@ noise on an accuracy).
 - With few pretraining seeds the bootstrap understates the seed variance (n seeds give C(2n - 1, n) distinct seed
   draws: 3 for two seeds). `sign_flip_test` tests at the seed level instead: arms paired by pretraining seed, the
   per-seed differences of task scores, and every assignment of signs to them (exact up to 2^16, else Monte Carlo).
-  It cannot reach below 2 / 2^n: n seeds bound what can be claimed about the objectives rather than these runs.
+  It cannot reach below 2 / 2^n, and Holm multiplies that by the family's size m: `seeds_needed(m)` is the fewest
+  seeds with which anything can hold across seeds (6 for one comparison, 9 for a family of 12).
 - `holm` adjusts a family's p-values so that "significant" keeps its 5% meaning across the family;
   `minimum_detectable_effect` says what gap a comparison could find at all.
 
@@ -240,6 +241,13 @@ def sign_flip_test(diffs, draws: int = SIGN_FLIP_DRAWS, seed: int = 0) -> float:
 def sign_flip_floor(n: int) -> float:
     """The smallest two-sided p `sign_flip_test` can give with n per-seed differences."""
     return 1.0 if n == 0 else max(2 / 2**n, 1 / (SIGN_FLIP_DRAWS + 1)) if n > EXACT_SIGN_FLIPS else 2 / 2**n
+
+
+def seeds_needed(m: int, alpha: float = ALPHA, most: int = 64) -> int | None:
+    """The fewest pretraining seeds with which a sign-flip test can hold in a Holm family of m: the smallest n with
+    m x sign_flip_floor(n) < alpha (one comparison: 6; 12: 9). None where no n up to `most` reaches it (the Monte
+    Carlo floor beyond 2^16 assignments bounds it)."""
+    return next((n for n in range(1, most + 1) if max(1, m) * sign_flip_floor(n) < alpha), None)
 
 
 def holm(p_values: list[float]) -> list[float]:
