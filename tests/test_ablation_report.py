@@ -29,7 +29,7 @@ def _fake_results(ab, accuracy: dict[str, float], n: int = 400) -> dict:
             "pretraining": {
                 "steps": 10 if arm.pretrain else 0,
                 "tokens_seen": 5000 if arm.pretrain else 0,
-                "flops": 1e10,
+                "flops": 1e10 * (2 if arm.group == "span" else 1),  # as the plan's FLOPs per step
                 "wall_s": 3.0,
                 "final_loss": {"mlm/loss": 6.0},
             },
@@ -98,18 +98,48 @@ def test_failed_runs_count_in_no_pretraining_mean(tmp_path):
     results["span-seed2"] = {"plan": failed["plan"], "settings": {}, "failed": "RuntimeError: out of memory"}
     pre = pretraining(ab, results)
     span = {k: pre["span"][k] for k in ("steps", "tokens", "flops", "wall_s")}
-    assert span == {"steps": 10, "tokens": 5000, "flops": 1e10, "wall_s": 3.0}  # the trained run's, not halved
+    assert span == {"steps": 10, "tokens": 5000, "flops": 2e10, "wall_s": 3.0}  # the trained run's, not halved
     assert pre["span"]["runs"] == 2 and pre["span"]["trained"] == 1
     assert pre["span"]["failed"] == "1 of 2 runs (totals: mean of the 1 trained): RuntimeError: out of memory"
     assert pre["mlm"]["trained"] == 2 and pre["mlm"]["failed"] is None and pre["none"]["trained"] == 2
 
     budget = dict(notes(ab, cells(ab, results), [], pre))["budget"]
-    assert budget["spent"] == {"mlm": 1e10, "span": 1e10} and budget["partial"] == {"span": [1, 2]}
+    assert budget["spent"] == {"mlm": 1e10, "span": 2e10} and budget["partial"] == {"span": [1, 2]}
     text = write_report(ab, results).read_text()
     assert "| span | FAILED: 1 of 2 runs (totals: mean of the 1 trained): RuntimeError: out of memory | 10 |" in text
     assert "not all of an arm's runs: span 1 of 2." in render_note("budget", budget) in text
     budget["partial"] = {}
     assert "not all of an arm's runs" not in render_note("budget", budget)
+
+
+def test_flops_per_token_is_per_real_token_as_the_tokens_column(tmp_path):
+    """A padded arm (sentence pairs) fills its token slots with fewer real tokens: per slot (the plan's FLOPs per step
+    over its tokens per step) it looked cheaper than mlm while, at equal FLOPs, it trained on fewer real tokens, so the
+    cost note and the budget note's "costs less per token trains on more tokens" contradicted the table."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import cells, notes, pretraining, render_note, write_report
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    over = [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]", "budget={kind: flops, amount: 1e10}"]
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), over)
+    ab.out.mkdir(parents=True)
+    results = _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})
+    for arm in ab.arms:  # equal FLOPs; span 2% cheaper per slot, but 10% of its slots are padding
+        state = results[arm.name]
+        if arm.group == "span":
+            state["plan"]["flops_per_step"] = 0.98e9
+            state["pretraining"].update(tokens_seen=4500, flops=1e10)
+    pre = pretraining(ab, results)
+    assert pre["span"]["flops_per_token"] == pytest.approx(1e10 / 4500)
+    assert pre["mlm"]["flops_per_token"] == pytest.approx(1e10 / 5000)
+    found = dict(notes(ab, cells(ab, results), [], pre))
+    assert found["cost"]["relative"] == {"span": pytest.approx(5000 / 4500)}  # costs more, trains on fewer
+    cost, spent = found["cost"]["relative"]["span"], found["budget"]["spent"]
+    assert (cost > 1) == (spent["span"] < spent["mlm"])  # what the budget note says of them
+    assert "per real (non-padding) token" in render_note("cost", found["cost"])
+    rows = [line for line in write_report(ab, results).read_text().splitlines() if line.startswith("| span |")]
+    row = rows[-1]  # the pretraining table's
+    assert "| 4,500 | 1.00e10 | 2.22e6 |" in row  # tokens, FLOPs, FLOPs per token: the last is FLOPs / tokens
 
 
 def test_report_scores_a_token_task_by_chunk_f1_beside_a_sentence_task(tmp_path):

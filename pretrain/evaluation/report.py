@@ -295,7 +295,8 @@ def pretraining_table(pre: dict) -> list[str]:
     return lines + [
         "",
         "Tokens are real (non-padding) tokens the trainer consumed; FLOPs are steps x the FLOPs of one step, "
-        "counted by torch on a real batch of each arm (forward + backward); wall time is training only.",
+        "counted by torch on a real batch of each arm (forward + backward); FLOPs per token is FLOPs / tokens, per "
+        "real token (an arm's padding counts in its cost); wall time is training only.",
     ]
 
 

@@ -287,25 +287,23 @@ def pretraining(ab, results: dict) -> dict[str, dict]:
     for arm, runs in ab.groups().items():
         states = [results.get(r.name, {}) for r in runs]
         p = [s.get("pretraining", {}) for s in states]
-        plans = [s.get("plan", {}) for s in states]
         trained = sum(q.get("steps") is not None for q in p)
         failures = [s["failed"] for s in states if s.get("failed")]
         losses: dict[str, list[float]] = {}
         for q in p:
             for key, value in (q.get("final_loss") or {}).items():
                 losses.setdefault(key, []).append(value)
+        tokens, flops = _mean(q.get("tokens_seen") for q in p), _mean(q.get("flops") for q in p)
         out[arm] = {
             "objectives": "none (random init)" if not runs[0].pretrain else " + ".join(runs[0].cfg.objectives),
             "steps": _mean(q.get("steps") for q in p),
-            "tokens": _mean(q.get("tokens_seen") for q in p),
-            "flops": _mean(q.get("flops") for q in p),
+            "tokens": tokens,
+            "flops": flops,
             "wall_s": _mean(q.get("wall_s") for q in p),
             "final": {k: _mean(v) for k, v in losses.items()},
-            "flops_per_token": _mean(
-                pl["flops_per_step"] / pl["tokens_per_step"]
-                for pl in plans
-                if pl.get("flops_per_step") and pl.get("tokens_per_step")
-            ),
+            # per real token, as `tokens` counts them: per token slot (the plan's flops_per_step / tokens_per_step)
+            # a padded arm (sentence pairs) looks cheaper while it trains on fewer tokens for the same FLOPs
+            "flops_per_token": flops / tokens if tokens and flops else 0.0,
             "failed": _failed(failures, len(runs), trained),
             "runs": len(runs),
             "trained": trained,

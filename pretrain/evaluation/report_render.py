@@ -47,7 +47,10 @@ def _scale(d: dict) -> str:
 
 def _cost(d: dict) -> str:
     costs = ", ".join(f"{a} {x:.2f}x" for a, x in d["relative"].items())
-    return f"Training FLOPs per token relative to {d['reference']} (counted on a real step of each arm): {costs}."
+    return (
+        f"Training FLOPs per real (non-padding) token relative to {d['reference']} (an arm's FLOPs over the tokens it "
+        f"trained on, so padding counts in its cost): {costs}."
+    )
 
 
 def _budget(d: dict) -> str:
