@@ -338,3 +338,59 @@ def test_several_pretraining_seeds_make_one_run_per_arm_and_seed(tmp_path):
         load_ablation(cfg, [task, "seeds=[7, 7]"])
     with pytest.raises(ConfigError, match="eval.mode: 'fine' is not one of probe, full"):
         load_ablation(cfg, [task, "eval.mode=fine"])
+
+
+def _tsv_task(directory: Path, n: int) -> Path:
+    directory.mkdir(parents=True)
+    rows = "".join(f"sentence {i}\t{i % 2}\n" for i in range(n))
+    for split in ("train.tsv", "dev.tsv"):
+        (directory / split).write_text("sentence\tlabel\n" + rows)
+    return directory
+
+
+def test_a_task_replaced_under_its_name_is_scored_again(tmp_path, monkeypatch, capsys):
+    """Results are filed under a task's directory name: a full mr replacing a subset mr passed for it (the runs were
+    finished, the report showed the subset's scores). Each result now carries its task files' sha256; a mismatch
+    re-opens the run and scores that task alone again, saying why, and the report leaves the old result out."""
+    from pretrain.evaluation import ablate, finetune
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import arm_settings, finished, read_state, write_state
+    from pretrain.evaluation.report import cells
+    from pretrain.evaluation.task_files import task_sha256
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    old, other = _tsv_task(tmp_path / "subset" / "mr", 20), _tsv_task(tmp_path / "trec", 20)
+    ab = load_ablation(tiny, [f"eval.tasks=[{old},{other}]", f"output_dir={tmp_path / 'ab'}"])
+
+    def result(task, n=20, sha=True):
+        preds = {"main_metric": "accuracy", "dev_labels": [0, 1] * (n // 2), "dev_predictions": [[0] * n]}
+        return {"task": Path(task).name, **preds, **({"task_sha256": task_sha256(task)} if sha else {})}
+
+    for arm in ab.arms:  # every run scored on the subset, as `downstream` records it
+        downstream = {"probe": {"mr": result(old), "trec": result(other)}}
+        write_state(arm, {"settings": arm_settings(ab, arm), "evaluated": True, "downstream": downstream})
+    assert all(finished(ab, read_state(arm)) for arm in ab.arms)
+
+    new = _tsv_task(tmp_path / "full" / "mr", 50)  # another task under the same name
+    ab2 = load_ablation(tiny, [f"eval.tasks=[{new},{other}]", f"output_dir={tmp_path / 'ab'}"])
+    assert not any(finished(ab2, read_state(arm)) for arm in ab2.arms)
+    states = {arm.name: read_state(arm) for arm in ab2.arms}
+    assert list(cells(ab2, states)["probe"]) == ["trec"]  # the subset's scores never pass for the full set's
+
+    scored = []
+
+    def run_finetune(model_dir, task, seeds, options):
+        scored.append(Path(task))
+        summary = {"accuracy": {"median": 0.5, "mean": 0.5, "std": 0.0}}
+        return {**result(task, 50, sha=False), "summary": summary, "lr": 1e-3}
+
+    monkeypatch.setattr(finetune, "run_finetune", run_finetune)
+    again = ablate.downstream(ab2, tmp_path, read_state(ab2.arms[0])["downstream"])
+    assert scored == [new]  # that task alone
+    assert again["probe"]["mr"]["task_sha256"] == task_sha256(new) and len(again["probe"]["mr"]["dev_labels"]) == 50
+    assert again["probe"]["trec"] == result(other)
+    assert f"{new} holds other files than this run was scored on" in capsys.readouterr().out
+    assert all((d / s).is_file() for d in (old, new) for s in ("train.tsv", "dev.tsv"))  # the user's files stay
+
+    legacy = {"evaluated": True, "downstream": {"probe": {"mr": result(new, sha=False), "trec": result(other)}}}
+    assert finished(ab2, legacy)  # recorded before hashes were kept: nothing tells, trusted

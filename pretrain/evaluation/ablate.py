@@ -61,6 +61,7 @@ from pretrain.evaluation.ablation_record import (
     recorded_seconds,
     write_state,
 )
+from pretrain.evaluation.task_files import stale, task_sha256
 from pretrain.train.distributed import single_process_env
 from pretrain.train.setup import config_from_dict
 
@@ -154,16 +155,25 @@ def export_baseline(arm: Arm) -> Path:
 
 def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=None) -> dict[str, dict[str, dict]]:
     """{mode: {task: finetune result}} for every eval mode and task. `done` holds results already computed (kept:
-    an interrupted evaluation resumes per mode and task); `save(results)` is called after each new one."""
+    an interrupted evaluation resumes per mode and task, unless a task's files changed since: `stale`); each new
+    result records its task's `task_sha256`; `save(results)` is called after each new one."""
     from pretrain.evaluation.finetune import run_finetune
 
     ev = ab.eval
     results = {mode: dict((done or {}).get(mode, {})) for mode in ev.modes}
     for mode in ev.modes:
         for task in ev.tasks:
-            if Path(task).name in results[mode]:
+            old = results[mode].get(Path(task).name)
+            if old is not None and not stale(task, old):
                 continue
+            if old is not None:  # its result is replaced; the task's files are the user's and stay as they are
+                say(
+                    f"  {mode} {Path(task).name}: {task} holds other files than this run was scored on (sha256 "
+                    f"{old['task_sha256'][:12]}, now {task_sha256(task)[:12]}): scoring it again"
+                )
+            sha = task_sha256(task)
             result = run_finetune(model_dir, Path(task), list(ev.seeds), ev.finetune(mode))
+            result["task_sha256"] = sha
             s = result["summary"][result["main_metric"]]
             say(
                 f"  {mode} {result['task']}: {result['main_metric']} median {s['median']:.4f}, "

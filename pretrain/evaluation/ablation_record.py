@@ -14,6 +14,7 @@ from pretrain.core.errors import UserError
 from pretrain.core.outputs import LOCK, mark_output
 from pretrain.core.parsing import to_dict
 from pretrain.evaluation.ablation_plan import Ablation, Arm
+from pretrain.evaluation.task_files import stale
 from pretrain.train.fingerprint import changed_settings
 
 
@@ -63,9 +64,14 @@ def check_settings(ab: Ablation) -> None:
 
 def finished(ab: Ablation, state: dict) -> bool:
     """Whether a run's state says it was evaluated, with a downstream result for every eval mode and task of this
-    ablation (an ablation that adds a task re-opens its runs)."""
+    ablation, scored on the task's files as they are now (an added or replaced task re-opens its runs)."""
     done = state.get("downstream") or {}
-    every = all(Path(task).name in done.get(mode, {}) for mode in ab.eval.modes for task in ab.eval.tasks)
+
+    def current(mode: str, task: str) -> bool:
+        result = done.get(mode, {}).get(Path(task).name)
+        return result is not None and not stale(task, result)
+
+    every = all(current(mode, task) for mode in ab.eval.modes for task in ab.eval.tasks)
     return bool(state.get("evaluated")) and every
 
 

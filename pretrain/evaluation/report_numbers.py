@@ -23,6 +23,7 @@ from pretrain.evaluation.stats import (
     sign_flip_floor,
     sign_flip_test,
 )
+from pretrain.evaluation.task_files import stale
 
 BASELINE = "none"
 PRIMARY, SECONDARY = "primary", "secondary"
@@ -100,21 +101,18 @@ def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
     and an arm needs the same downstream seeds in all its runs)."""
     out: dict = {}
     order = {Path(t).name: i for i, t in enumerate(ab.eval["tasks"])}
+    paths = {Path(t).name: t for t in ab.eval["tasks"]}
     labels: dict[tuple[str, str], tuple[str, list]] = {}  # (mode, task) -> (the first run, its dev labels)
     for arm, runs in ab.groups().items():
         states = [results.get(run.name, {}) for run in runs]
         for mode in ab.eval["modes"]:
             present = {t for s in states for t in s.get("downstream", {}).get(mode, {})}
             for task in sorted(present, key=lambda t: (order.get(t, len(order)), t)):  # the config's order
-                found = [
-                    (run.seed, s["downstream"][mode][task])
-                    for run, s in zip(runs, states)
-                    if task in s.get("downstream", {}).get(mode, {})
-                ]
+                found = [(run.seed, r) for run, s in zip(runs, states) if (r := _result(s, mode, task, paths))]
                 if len({len(r["dev_predictions"]) for _, r in found}) != 1:
                     continue
                 for run, s in zip(runs, states):  # every pairing assumes the same dev examples in every run
-                    result = s.get("downstream", {}).get(mode, {}).get(task)
+                    result = _result(s, mode, task, paths)
                     if result is None:
                         continue
                     first = labels.setdefault((mode, task), (run.name, result["dev_labels"]))
@@ -130,6 +128,13 @@ def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
                     first["main_metric"], np.array(first["dev_labels"]), preds, [seed for seed, _ in found]
                 )
     return out
+
+
+def _result(state: dict, mode: str, task: str, paths: dict[str, str]) -> dict | None:
+    """A run's result on a task, unless it was scored on other files than the task's directory holds now (a rerun
+    that failed leaves it in the state: its scores would pass for the new task's)."""
+    result = state.get("downstream", {}).get(mode, {}).get(task)
+    return None if result is None or (task in paths and stale(paths[task], result)) else result
 
 
 def planned(table: dict, main: str) -> list[tuple[str, str, str, str, str]]:
