@@ -150,7 +150,11 @@ def test_report_scores_a_token_task_by_chunk_f1_beside_a_sentence_task(tmp_path)
     from pretrain.evaluation.ablation_plan import load_ablation
     from pretrain.evaluation.report import write_report
 
-    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    chunks = tmp_path / "chunks"  # configured (a report shows the configured tasks); its results are made below
+    chunks.mkdir()
+    for split in ("train.txt", "dev.txt"):
+        (chunks / split).write_text("He PRP B-NP\nran VBD B-VP\n")
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}, {chunks}]"
     ab = load_ablation(
         str(ROOT / "configs" / "ablation-tiny.yaml"), [task, f"output_dir={tmp_path / 'a'}", "seeds=[1, 2]"]
     )
@@ -498,3 +502,22 @@ def test_few_seeds_says_the_seeds_each_family_needs():
     assert huge["needed"] is None and "smaller families" in render_note("few_seeds", huge)
     single = render_note("few_seeds", few_seeds(fams, 1))
     assert "11 or more" in single and "5 or more" not in single
+
+
+def test_a_task_dropped_from_the_config_leaves_the_report(tmp_path):
+    """Every run was scored on t and u; the config now lists t alone. u stayed in the table and, counted in the
+    primary family, doubled Holm's m for t's comparisons."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import PRIMARY, cells, comparisons, families
+
+    task = make_pair_task(tmp_path / "t", 4, 2)
+    ab = load_ablation(str(ROOT / "configs" / "ablation-tiny.yaml"), [f"eval.tasks=[{task}]"])
+    results = _fake_results(ab, {"mlm": 0.6, "span": 0.6, "none": 0.6})
+    alone = comparisons(cells(ab, results), "probe", replicates=500)
+    for state in results.values():
+        state["downstream"]["probe"]["u"] = state["downstream"]["probe"]["t"]
+    table = cells(ab, results)
+    assert list(table["probe"]) == ["t"]
+    found = comparisons(table, "probe", replicates=500)
+    assert families(found, "probe")[PRIMARY]["comparisons"] == 2
+    assert [(c.a, c.p_holm) for c in found] == [(c.a, c.p_holm) for c in alone]

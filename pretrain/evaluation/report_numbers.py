@@ -97,8 +97,8 @@ class Comparison:
 
 
 def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
-    """{mode: {task: {arm: Cell}}} from the runs' downstream results (runs that failed or lack a result are left out,
-    and an arm needs the same downstream seeds in all its runs)."""
+    """{mode: {task: {arm: Cell}}} from the runs' downstream results on the configured tasks (runs that failed or
+    lack a result are left out, and an arm needs the same downstream seeds in all its runs)."""
     out: dict = {}
     order = {Path(t).name: i for i, t in enumerate(ab.eval["tasks"])}
     paths = {Path(t).name: t for t in ab.eval["tasks"]}
@@ -106,8 +106,10 @@ def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
     for arm, runs in ab.groups().items():
         states = [results.get(run.name, {}) for run in runs]
         for mode in ab.eval["modes"]:
-            present = {t for s in states for t in s.get("downstream", {}).get(mode, {})}
-            for task in sorted(present, key=lambda t: (order.get(t, len(order)), t)):  # the config's order
+            # the configured tasks only: one dropped from eval.tasks stays in the runs' states, and counted would
+            # grow Holm's m for every other comparison
+            present = {t for s in states for t in s.get("downstream", {}).get(mode, {}) if t in order}
+            for task in sorted(present, key=order.__getitem__):  # the config's order
                 found = [(run.seed, r) for run, s in zip(runs, states) if (r := _result(s, mode, task, paths))]
                 if len({len(r["dev_predictions"]) for _, r in found}) != 1:
                     continue
