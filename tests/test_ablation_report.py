@@ -521,3 +521,20 @@ def test_a_task_dropped_from_the_config_leaves_the_report(tmp_path):
     found = comparisons(table, "probe", replicates=500)
     assert families(found, "probe")[PRIMARY]["comparisons"] == 2
     assert [(c.a, c.p_holm) for c in found] == [(c.a, c.p_holm) for c in alone]
+
+
+def test_readme_says_holm_corrects_within_each_family():
+    """README said the comparisons were Holm-corrected over all of them; `adjust` corrects within each family (the
+    primary family's p of 0.02 stays 0.04 beside forty secondary comparisons, not 0.84)."""
+    from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison, adjust
+    from pretrain.evaluation.stats import seeds_needed
+
+    found = [Comparison("full", "t", "mlm", "none", 0.1, 0.05, 0.15, p=0.02, family=PRIMARY)]
+    found += [Comparison("full", "t", "span", "none", 0.0, -0.1, 0.1, p=0.5, family=PRIMARY)]
+    found += [Comparison("probe", "t", f"x{i}", f"y{i}", 0.0, -0.1, 0.1, p=0.3, family=SECONDARY) for i in range(40)]
+    adjust(found)
+    assert found[0].p_holm == pytest.approx(0.04)
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    assert "Holm-corrected over all the report's comparisons" not in readme
+    assert "Holm-corrected within each of two families" in readme
+    assert f"({seeds_needed(1)} seeds for one comparison, {seeds_needed(12)} for 12)" in readme
