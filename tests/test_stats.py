@@ -132,6 +132,28 @@ def test_the_bootstrap_pairs_arms_by_pretraining_seed():
     assert partial[("a", "b")]["se"] > r["se"]
 
 
+def test_a_pairs_seed_draws_are_its_own_whatever_other_arms_exist():
+    """A and B lack seed 3 (their runs failed), C has it. Seeds drawn from the union over the task's arms drew 3 for
+    A and B too, each then replacing it by a seed of its own drawn alone: A vs B lost its pairing, and its interval
+    depended on C. A pair now draws from its own seeds: the same numbers with or without C."""
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 1000)
+    a = np.stack([right_with(rng, y, q, (1, 1))[0] for q in (0.82, 0.62)])  # a strong seed effect shared by A and B
+    b = np.stack([right_with(rng, y, q, (1, 1))[0] for q in (0.80, 0.60)])
+    c = np.stack([right_with(rng, y, 0.7, (1, 1))[0] for _ in range(3)])
+    alone = compare("accuracy", y, {"A": a, "B": b}, [("A", "B")], 4000, seeds={"A": [1, 2], "B": [1, 2]})
+    with_c = compare(
+        "accuracy",
+        y,
+        {"A": a, "B": b, "C": c},
+        [("A", "B"), ("A", "C")],
+        4000,
+        seeds={"A": [1, 2], "B": [1, 2], "C": [1, 2, 3]},
+    )
+    assert with_c[("A", "B")] == alone[("A", "B")]
+    assert alone[("A", "B")]["se"] < 0.02  # paired by seed: the shared seed effect cancels
+
+
 # ---------------------------------------------------------------------------------------------- across seeds
 
 

@@ -7,8 +7,9 @@ noise on an accuracy).
 
 - `paired_bootstrap` resamples both: each replicate draws dev examples with replacement and pretraining seeds with
   replacement, each the same draw for both arms (the comparison is paired by example and by seed: arms of one seed
-  share its data order), and recomputes both scores and their difference. The 2.5-97.5 percentiles give a 95%
-  interval; the two-sided p-value is twice the share of replicates on the far side of zero, counted as
+  share its data order), and recomputes both scores and their difference. A pair's seeds are drawn from its own
+  two arms' seeds, so its interval does not depend on which other arms were compared. The 2.5-97.5 percentiles give
+  a 95% interval; the two-sided p-value is twice the share of replicates on the far side of zero, counted as
   (k + 1) / (R + 1), so no p is below 2 / (R + 1).
 - That floor matters after a correction for many comparisons: Holm multiplies the smallest p by the family's size m,
   so R must grow with m. `replicates_for(m)` gives R >= 20 m / alpha, which keeps the smallest adjusted p at
@@ -27,6 +28,7 @@ Predictions are arrays [seeds, downstream seeds, examples]: class indices, or sc
 from __future__ import annotations
 
 import math
+import zlib
 
 import numpy as np
 
@@ -123,53 +125,48 @@ def _from_sums(metric: str, sums: np.ndarray, n: int) -> np.ndarray:
     return np.divide(cov, denom, out=np.zeros_like(denom), where=denom > 1e-12 * n)
 
 
-def bootstrap_scores(
-    metric: str,
-    labels: np.ndarray,
-    preds: dict[str, np.ndarray],
-    replicates: int,
-    seed: int = 0,
-    seeds: dict[str, list[int]] | None = None,
+def bootstrap_seed_scores(
+    metric: str, labels: np.ndarray, preds: dict[str, np.ndarray], replicates: int, seed: int = 0
 ) -> dict[str, np.ndarray]:
-    """Each arm's score in each of `replicates` bootstrap replicates: {arm: [R]}. A replicate draws dev examples with
-    replacement once for all the arms, and pretraining seeds with replacement once for all the arms (`_seed_picks`):
-    every difference between two arms is paired by example and by pretraining seed, as `sign_flip_test` pairs them
-    (arms of one seed share its data order, so what a seed does to both cancels in their difference).
-    labels [N]; preds {arm: [S, P, N]}; seeds {arm: its pretraining seeds' ids, in preds' order} (default: the
-    positions 0..S-1, the same seed at the same position)."""
+    """Each arm's score per pretraining seed in each of `replicates` bootstrap replicates: {arm: [R, S]}. A replicate
+    draws dev examples with replacement once for all the arms (every difference is paired by example; the draws
+    depend on the seed and the dev set alone). labels [N]; preds {arm: [S, P, N]}."""
     rng = np.random.default_rng(seed)
     labels = np.asarray(labels)
     n = len(labels)
     features = {arm: _features(metric, labels, p) for arm, p in preds.items()}  # [N, S, P, K]
-    ids = {arm: list(seeds[arm]) if seeds else list(range(f.shape[1])) for arm, f in features.items()}
-    out = {arm: np.empty(replicates) for arm in preds}
+    out = {arm: np.empty((replicates, f.shape[1])) for arm, f in features.items()}
     chunk = max(1, 4_000_000 // n)  # [chunk, N] example counts per pass
     for lo in range(0, replicates, chunk):
         r = min(chunk, replicates - lo)
         rows = rng.integers(0, n, size=(r, n))
         counts = np.bincount((rows + n * np.arange(r)[:, None]).ravel(), minlength=r * n).reshape(r, n)
         counts = counts.astype(float)  # [R, N]: how often each example was drawn
-        picks = _seed_picks(ids, r, rng)
         for arm, f in features.items():
             sums = (counts @ f.reshape(n, -1)).reshape((r,) + f.shape[1:])  # [R, S, P, K]
-            seed_scores = _from_sums(metric, sums, n).mean(-1)  # [R, S]: each pretraining seed's score
-            out[arm][lo : lo + r] = np.take_along_axis(seed_scores, picks[arm], 1).mean(1)
+            out[arm][lo : lo + r] = _from_sums(metric, sums, n).mean(-1)  # [R, S]: each pretraining seed's score
     return out
 
 
-def _seed_picks(ids: dict[str, list[int]], r: int, rng: np.random.Generator) -> dict[str, np.ndarray]:
-    """{arm: [r, U] indices into its seeds}: U seeds drawn with replacement from the union of the arms' seed ids, the
-    same draw for every arm; an arm without a drawn seed (its run failed) takes one of its own, drawn alone."""
-    union = sorted({i for arm_ids in ids.values() for i in arm_ids})
+def pair_seed_picks(ids_a: list[int], ids_b: list[int], r: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """[r, U] indices into a's and into b's seeds: U seeds drawn with replacement from the union of this pair's seed
+    ids, the same draw for both arms (paired by seed: arms of one seed share its data order, so what a seed does to
+    both cancels in their difference); an arm without a drawn seed (its run failed) takes one of its own, drawn alone.
+    The draws come from a generator of this pair's own, from `seed` and the pair's seed ids: a pair's interval is the
+    same whatever other arms its task has (drawn from the union over all of them, two arms that both lack a seed a
+    third has lost their pairing on it)."""
+    union = sorted(set(ids_a) | set(ids_b))
+    key = zlib.crc32(repr((list(ids_a), list(ids_b))).encode())
+    rng = np.random.default_rng([seed, key])
     drawn = rng.integers(0, len(union), size=(r, len(union)))  # [r, U] positions in the union
-    picks = {}
-    for arm, arm_ids in ids.items():
-        where = np.array([arm_ids.index(i) if i in arm_ids else -1 for i in union])  # union position -> arm's index
+    picks = []
+    for ids in (list(ids_a), list(ids_b)):
+        where = np.array([ids.index(i) if i in ids else -1 for i in union])  # union position -> the arm's index
         pick = where[drawn]
         lacking = pick < 0
-        pick[lacking] = rng.integers(0, len(arm_ids), size=int(lacking.sum()))
-        picks[arm] = pick
-    return picks
+        pick[lacking] = rng.integers(0, len(ids), size=int(lacking.sum()))
+        picks.append(pick)
+    return picks[0], picks[1]
 
 
 def summarize(observed: float, diffs: np.ndarray) -> dict:
@@ -207,13 +204,21 @@ def compare(
     seed: int = 0,
     seeds: dict[str, list[int]] | None = None,
 ) -> dict[tuple[str, str], dict]:
-    """`paired_bootstrap` of every pair (a, b) of arms on one dev set, from one set of replicates (`bootstrap_scores`:
-    drawing examples is most of the cost, and is shared). `seeds`: each arm's pretraining seed ids."""
+    """`paired_bootstrap` of every pair (a, b) of arms on one dev set, from one set of example draws
+    (`bootstrap_seed_scores`: drawing examples is most of the cost, and is shared) and each pair's own seed draws
+    (`pair_seed_picks`). `seeds`: each arm's pretraining seed ids, in preds' order (default: the positions 0..S-1,
+    the same seed at the same position)."""
     labels = np.asarray(labels)
     used = {arm: np.asarray(preds[arm]) for pair in pairs for arm in pair}
-    scores = bootstrap_scores(metric, labels, used, replicates, seed, {a: seeds[a] for a in used} if seeds else None)
+    scores = bootstrap_seed_scores(metric, labels, used, replicates, seed)
+    ids = {arm: list(seeds[arm]) if seeds else list(range(p.shape[0])) for arm, p in used.items()}
     observed = {arm: score(metric, labels, p) for arm, p in used.items()}
-    return {(a, b): summarize(observed[a] - observed[b], scores[a] - scores[b]) for a, b in pairs}
+    out = {}
+    for a, b in pairs:
+        pick_a, pick_b = pair_seed_picks(ids[a], ids[b], replicates, seed)
+        diffs = np.take_along_axis(scores[a], pick_a, 1).mean(1) - np.take_along_axis(scores[b], pick_b, 1).mean(1)
+        out[(a, b)] = summarize(observed[a] - observed[b], diffs)
+    return out
 
 
 def sign_flip_test(diffs, draws: int = SIGN_FLIP_DRAWS, seed: int = 0) -> float:
