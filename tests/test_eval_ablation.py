@@ -171,6 +171,19 @@ def test_the_record_of_an_ablation_goes_on_elsewhere_without_its_weights(ablatio
     assert set(finished["runs"]) == runs
     assert finished["runs"]["none"]["downstream"] == original["runs"]["none"]["downstream"]  # the same inputs
 
+    # A task added to a copied record re-opens its finished runs, whose state says exported while hf/ is not there
+    # (evaluation failed on it at every re-run): the random encoder is rebuilt and scored on the new task; a trained
+    # arm fails saying its weights are not in this record and what to do, and the report shows the others.
+    extra = make_pair_task(tmp / "extra")
+    args = ablation_args(tmp / "elsewhere", corpus, task)
+    args[args.index(f"eval.tasks=[{task}]")] = f"eval.tasks=[{task},{extra}]"
+    proc = pretrain(*args, cwd=ROOT, rc=2)
+    assert "arm mlm FAILED (UserError: arm mlm: trained, but its weights are not in" in proc.stdout
+    assert "Copy its hf/ or checkpoints/ from where it trained" in proc.stdout
+    none = json.loads((record / "arms" / "none" / "state.json").read_text())
+    assert set(none["downstream"]["probe"]) == {task.name, "extra"} and (record / "arms/none/hf/config.json").is_file()
+    assert none["downstream"]["probe"][task.name] == original["runs"]["none"]["downstream"]["probe"][task.name]
+
 
 def test_a_run_is_expected_to_take_as_long_as_the_runs_timed_so_far(tmp_path):
     from pretrain.evaluation.ablation_plan import load_ablation
@@ -394,3 +407,31 @@ def test_a_task_replaced_under_its_name_is_scored_again(tmp_path, monkeypatch, c
 
     legacy = {"evaluated": True, "downstream": {"probe": {"mr": result(new, sha=False), "trec": result(other)}}}
     assert finished(ab2, legacy)  # recorded before hashes were kept: nothing tells, trusted
+
+
+def test_a_copied_record_without_weights_says_so_when_a_task_is_added(tmp_path):
+    """--copy-record keeps a finished run's state (exported: True) and config, not its hf/. A task added since re-opens
+    the run: `exported` was trusted, and evaluation failed on the missing hf/ at every re-run, or, where the copied
+    config's absolute paths still named the original directory, read that directory's weights. Now a trained arm
+    without weights here fails saying so and what to do."""
+    from pretrain.core.config import save_config
+    from pretrain.evaluation.ablate import run_arm
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import arm_settings, write_state
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    a, b = _tsv_task(tmp_path / "a", 20), _tsv_task(tmp_path / "b", 20)
+    origin = load_ablation(tiny, [f"eval.tasks=[{a}]", f"output_dir={tmp_path / 'origin'}"])
+    arm = origin.arms[0]
+    (arm.cfg.hf_dir).mkdir(parents=True)
+    (arm.cfg.hf_dir / "config.json").write_text("{}")  # the weights stay on the machine it trained on
+
+    ab = load_ablation(tiny, [f"eval.tasks=[{a},{b}]", f"output_dir={tmp_path / 'copy'}"])
+    copied = ab.arms[0]
+    save_config(arm.cfg, ab.arm_config_path(copied))  # the copied config: the origin's paths in it
+    plan = {"max_steps": 6, "tokens_per_step": 512, "flops_per_step": 1.0}
+    state = {"settings": arm_settings(ab, copied), "plan": plan, "trained": True, "exported": True, "evaluated": True}
+    write_state(copied, {**state, "pretraining": {"steps": 6}, "downstream": {"probe": {"a": {"dev_labels": [0]}}}})
+    with pytest.raises(UserError, match="trained, but its weights are not in") as err:
+        run_arm(ab, copied)
+    assert str(tmp_path / "copy" / "arms" / copied.name) in str(err.value) and "Copy its hf/" in str(err.value)

@@ -229,7 +229,14 @@ def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
         save_config(arm.cfg, cfg_path)
         write_state(arm, state)
     else:  # resumed: the same plan, so a resumed arm never gets a different budget
-        arm.cfg = config_from_dict(load_yaml(cfg_path), apply_init_from=False)
+        saved = config_from_dict(load_yaml(cfg_path), apply_init_from=False)
+        # where its files are is this ablation's: a record copied elsewhere (--copy-record) carries the paths of the
+        # directory it came from, and must neither read its weights there nor write into it
+        data = replace(saved.data, tokenizer=arm.cfg.data.tokenizer, shards=arm.cfg.data.shards)
+        here = replace(saved, output_dir=arm.cfg.output_dir, export_dir=arm.cfg.export_dir, data=data)
+        arm.cfg = here
+        if here != saved:  # the trainer reads this file
+            save_config(here, cfg_path)
     if not state.get("trained"):
         trainer_state = train_arm(ab, arm, cfg_path)
         plan = state["plan"]
@@ -243,12 +250,31 @@ def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
         }
         state["trained"] = True
         write_state(arm, state)
-    if not state.get("exported"):
-        from pretrain.pipeline import stage_export
-
-        stage_export(arm.cfg.run_dir, arm.cfg.hf_dir)
+    if not _exported(arm, state):
+        _export_trained(arm)
         state["exported"] = True
         write_state(arm, state)
+
+
+def _exported(arm: Arm, state: dict) -> bool:
+    """Whether the arm's export is there: `exported` alone is not enough, a record copied with --copy-record keeps
+    the state of a finished run without its hf/ (or any weights), and a task added since re-opens it."""
+    return bool(state.get("exported")) and (arm.cfg.hf_dir / "config.json").is_file()
+
+
+def _export_trained(arm: Arm) -> None:
+    """Export a trained arm from its last checkpoint; where there is none (a copied record), say what to do."""
+    from pretrain.pipeline import stage_export
+    from pretrain.train.checkpoint import latest_checkpoint
+
+    if latest_checkpoint(arm.cfg.run_dir / "checkpoints") is None:
+        raise UserError(
+            f"arm {arm.name}: trained, but its weights are not in {arm.cfg.run_dir} (neither hf/ nor a checkpoint: "
+            "a record copied with --copy-record keeps none), so it cannot be evaluated on the task(s) added since. "
+            f"Copy its hf/ or checkpoints/ from where it trained into {arm.cfg.run_dir}, or evaluate it there; or "
+            f"remove {arm.cfg.run_dir} to train it again here"
+        )
+    stage_export(arm.cfg.run_dir, arm.cfg.hf_dir)
 
 
 def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
@@ -256,10 +282,11 @@ def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
     state.setdefault("plan", {"kind": ab.budget_kind, "amount": 0, "max_steps": 0})
     state["pretraining"] = {"steps": 0, "tokens_seen": 0, "token_slots": 0, "flops": 0, "wall_s": 0.0, "final_loss": {}}
     save_config(arm.cfg, cfg_path)
-    if not state.get("exported"):
+    if not _exported(arm, state):  # rebuilt where a copied record lacks it: the seeded init gives the same encoder
         export_baseline(arm)
         # no trainer runs for this arm, so its record (which the trainer writes for the others) is written here
-        write_provenance(arm.cfg.run_dir / "provenance.json", run_provenance(arm.cfg))
+        if not (arm.cfg.run_dir / "provenance.json").is_file():
+            write_provenance(arm.cfg.run_dir / "provenance.json", run_provenance(arm.cfg))
         state["exported"] = True
         write_state(arm, state)
 
