@@ -538,3 +538,38 @@ def test_readme_says_holm_corrects_within_each_family():
     assert "Holm-corrected over all the report's comparisons" not in readme
     assert "Holm-corrected within each of two families" in readme
     assert f"({seeds_needed(1)} seeds for one comparison, {seeds_needed(12)} for 12)" in readme
+
+
+def test_without_a_random_encoder_no_note_speaks_of_one():
+    """An ablation with no `none` arm: the notes said nothing told "any arm from the random encoder" and gave the
+    smallest gap "a comparison with the random encoder" could find, where there is none."""
+    import numpy as np
+
+    from pretrain.evaluation.report import Cell, comparisons, notes, render_note
+
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 300)
+    table = {"probe": {"t": {a: Cell("accuracy", y, right_with(rng, y, 0.6)) for a in ("mlm", "span")}}}
+    found = comparisons(table, "probe", 2000)
+    texts = {kind: render_note(kind, d) for kind, d in notes(_ab(seeds=3), table, found, {})}
+    assert {"nothing_separates", "detectable"} <= set(texts)
+    assert "There is no random-encoder arm" in texts["method"]
+    assert not [k for k, text in texts.items() if k != "method" and "random encoder" in text.lower()], texts
+    assert "between pretrained arms" in texts["detectable"]
+
+    table["probe"]["t"]["none"] = Cell("accuracy", y, right_with(rng, y, 0.6))  # with one, they say so
+    found = comparisons(table, "probe", 2000)
+    texts = {kind: render_note(kind, d) for kind, d in notes(_ab(seeds=3), table, found, {})}
+    assert "nor any arm from the random encoder" in texts["nothing_separates"]
+    assert "a comparison with the random encoder" in texts["detectable"]
+    item = {"mode": "probe", "metric": "accuracy", "examples": 300, "mde": 0.1}  # `none` failed on task u alone
+    mixed = [{**item, "task": "t", "family": "primary", "m": 2}, {**item, "task": "u", "family": "secondary", "m": 1}]
+    text = render_note("detectable", {"items": mixed, "power": 0.8, "alpha": 0.05})
+    assert "where a task has one, else between pretrained arms" in text and "m = 2" in text and "m = 1" in text
+
+
+def right_with(rng, labels, accuracy):
+    """[1, 1, N] predictions right on about `accuracy` of the examples."""
+    import numpy as np
+
+    return np.where(rng.random(len(labels)) < accuracy, labels, 1 - labels)[None, None]

@@ -163,7 +163,7 @@ def verdict_notes(found: list[Comparison]) -> list[Note]:
     between = [c for c in found if c.b != BASELINE]
     anything = any(c.significant or c.holds_across_seeds for c in found)
     if not anything and found:
-        out.append(("nothing_separates", {"comparisons": len(found)}))
+        out.append(("nothing_separates", {"comparisons": len(found), "baseline": bool(versus)}))
     elif versus and not any(c.significant and c.diff > 0 for c in versus):
         below = sum(c.significant and c.diff < 0 for c in versus)
         pairs = sum(c.significant for c in between)

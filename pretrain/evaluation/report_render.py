@@ -158,9 +158,8 @@ def _uncorrected(d: dict) -> str:
 
 
 def _nothing_separates(d: dict) -> str:
-    return (
-        f"None of the {d['comparisons']} comparisons is significant: at this budget these numbers cannot tell "
-        "the arms apart, nor any arm from the random encoder."
+    return f"None of the {d['comparisons']} comparisons is significant: at this budget these numbers cannot tell " + (
+        "the arms apart, nor any arm from the random encoder." if d.get("baseline", True) else "the arms apart."
     )
 
 
@@ -230,12 +229,26 @@ def _seed_level(d: dict) -> str:
 
 
 def _detectable(d: dict) -> str:
-    items = ", ".join(f"{i['task']} {i['mde']:.3f} ({i['metric']}, {i['examples']:,} dev examples)" for i in d["items"])
+    families = {i["family"] for i in d["items"]}  # primary: against `none`; without it, the pairs of arms
+    what = (
+        "a comparison with the random encoder"
+        if families == {PRIMARY}
+        else "a comparison between pretrained arms"
+        if PRIMARY not in families
+        else "a comparison (with the random encoder where a task has one, else between pretrained arms)"
+    )
+    ms = {i["m"] for i in d["items"]}
+    items = ", ".join(
+        f"{i['task']} {i['mde']:.3f} ({i['metric']}, {i['examples']:,} dev examples"
+        + ("" if len(ms) == 1 else f", m = {i['m']}")
+        + ")"
+        for i in d["items"]
+    )
     first = d["items"][0]
+    level = f"alpha/m = {d['alpha']}/{first['m']}" if len(ms) == 1 else f"alpha/m ({d['alpha']} over its family's m)"
     return (
-        f"Smallest gap a comparison with the random encoder can find with {d['power']:.0%} power in the "
-        f"{first['mode']} mode, at alpha/m = {d['alpha']}/{first['m']}, from each task's dev set and bootstrap "
-        f"variance: {items}. Smaller gaps may be real and still not show."
+        f"Smallest gap {what} can find with {d['power']:.0%} power in the {first['mode']} mode, at {level}, from each "
+        f"task's dev set and bootstrap variance: {items}. Smaller gaps may be real and still not show."
     )
 
 
