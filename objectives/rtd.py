@@ -30,7 +30,14 @@ from objectives.mlm import MaskingRates, candidate_positions, choose_positions, 
 from pretrain.core.measures import BinaryAUC, Mean
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.model.compiling import compiled
-from pretrain.model.encoder import Embeddings, EncoderLayer, attention_bias
+from pretrain.model.encoder import (
+    Embeddings,
+    EncoderLayer,
+    layer_stack,
+    layer_windows,
+    make_norm,
+    padded_layer_inputs,
+)
 
 
 @dataclass
@@ -143,7 +150,13 @@ class Generator(nn.Module):
         self.embeddings_project = (
             nn.Linear(embedding_size, gen_cfg.hidden_size) if embedding_size != gen_cfg.hidden_size else None
         )
-        self.layers = nn.ModuleList(EncoderLayer(gen_cfg) for _ in range(gen_cfg.num_layers))
+        # The encoder's layer pattern: global and local (model.local_attention) layers, their RoPE bases, and under
+        # pre-LN one LN on the output. Layer 0 keeps its attn_norm where the encoder's has none (the state-dict
+        # names of generators trained before stay; a LN of the embedding LN's output is only a learned affine).
+        windows = layer_windows(gen_cfg)
+        self.windows = tuple(sorted(set(windows)))
+        self.layers = nn.ModuleList(EncoderLayer(gen_cfg, window=w) for w in windows)
+        self.final_norm = make_norm(gen_cfg, gen_cfg.hidden_size) if gen_cfg.norm_placement == "pre" else None
         self.head = lm_head(GeneratorHead, gen_cfg, word_embeddings)  # E = word_embeddings.embedding_dim
 
     def forward(
@@ -169,10 +182,8 @@ class Generator(nn.Module):
         # embeddings x [B, L, E] -> generator hidden states [B, L, Hg]
         if self.embeddings_project is not None:
             x = self.embeddings_project(x)  # [B, L, Hg]
-        bias = attention_bias(attention_mask, x.dtype)
-        for layer in self.layers:
-            x = layer(x, bias)
-        return x
+        # the encoder's stack: each layer with its window's mask, activation checkpointing, the final norm
+        return layer_stack(self, x, padded_layer_inputs(self.windows, x, attention_mask), None)[0]
 
 
 class RTDHead(nn.Module):

@@ -89,6 +89,49 @@ def test_generator_config_and_options():
     assert generator_config(dataclasses.replace(rope, position_embedding="learned"), third).hidden_size == 85
 
 
+def test_the_generator_has_the_encoders_layer_pattern(tokens):
+    """ELECTRA's generator is built like the encoder: with model.local_attention its local layers see only their
+    window (at their own RoPE base), and under pre-LN its output is LayerNorm-ed. Its layers were all global, at the
+    global base, and its pre-LN output reached the head un-normalised."""
+    modern = dataclasses.replace(
+        CFG,
+        num_layers=3,
+        norm_placement="pre",
+        position_embedding="rope",
+        activation="geglu",
+        use_bias=False,
+        local_attention=4,
+        global_every=3,
+        rope_theta=160000.0,
+    )
+    model = make_model(tokens, cfg=modern, generator_size=0.5).eval()
+    gen, enc = model.heads["rtd"].generator, model.encoder
+    assert [lay.attention.window for lay in gen.layers] == [lay.attention.window for lay in enc.layers] == [0, 4, 4]
+    assert [lay.attention.rope_theta for lay in gen.layers] == [160000.0, 10000.0, 10000.0]
+    assert gen.final_norm is not None
+    # a token's generator state depends on tokens beyond its window only through the global layer: with the global
+    # layer bypassed, changing the last token leaves the first token's state as it was
+    x = torch.randn(1, 12, modern.hidden_size)  # the shared embeddings' width, projected to the generator's
+    far = x.clone()
+    far[0, 11] += 1.0
+    gen.layers[0].forward = lambda h, *a, **k: h
+    with torch.no_grad():
+        assert torch.equal(gen.encode(x, None)[0, 0], gen.encode(far, None)[0, 0])
+        assert not torch.equal(gen.encode(x, None)[0, 10], gen.encode(far, None)[0, 10])  # within the window
+    # BERT's layout (post-LN, global) computes what it did: the layers one after another on the padding bias
+    from pretrain.model.encoder import attention_bias
+
+    plain = make_model(tokens, randomize=True).eval().heads["rtd"].generator
+    assert plain.final_norm is None
+    x, mask = torch.randn(2, 9, CFG.hidden_size), torch.ones(2, 9, dtype=torch.long)
+    mask[1, 5:] = 0
+    with torch.no_grad():
+        expected = plain.embeddings_project(x)
+        for layer in plain.layers:
+            expected = layer(expected, attention_bias(mask, x.dtype))
+        assert torch.equal(plain.encode(x, mask), expected)
+
+
 def test_labels_mark_exactly_the_replaced_tokens(tokens):
     model = make_model(tokens).eval()
     rtd = model.objectives[0]

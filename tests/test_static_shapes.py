@@ -41,7 +41,7 @@ def counts(graphs: dict) -> dict[str, int]:
 
 
 LOCAL_ROPE = dict(norm_placement="pre", position_embedding="rope", local_attention=8, global_every=2)
-ENCODER = {"_embed": 1, "_layer_stack": 1}
+ENCODER = {"_embed": 1, "layer_stack": 1}
 
 
 @pytest.mark.parametrize(
@@ -130,12 +130,12 @@ def test_the_compile_mode_reaches_torch_compile_once_per_function_and_mode(monke
         model(make_batch())
     assert made == [
         ("_embed", "reduce-overhead"),
-        ("_layer_stack", "reduce-overhead"),
+        ("layer_stack", "reduce-overhead"),
         ("_token_loss", "default"),
         ("_embed", "default"),
-        ("_layer_stack", "default"),
+        ("layer_stack", "default"),
         ("_embed", "max-autotune-no-cudagraphs"),
-        ("_layer_stack", "max-autotune-no-cudagraphs"),
+        ("layer_stack", "max-autotune-no-cudagraphs"),
         ("_token_loss", "max-autotune-no-cudagraphs"),
     ]
     with pytest.raises(ConfigError, match="model.compile_mode: value 'cuda-graphs' is not one of default, reduce-"):

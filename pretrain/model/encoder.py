@@ -30,7 +30,7 @@ compose freely, because each lives in one place:
                         with or without attention dropout: `padding.varlen_usable`), else re-pads q/k/v only (see
                         `Packed`).
 - compile               torch.compile of plain functions over the modules (state-dict names unchanged): the
-                        embeddings (`_embed`) and the layer stack (`_layer_stack`), as the objectives' heads and
+                        embeddings (`_embed`) and the layer stack (`layer_stack`), as the objectives' heads and
                         losses are; how, in `pretrain.model.compiling` (model.compile_mode).
 - activation_checkpointing  each layer under torch.utils.checkpoint (non-reentrant, RNG state preserved).
 
@@ -44,6 +44,7 @@ one the encoder always runs padded (its masks are per query, [B, Lq, L]).
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
 
@@ -70,7 +71,7 @@ def _linear(cfg: ModelConfig, n_in: int, n_out: int) -> nn.Linear:
     return nn.Linear(n_in, n_out, bias=cfg.use_bias)
 
 
-def _norm(cfg: ModelConfig, width: int) -> nn.LayerNorm:
+def make_norm(cfg: ModelConfig, width: int) -> nn.LayerNorm:
     return nn.LayerNorm(width, eps=cfg.layer_norm_eps, bias=cfg.use_bias)
 
 
@@ -122,7 +123,7 @@ class Embeddings(nn.Module):
             nn.Embedding(cfg.max_position_embeddings, E) if cfg.position_embedding == "learned" else None
         )
         self.token_type_embeddings = nn.Embedding(cfg.type_vocab_size, E)
-        self.layer_norm = _norm(cfg, E)
+        self.layer_norm = make_norm(cfg, E)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
         # ALBERT: the tables are E wide and LN-ed there; one matmul lifts them to H (only when E != H, so the
         # default model has no such weight).
@@ -284,10 +285,10 @@ class EncoderLayer(nn.Module):
         self.gated = cfg.activation == "geglu"
         self.attention = SelfAttention(cfg, window)
         # attn_norm=False only for a pre-LN layer whose input is already LayerNorm-ed (see the module doc).
-        self.attn_norm = _norm(cfg, cfg.hidden_size) if attn_norm else nn.Identity()
+        self.attn_norm = make_norm(cfg, cfg.hidden_size) if attn_norm else nn.Identity()
         self.ffn_in = _linear(cfg, cfg.hidden_size, (2 if self.gated else 1) * cfg.intermediate_size)
         self.ffn_out = _linear(cfg, cfg.intermediate_size, cfg.hidden_size)
-        self.ffn_norm = _norm(cfg, cfg.hidden_size)
+        self.ffn_norm = make_norm(cfg, cfg.hidden_size)
         self.dropout = nn.Dropout(cfg.hidden_dropout)
 
     def _ffn(self, x: torch.Tensor) -> torch.Tensor:
@@ -402,15 +403,16 @@ class QueryStream:
         return layer.residual_ffn(x, a), layer.residual_ffn(g, a_g)
 
 
-def _layer_stack(
-    encoder: BertEncoder,
+def layer_stack(
+    encoder: nn.Module,
     x: torch.Tensor,
     inputs: dict[int, LayerInputs],
     packed: Packed | None,
     stream: EncoderStream | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """The layers (+ final norm) over x [B, L, H] or packed [T, H], and a second stream's state [B, Lq, H] if any;
-    each layer with the inputs of its window. A plain function of the module, so that torch.compile wraps it without
+    """The layers (+ final norm) of `encoder` (a `BertEncoder`, or ELECTRA's generator: its `config`, `layers` and
+    `final_norm`) over x [B, L, H] or packed [T, H], and a second stream's state [B, Lq, H] if any; each layer with
+    the inputs of its window. A plain function of the module, so that torch.compile wraps it without
     replacing the module."""
     g = None if stream is None else stream.start()
     for layer in encoder.layers:
@@ -435,7 +437,7 @@ def _layer_stack(
 def _embed(
     embeddings: Embeddings, input_ids: torch.Tensor, token_type_ids: torch.Tensor | None, positions: torch.Tensor | None
 ) -> torch.Tensor:
-    """`Embeddings` as a plain function of the module, compiled like `_layer_stack`: [B, L] -> [B, L, H], or packed
+    """`Embeddings` as a plain function of the module, compiled like `layer_stack`: [B, L] -> [B, L, H], or packed
     [T] -> [T, H]."""
     return embeddings(input_ids, token_type_ids, positions)
 
@@ -463,7 +465,7 @@ class BertEncoder(nn.Module):
                 for i in range(cfg.num_layers)
             )
         # Pre-LN leaves the residual stream un-normalised: one LN on the output (ModernBERT's final_norm).
-        self.final_norm = _norm(cfg, cfg.hidden_size) if cfg.norm_placement == "pre" else None
+        self.final_norm = make_norm(cfg, cfg.hidden_size) if cfg.norm_placement == "pre" else None
 
     def _head_dim(self) -> int:
         return self.config.hidden_size // self.config.num_heads
@@ -496,8 +498,8 @@ class BertEncoder(nn.Module):
         if packed is not None:
             return self._forward_packed(packed, input_ids, token_type_ids)
         x = compiled(_embed, cfg)(self.embeddings, input_ids, token_type_ids, None)
-        inputs = self._padded_inputs(x, input_ids, attention_mask, stream)
-        stack = compiled(_layer_stack, cfg)
+        inputs = self._padded_inputs(x, attention_mask, stream)
+        stack = compiled(layer_stack, cfg)
         if stream is None:
             return stack(self, x, inputs, None)[0]
         return stack(self, x, inputs, None, stream)
@@ -519,31 +521,40 @@ class BertEncoder(nn.Module):
                 rope = (cos[positions, None, None], sin[positions, None, None])  # [T, 1, 1, D]
             inputs[w] = LayerInputs(packed.window_mask(w) if w else packed.attn_bias, rope)
         ropes = (t for i in inputs.values() for t in i.rope or ())
-        stack = compiled(_layer_stack, cfg, varying=(x, packed.indices, packed.attn_indices, *ropes))
+        stack = compiled(layer_stack, cfg, varying=(x, packed.indices, packed.attn_indices, *ropes))
         x, _ = stack(self, x, inputs, packed)
         return packed.repad(x)
 
     def _padded_inputs(
         self,
         x: torch.Tensor,
-        input_ids: torch.Tensor,
         attention_mask: torch.Tensor | None,
         stream: EncoderStream | None,
     ) -> dict[int, LayerInputs]:
-        """Each window's layer inputs over the padded embeddings x [B, L, H]. A local window runs by blocks where it
-        can (a [B, L] key mask and no second stream); else it takes the dense band."""
-        L = input_ids.shape[1]
-        bias = attention_bias(attention_mask, x.dtype)
-        inputs = {}
-        for w in self.windows:
-            by_blocks = w and not masks_nothing(w, L) and (attention_mask is None or attention_mask.dim() == 2)
-            if stream is None and by_blocks:
-                local = local_mask(attention_mask, w, L, input_ids.shape[0], x.device)  # by blocks if shorter
-                inputs[w] = LayerInputs(local, None)
-            else:
-                extra = None if stream is None else stream.window_inputs(self, w, x)
-                inputs[w] = LayerInputs(window_bias(bias, attention_mask, w, L, x.device), None, extra)
-        return inputs
+        extra = None if stream is None else (lambda w: stream.window_inputs(self, w, x))
+        return padded_layer_inputs(self.windows, x, attention_mask, extra)
+
+
+def padded_layer_inputs(
+    windows: tuple[int, ...],
+    x: torch.Tensor,
+    attention_mask: torch.Tensor | None,
+    stream_inputs: Callable[[int], object] | None = None,
+) -> dict[int, LayerInputs]:
+    """Each window's layer inputs over padded embeddings x [B, L, H] (attention_mask [B, L], or per query [B, L, L]):
+    a stack's (`BertEncoder`, ELECTRA's generator). A local window runs by blocks where it can (a [B, L] key mask
+    and no second stream); else it takes the dense band. stream_inputs(window): a second stream's extra inputs."""
+    B, L = x.shape[:2]
+    bias = attention_bias(attention_mask, x.dtype)
+    inputs = {}
+    for w in windows:
+        by_blocks = w and not masks_nothing(w, L) and (attention_mask is None or attention_mask.dim() == 2)
+        if stream_inputs is None and by_blocks:
+            inputs[w] = LayerInputs(local_mask(attention_mask, w, L, B, x.device), None)  # by blocks if shorter
+        else:
+            extra = None if stream_inputs is None else stream_inputs(w)
+            inputs[w] = LayerInputs(window_bias(bias, attention_mask, w, L, x.device), None, extra)
+    return inputs
 
 
 def window_bias(
