@@ -85,3 +85,19 @@ def test_a_checkpoint_is_on_the_disk_before_latest_names_it(tmp_path, monkeypatc
     files = {str(p) for p in path.rglob("*")} | {str(path)}
     assert files <= synced, files - synced
     assert ("fsync", str(tmp_path), None) in events[latest_at:]  # the pointer's rename, after it
+
+
+def test_a_checkpoint_that_does_not_fit_names_its_keys(tmp_path):
+    """torch's message names the module on its first line and the keys after it: the error keeps the keys."""
+    from pretrain.train.checkpoint import load_checkpoint
+
+    class Refusing:
+        def load_checkpoint(self, *args, **kwargs):
+            torch.nn.Linear(2, 2).load_state_dict({"weight": torch.zeros(2, 2)})  # no bias: torch's own error
+
+    ckpt = tmp_path / "checkpoints" / "step_00000002"
+    ckpt.mkdir(parents=True)
+    (ckpt / "trainer_state.json").write_text("{}")
+    write_integrity(ckpt)
+    with pytest.raises(UserError, match=r"does not fit this model: .*Missing key\(s\) in state_dict: \"bias\""):
+        load_checkpoint(Refusing(), ckpt)

@@ -398,7 +398,10 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> TrainState:
         try:
             load_path, _ = engine.load_checkpoint(str(load_dir), tag=tag, load_module_strict=True)
         except RuntimeError as err:  # shapes or names that do not fit (only past train.allow_changes)
-            raise UserError(f"checkpoint {path} does not fit this model: {str(err).strip().splitlines()[0]}") from None
+            # torch's first line only names the module; the keys follow
+            detail = " ".join(line.strip() for line in str(err).strip().splitlines()[:3])
+            detail = detail if len(detail) <= 500 else detail[:500] + " ..."
+            raise UserError(f"checkpoint {path} does not fit this model: {detail}") from None
     if load_path is None:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
     rng_file = path / f"rng_rank{rank}.pt"
