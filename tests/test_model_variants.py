@@ -199,3 +199,18 @@ def test_rope_query_stream_for_plm():
         model.encoder(
             f.input_ids, f.token_type_ids, f.attention_mask, query_stream=f.query_stream, query_mask=f.query_mask
         )
+
+
+def test_rope_tables_made_in_an_evaluation_pass_serve_training():
+    """The first table of a length may be made under torch.inference_mode (an evaluation pass); it is cached, and a
+    training step after it must be able to save it for backward."""
+    from pretrain.model import encoder
+
+    encoder._ROPE_CACHE.clear()
+    with torch.inference_mode():
+        rope_tables(11, 8, 12345.0, torch.device("cpu"), torch.float32)
+    cos, sin = rope_tables(11, 8, 12345.0, torch.device("cpu"), torch.float32)
+    assert not cos.is_inference() and not sin.is_inference()
+    x = torch.randn(11, 8, requires_grad=True)
+    rotate(x, cos, sin).sum().backward()
+    assert x.grad is not None

@@ -44,6 +44,7 @@ one the encoder always runs padded (its masks are per query, [B, Lq, L]).
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, NamedTuple, Protocol, runtime_checkable
@@ -92,13 +93,17 @@ def rope_tables(
     layer of every step asks for the same table. Under torch.compile they are computed in the graph instead
     (a dict of tensors would be a guard per entry; inductor folds the arithmetic)."""
     key = (length, head_dim, theta, device, dtype)
-    if not torch.compiler.is_compiling() and key in _ROPE_CACHE:
+    caching = not torch.compiler.is_compiling()
+    if caching and key in _ROPE_CACHE:
         return _ROPE_CACHE[key]
-    inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)  # [D/2]
-    angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # [L, D/2]
-    angles = torch.cat((angles, angles), dim=-1)  # [L, D]: rotate-half pairs dims i and i + D/2
-    tables = (angles.cos().to(dtype), angles.sin().to(dtype))
-    if not torch.compiler.is_compiling():
+    # A cached table made under torch.inference_mode (an evaluation pass) would be an inference tensor, which no
+    # later training step could save for backward: cached tables are made outside it.
+    with torch.inference_mode(False) if caching else contextlib.nullcontext():
+        inv_freq = 1.0 / theta ** (torch.arange(0, head_dim, 2, device=device, dtype=torch.float32) / head_dim)  # [D/2]
+        angles = torch.outer(torch.arange(length, device=device, dtype=torch.float32), inv_freq)  # [L, D/2]
+        angles = torch.cat((angles, angles), dim=-1)  # [L, D]: rotate-half pairs dims i and i + D/2
+        tables = (angles.cos().to(dtype), angles.sin().to(dtype))
+    if caching:
         _ROPE_CACHE[key] = tables
     return tables
 
