@@ -509,7 +509,7 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
     from pretrain.train.distributed import any_rank, init_distributed
     from pretrain.train.trainer import own_run_dir
 
-    rank, world = init_distributed()
+    rank, world = init_distributed(cfg.train.collective_timeout_minutes)  # the group is made once: here, for all
     with own_run_dir(cfg.run_dir, rank == 0, "running"):
         error = None
         if rank == 0:

@@ -80,11 +80,16 @@ def test_stopping_counts_skips_in_the_state():
 def test_stopping_names_its_reason():
     flag = StopFlag()
     stopping = Stopping(TrainConfig(exit_after_steps=2), TrainState(step=5), flag)
-    assert not stopping.requested(6) and stopping.requested(7)
-    stopping.stop()
+    assert not any(stopping.requested(6)) and stopping.requested(7) == (False, False, True)
+    stopping.stop(False, False)
     assert (stopping.reason, stopping.exit_code) == (StopReason.EXIT_AFTER_STEPS, 0)
+    # the reasons are OR-ed over ranks first: another rank's clock is this rank's reason too (it was
+    # exit_after_steps here, whose clock had not run out, and `pretrain run` then did not export)
+    stopping.stop(False, True)
+    assert (stopping.reason, stopping.exit_code) == (StopReason.MAX_MINUTES, 0)
     flag.signal = 15
-    stopping.stop()
+    assert stopping.requested(6)[0]
+    stopping.stop(True, False)
     assert stopping.reason == StopReason.SIGNAL and stopping.exit_code == 75
 
 
@@ -100,3 +105,22 @@ def test_the_run_is_resolved_once(tmp_path):
     assert run_precision(cfg.train, legacy=True) == "bf16"
     assert run_precision(TrainConfig(precision="bf16", zero_stage=1)) == "bf16"
     assert run_precision(TrainConfig(precision="fp16")) == "fp16"
+
+
+def test_pretrain_run_makes_the_process_group_with_the_configs_timeout(monkeypatch):
+    """`pretrain run` makes the process group before the data stages, and the trainer's later init finds it made:
+    its timeout must be train.collective_timeout_minutes (it was the default 30 minutes)."""
+    import pretrain.train.distributed as distributed
+    from pretrain.core.config import build_config
+    from pretrain.pipeline import run_all
+
+    class Made(Exception):
+        pass
+
+    def init(timeout_minutes=30.0):
+        raise Made(timeout_minutes)
+
+    monkeypatch.setattr(distributed, "init_distributed", init)
+    with pytest.raises(Made) as made:
+        run_all(build_config({"train": {"collective_timeout_minutes": 0.25}}))
+    assert made.value.args == (0.25,)

@@ -57,23 +57,24 @@ class Stopping:
     def timed_out(self) -> bool:
         return self.t.max_minutes > 0 and (time.time() - self.started) / 60 >= self.t.max_minutes
 
-    def requested(self, step: int) -> bool:
-        """This rank's reasons to stop after `step` (a signal, the clock, exit_after_steps); OR-ed over ranks by
-        the caller."""
+    def requested(self, step: int) -> tuple[bool, bool, bool]:
+        """This rank's reasons to stop after `step`: (a signal, the clock, exit_after_steps). The caller ORs each
+        over ranks (`any_rank`) and gives the result to `stop`, so every rank records the same reason."""
         return (
-            bool(self.flag.signal)
-            or self.timed_out()
-            or (self.t.exit_after_steps > 0 and step - self.start_step >= self.t.exit_after_steps)
+            bool(self.flag.signal),
+            self.timed_out(),
+            self.t.exit_after_steps > 0 and step - self.start_step >= self.t.exit_after_steps,
         )
 
-    def stop(self) -> None:
-        """Record why the run stops now (after `requested` was true on some rank: on another rank, this one's
-        reason is the clock or the step count)."""
-        if self.flag.signal:
+    def stop(self, signalled: bool, timed_out: bool) -> None:
+        """Record why the run stops now, from the reasons OR-ed over ranks: a rank whose clock started later (rank 0
+        sets up the loggers first) must not call another rank's max_minutes an exit_after_steps, which `pretrain
+        run` does not export."""
+        if signalled:
             self.reason = StopReason.SIGNAL
         else:
-            self.reason = StopReason.MAX_MINUTES if self.timed_out() else StopReason.EXIT_AFTER_STEPS
-        self.exit_code = EXIT_PREEMPTED if self.flag.signal else 0
+            self.reason = StopReason.MAX_MINUTES if timed_out else StopReason.EXIT_AFTER_STEPS
+        self.exit_code = EXIT_PREEMPTED if signalled else 0
 
     def count_skips(self, flags: list[bool]) -> tuple[int, bool]:
         """Fold the skip flags of the steps since the last call (oldest first) into the state; returns (newly

@@ -380,7 +380,8 @@ class Trainer:
     def after_step(self, stopping: Stopping) -> bool:
         """Log, decide whether to stop, checkpoint; True when the run stops here."""
         t, step = self.cfg.train, self.state.step
-        stop_now = any_rank(stopping.requested(step))
+        reasons = any_rank(*stopping.requested(step))
+        stop_now = any(reasons)
         nonfinite = False
         if step % t.log_every == 0 or step == t.max_steps or stop_now:
             nonfinite = self.log(stopping)
@@ -395,7 +396,7 @@ class Trainer:
         if stop_now or (t.save_every and step % t.save_every == 0) or step == t.max_steps:
             self.save()
         if stop_now:
-            stopping.stop()
+            stopping.stop(*reasons[:2])
             self.logger.write(
                 f"stopped at step {step} ({stopping.reason}); checkpoint saved, run the same command again to continue"
             )
