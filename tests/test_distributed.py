@@ -200,6 +200,26 @@ RESIZE = {
 }
 
 
+def adam_steps(checkpoint) -> set[float]:
+    """Every Adam `step` count in a checkpoint's optimizer files (any ZeRO stage's layout), as floats."""
+    found = set()
+
+    def walk(node):
+        if isinstance(node, dict):
+            if "step" in node and "exp_avg" in node:
+                found.add(float(node["step"]))
+            for value in node.values():
+                walk(value)
+        elif isinstance(node, (list, tuple)):
+            for value in node:
+                walk(value)
+
+    for file in sorted(checkpoint.glob("*.pt")):
+        if not file.name.startswith("rng_"):
+            walk(torch.load(file, map_location="cpu", weights_only=False))
+    return found
+
+
 @pytest.mark.parametrize("case", list(RESIZE))
 def test_resume_on_another_number_of_ranks_continues_the_same_run(data, case):
     """N ranks for 2 steps, then M ranks (same global batch) to 4: the same samples, and the same optimizer
@@ -216,6 +236,9 @@ def test_resume_on_another_number_of_ranks_continues_the_same_run(data, case):
     state = json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())
     assert state["consumed_samples"] == 4 * 8 and state["world_size"] == after
     assert (ckpts / "step_00000002" / "universal").is_dir() == (case != "zero0-fp32-2to1")
+    # Adam counted each step once (DeepSpeed's universal load under ZeRO-3 shared one step tensor between its
+    # sub-groups, which the fused AdamW then advanced once each: 6 at step 4)
+    assert adam_steps(ckpts / "step_00000004") == {4.0}
     # the step-4 weights (after two steps that need the restored Adam moments) match the uninterrupted run's
     a, b = final_weights(data, name), final_weights(data, f"{name}-steady")
     assert all(torch.allclose(a[k], b[k], rtol=tol, atol=tol) for k in a), [

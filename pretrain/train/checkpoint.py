@@ -404,6 +404,8 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> TrainState:
             raise UserError(f"checkpoint {path} does not fit this model: {detail}") from None
     if load_path is None:
         raise UserError(f"could not load the DeepSpeed checkpoint in {path}")
+    if universal:
+        _own_step_counts(engine)
     rng_file = path / f"rng_rank{rank}.pt"
     if rng_file.is_file():  # absent when resuming on more ranks than wrote the checkpoint
         with weights_only_loads(path):
@@ -414,6 +416,21 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> TrainState:
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
     return TrainState.load(path)
+
+
+def _own_step_counts(engine) -> None:
+    """Give each optimizer state its own `step` tensor. DeepSpeed's universal load under ZeRO-3 (0.19,
+    stage3.load_hp_checkpoint_state_from_checkpoint_dir_stage3) puts one tensor in every sub-group's state, and the
+    fused AdamW then adds 1 to it once per sub-group: Adam's step ran 2x per step after a resume on another number
+    of ranks (bias correction off from there on, and saved so)."""
+    inner = getattr(engine.optimizer, "optimizer", engine.optimizer)
+    seen: set[int] = set()
+    for state in getattr(inner, "state", {}).values():
+        step = state.get("step") if isinstance(state, dict) else None
+        if isinstance(step, torch.Tensor):
+            if id(step) in seen:
+                state["step"] = step.clone()
+            seen.add(id(step))
 
 
 def resolve_checkpoint(run_or_checkpoint: str | Path) -> Path:
