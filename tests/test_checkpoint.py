@@ -101,3 +101,24 @@ def test_a_checkpoint_that_does_not_fit_names_its_keys(tmp_path):
     write_integrity(ckpt)
     with pytest.raises(UserError, match=r"does not fit this model: .*Missing key\(s\) in state_dict: \"bias\""):
         load_checkpoint(Refusing(), ckpt)
+
+
+def test_a_rank_without_a_saved_rng_state_does_not_replay_step_0(tmp_path):
+    """Resumed on more ranks than wrote the checkpoint, a new rank has no rng file: its stream moves on by the step
+    (it restarted from the run's seed, replaying the dropout masks of step 0)."""
+    from pretrain.train.checkpoint import load_checkpoint
+
+    class Loading:
+        def load_checkpoint(self, root, tag, **kwargs):
+            return str(Path(root) / tag), {}
+
+    def resumed_at(step: int) -> int:
+        ckpt = tmp_path / f"s{step}" / "checkpoints" / f"step_{step:08d}"
+        ckpt.mkdir(parents=True)
+        (ckpt / "trainer_state.json").write_text(f'{{"step": {step}}}')
+        write_integrity(ckpt)
+        torch.manual_seed(1234 * 1000 + 1)  # the trainer's seed for rank 1
+        assert load_checkpoint(Loading(), ckpt).step == step
+        return torch.initial_seed()
+
+    assert len({resumed_at(2), resumed_at(3)}) == 2 and 1234 * 1000 + 1 not in {resumed_at(4)}

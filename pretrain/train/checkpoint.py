@@ -415,7 +415,12 @@ def load_checkpoint(engine, path: Path, universal: bool = False) -> TrainState:
         torch.set_rng_state(rng["torch"])
         if "cuda" in rng and torch.cuda.is_available():
             torch.cuda.set_rng_state(rng["cuda"])
-    return TrainState.load(path)
+        return TrainState.load(path)
+    # A rank the checkpoint had no rng state for: its seed (the run's, by rank) moved on by the step, so that its
+    # dropout and sampling streams do not replay those of step 0
+    state = TrainState.load(path)
+    torch.manual_seed(torch.initial_seed() + 1_000_003 * state.step)
+    return state
 
 
 def _own_step_counts(engine) -> None:
