@@ -106,6 +106,10 @@ def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
 
+    if has_cuda():  # before the group: NCCL's first collectives (the barriers below) run on the current device
+        import torch
+
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     if not dist.is_initialized():
         timeout = timedelta(minutes=timeout_minutes)
         # Groups made later (DeepSpeed's, our control group) take torch's module default, not the first group's
@@ -115,10 +119,6 @@ def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
         deepspeed.init_distributed(dist_backend=None, verbose=False, timeout=timeout)
         _unlink_shm_allreduce_buffer(dist)
         _make_control_group(dist)
-    if has_cuda():
-        import torch
-
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
     return dist.get_rank(), dist.get_world_size()
 
 
