@@ -224,3 +224,17 @@ def test_the_cuda_kernel_drops_exactly_what_it_should(window):
         pytest.skip("this torch has no torch.nn.attention.varlen")
     assert padding._flash_forward() is not None  # else dropout would re-pad in silence
     check_dropped_attention(torch.device("cuda"), torch.bfloat16, window)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA's attention kernels")
+def test_padding_far_from_every_real_token_stays_finite_on_cuda():
+    """A local layer's padding query further than the window from every real token has no key to see: a fully masked
+    row. SDPA gives zeros there on the CPU; some CUDA kernels have given NaN, which the next layer would carry into
+    real tokens (a zero weight times NaN). The padded path, bf16, a short row among long ones: loss and gradients
+    finite."""
+    model = _build(CASES["local_rope_prenorm"]).cuda()
+    batch = make_batch(lengths=(30, 3, 24), seed=0).to("cuda")
+    with torch.autocast("cuda", torch.bfloat16):
+        loss, grads = loss_and_grads(model, batch)
+    assert torch.isfinite(loss), loss
+    assert all(torch.isfinite(g).all() for g in grads.values()), [n for n, g in grads.items() if not g.isfinite().all()]
