@@ -30,6 +30,28 @@ def positive_float(text: str) -> float:
     return value
 
 
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above 0, where 0 or less has no meaning (argparse names the option)."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    """argparse type: a whole number, 0 or more, for an option whose 0 says 'all' or 'the default'."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
+    return value
+
+
 # ----------------------------------------------------------------------------------------------
 # Options that mirror a config field or a library parameter: the default is declared there, once
 
@@ -182,9 +204,16 @@ def train_args(p):
         "counts and a per-device memory estimate, then exit without training",
     )
     p.add_argument(
-        "--world-size", type=int, help="with --dry-run: data-parallel ranks to plan for (default: $WORLD_SIZE or 1)"
+        "--world-size",
+        type=positive_int,
+        help="with --dry-run: data-parallel ranks to plan for (default: $WORLD_SIZE or 1)",
     )
-    p.add_argument("--gpus-per-node", type=int, help="with --dry-run: ranks per node (default: all on one node)")
+    p.add_argument(
+        "--gpus-per-node",
+        type=positive_int,
+        help="with --dry-run: ranks per node, at most (default: all on one node); a world size above it must be a "
+        "multiple of it",
+    )
 
 
 def tokenizer_args(p):

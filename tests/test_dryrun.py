@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import re
 
+import pytest
 import torch
 import transformers
 import yaml
@@ -93,3 +94,34 @@ def test_dry_run_prints_the_schedule_and_each_phases_tokens(tmp_path, capsys):
     assert "objectives.mlm.mask_prob (linear): step 0: 0.3, step 500: 0.15; at the last step 0.15" in out
     assert f"total: {p0_seqs * 128 + p1_seqs * 64:,} tokens" in out
     assert f"1,000 steps = {p0_seqs + p1_seqs:,} sequences" in out and "(not used: schedule.values" in out
+
+
+def test_dry_run_plans_fewer_ranks_than_a_node_holds_on_one_node_of_them(capsys):
+    """2 ranks at up to 8 per node: one node of 2 GPUs (ZeRO shards over 2), not 1 node x 8 GPUs."""
+    args = ["train", "bert-base", "--dry-run", "--world-size", "2", "train.zero_stage=2"]
+    assert main([*args, "--gpus-per-node", "8"]) == 0
+    eight = capsys.readouterr().out
+    assert main([*args, "--gpus-per-node", "2"]) == 0
+    two = capsys.readouterr().out
+    assert "2 rank(s) on 1 node(s)" in eight and "2 GPUs per node" in eight
+    assert _memory(eight) == _memory(two)
+
+
+def _memory(out: str) -> str:
+    return out.split("# memory per device", 1)[1].split("# DeepSpeed config", 1)[0]
+
+
+def test_dry_run_refuses_a_world_size_that_does_not_fill_its_nodes(capsys):
+    assert main(["train", "tiny", "--dry-run", "--world-size", "12", "--gpus-per-node", "8"]) == 2
+    err = capsys.readouterr().err
+    assert "--world-size 12 is not a multiple of --gpus-per-node 8" in err
+    assert main(["train", "tiny", "--dry-run", "--world-size", "16", "--gpus-per-node", "8"]) == 0
+    assert "16 rank(s) on 2 node(s)" in capsys.readouterr().out
+
+
+def test_dry_run_refuses_zero_ranks(capsys):
+    for option in ("--world-size", "--gpus-per-node"):
+        with pytest.raises(SystemExit) as exit_:
+            main(["train", "tiny", "--dry-run", option, "0"])
+        assert exit_.value.code == 2
+        assert f"argument {option}: must be a whole number above 0, got '0'" in capsys.readouterr().err

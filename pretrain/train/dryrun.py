@@ -17,6 +17,7 @@ import torch
 import yaml
 
 from pretrain.core.config import GLOBAL_BATCH, RunConfig
+from pretrain.core.errors import UserError
 from pretrain.core.parsing import to_dict
 from pretrain.core.schedule import Schedule
 from pretrain.train.distributed import BF16_AUTOCAST
@@ -111,10 +112,28 @@ def schedule_lines(cfg: RunConfig, schedule: Schedule, plan: dict, world: int) -
     return [*lines, f"total: {total:,} tokens", ""]
 
 
+def plan_nodes(world: int, gpus_per_node: int | None) -> tuple[int, int]:
+    """(ranks per node, nodes) for `world` ranks with at most `gpus_per_node` on a node. DeepSpeed's estimator
+    assumes every node holds as many ranks, so a world that does not fill its nodes evenly is refused, not planned
+    as the nodes it fills (12 ranks at 8 per node were estimated for 8)."""
+    if world < 1:
+        raise UserError(f"--world-size: must be at least 1, got {world}")
+    if gpus_per_node is not None and gpus_per_node < 1:
+        raise UserError(f"--gpus-per-node: must be at least 1, got {gpus_per_node}")
+    per_node = min(gpus_per_node or world, world)  # 2 ranks at up to 8 per node: one node of 2
+    if world % per_node:
+        raise UserError(
+            f"--world-size {world} is not a multiple of --gpus-per-node {per_node}: the nodes would hold different "
+            f"numbers of ranks, which the memory estimate cannot plan; give a multiple of {per_node}"
+        )
+    return per_node, world // per_node
+
+
 def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | None = None) -> str:
-    world = world_size or int(os.environ.get("WORLD_SIZE", "1"))
-    per_node = gpus_per_node or min(world, int(os.environ.get("LOCAL_WORLD_SIZE", world)))
-    nodes = max(1, world // max(1, per_node))
+    world = int(os.environ.get("WORLD_SIZE", "1")) if world_size is None else world_size
+    if gpus_per_node is None and "LOCAL_WORLD_SIZE" in os.environ:
+        gpus_per_node = int(os.environ["LOCAL_WORLD_SIZE"])
+    per_node, nodes = plan_nodes(world, gpus_per_node)
     from pretrain.train.setup import resolve_run
 
     t, m = cfg.train, cfg.model
