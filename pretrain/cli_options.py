@@ -322,8 +322,9 @@ def average_args(p):
 
 def eval_args(p):
     p.add_argument("target", help="run directory, checkpoint directory, or exported HF directory")
-    p.add_argument("--shards", help="held-out shard directory built with the model's tokenizer")
-    p.add_argument(
+    data = p.add_mutually_exclusive_group()  # one source of held-out data: the other would be ignored
+    data.add_argument("--shards", help="held-out shard directory built with the model's tokenizer")
+    data.add_argument(
         "--corpus",
         nargs="+",
         help="held-out corpus file(s): shards are built with the model's tokenizer (cached beside the target)",

@@ -91,12 +91,19 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
     return logits_fn, tokenizer_dir, description, limit
 
 
+def check_held_out(shards: str | None, corpus: list[str] | None) -> None:
+    """One source of held-out data, said before the model loads (the other would be ignored)."""
+    if shards and corpus:
+        raise UserError("give held-out data once: --shards DIR or --corpus FILE, not both (one would be ignored)")
+    if not shards and not corpus:
+        raise UserError("give held-out data: --shards DIR (built with the model's tokenizer) or --corpus FILE")
+
+
 def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path) -> Path:
     """Held-out shards: given, or built once from `corpus` with the model's tokenizer (cached by content)."""
+    check_held_out(shards, corpus)
     if shards:
         return Path(shards)
-    if not corpus:
-        raise UserError("give held-out data: --shards DIR (built with the model's tokenizer) or --corpus FILE")
     from data_pipeline.readers import expand_inputs
     from data_pipeline.shards import build_shards
     from data_pipeline.tokenizer import tokenizer_hash
@@ -127,6 +134,7 @@ def evaluate_mlm(
     from objectives.mlm import MaskedLM, MLMOptions
     from pretrain.train.checkpoint import reading_checkpoints
 
+    check_held_out(shards, corpus)
     torch.manual_seed(seed)
     hf_dir = _is_hf_dir(Path(target))
     # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
