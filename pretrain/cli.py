@@ -27,6 +27,7 @@ from pretrain.cli_options import (
     decay_args,
     eval_args,
     export_args,
+    export_format,
     finetune_args,
     run_args,
     shards_args,
@@ -159,6 +160,7 @@ def cmd_run(args) -> int:
 def cmd_export(args) -> int:
     from pretrain.pipeline import fill_mask_demo, stage_export
 
+    fmt = export_format(args)  # before exporting: a refused option must not cost an export
     with export_failures_in_one_line():
         out = stage_export(
             Path(args.run_or_checkpoint),
@@ -168,7 +170,7 @@ def cmd_export(args) -> int:
             push_to_hub=args.push_to_hub,
             raw_weights=args.raw_weights,
         )
-    if args.format == "sentence-transformers":
+    if fmt == "sentence-transformers":
         _sentence_transformers(out, args)
     if args.demo:
         fill_mask_demo(out)

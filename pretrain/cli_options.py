@@ -12,6 +12,7 @@ import typing
 from typing import Any
 
 from pretrain.core.config import CHOICES, DataConfig, RunConfig
+from pretrain.core.errors import UserError
 from pretrain.core.parsing import field_default, field_doc, field_type
 from pretrain.evaluation.configs import FinetuneConfig
 
@@ -50,6 +51,15 @@ def non_negative_int(text: str) -> int:
     if value < 0:
         raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
     return value
+
+
+class StoreGiven(argparse.Action):
+    """Stores the value as `store` does, and records the option in `args.given_options`: typed, even at its default
+    value (`--pooling mean` asks for what the default would give, but asks for it)."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        setattr(namespace, self.dest, values)
+        namespace.given_options = [*getattr(namespace, "given_options", []), option_string]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -298,19 +308,51 @@ def export_args(p):
     )
     p.add_argument(
         "--format",
-        choices=["transformers", "sentence-transformers"],
-        default="transformers",
-        help="sentence-transformers: also write the encoder with a pooling layer for SentenceTransformer(dir)",
+        choices=FORMATS,
+        help="sentence-transformers: also write the encoder with a pooling layer for SentenceTransformer(dir) "
+        f"(default: transformers; sentence-transformers when {', '.join(ST_OPTIONS)} is given)",
     )
     add_field_option(
-        p, "--pooling", ST_EXPORT, "pooling", choices=["mean", "cls"], help="sentence-transformers pooling"
+        p,
+        "--pooling",
+        ST_EXPORT,
+        "pooling",
+        choices=["mean", "cls"],
+        action=StoreGiven,
+        help="sentence-transformers pooling; implies --format sentence-transformers",
     )
-    p.add_argument("--normalize", action="store_true", help="sentence-transformers: unit-length embeddings")
+    p.add_argument(
+        "--normalize",
+        action="store_true",
+        help="sentence-transformers: unit-length embeddings; implies --format sentence-transformers",
+    )
     p.add_argument(
         "--st-out",
         help="sentence-transformers directory (default: beside the export: RUN/sentence-transformers for an export "
-        "in a directory named hf, as a run's hf/ is; <export>-sentence-transformers for any other)",
+        "in a directory named hf, as a run's hf/ is; <export>-sentence-transformers for any other); implies "
+        "--format sentence-transformers",
     )
+
+
+FORMATS = ("transformers", "sentence-transformers")
+ST_OPTIONS = ("--pooling", "--normalize", "--st-out")  # export's options that only a sentence-transformers one reads
+
+
+def export_format(args: argparse.Namespace) -> str:
+    """--format, or sentence-transformers where an option only it reads was given (which would do nothing else);
+    --format transformers beside such an option is refused naming it."""
+    typed = set(getattr(args, "given_options", []))
+    given = [
+        o
+        for o in ST_OPTIONS
+        if o in typed or (o == "--normalize" and args.normalize) or (o == "--st-out" and args.st_out)
+    ]
+    if args.format == "transformers" and given:
+        raise UserError(
+            f"{', '.join(given)}: sentence-transformers option(s), not read with --format transformers; drop them or "
+            "give --format sentence-transformers"
+        )
+    return args.format or ("sentence-transformers" if given else "transformers")
 
 
 def average_args(p):
