@@ -231,26 +231,51 @@ def cmd_objectives(args) -> int:
     return 0
 
 
+def json_output(option: str | None) -> Path | None:
+    """--json PATH, checked before the work whose result it keeps: not a directory, and its missing directories
+    creatable (`write_json` makes them), so that a finished evaluation is not lost to a bad path."""
+    if not option:
+        return None
+    path = Path(option)
+    if path.is_dir():
+        raise UserError(f"--json {path} is a directory: give the path of a file to write the result to")
+    ancestor = path.absolute().parent
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    if not ancestor.is_dir():
+        raise UserError(f"--json {path}: {ancestor} is a file, not a directory")
+    if not os.access(ancestor, os.W_OK | os.X_OK):
+        raise UserError(f"--json {path}: cannot write in {ancestor} (permission denied)")
+    return path
+
+
+def write_json(path: Path | None, result: dict) -> None:
+    import json
+
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(result, indent=1))
+
+
 def cmd_eval(args) -> int:
     import json
 
     from pretrain.evaluation.evaluate import evaluate_mlm, format_eval
 
+    json_path = json_output(args.json)
     result = evaluate_mlm(
         Path(args.target), args.shards, args.corpus, args.max_samples, args.max_seq_len, args.batch_size
     )
     print(format_eval(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    write_json(json_path, result)
     print(json.dumps(result))
     return 0
 
 
 def cmd_finetune(args) -> int:
-    import json
-
     from pretrain.evaluation.finetune import finetune, format_finetune
 
+    json_path = json_output(args.json)
     seeds = list(range(1, args.seeds + 1)) if args.seed_list is None else args.seed_list
     result = finetune(
         Path(args.model_dir),
@@ -269,8 +294,7 @@ def cmd_finetune(args) -> int:
         args.heldout_fraction,
     )
     print(format_finetune(result))
-    if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=1))
+    write_json(json_path, result)
     return 0
 
 

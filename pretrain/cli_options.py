@@ -383,7 +383,7 @@ def eval_args(p):
         help="tokens per sequence (0 = the model's positions, at most 128)",
     )
     add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=int, help="sequences per batch")
-    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--json", help="also write the result to this JSON file (missing directories are created)")
 
 
 def finetune_args(p):
@@ -412,7 +412,7 @@ def finetune_args(p):
         "the best is trained on all of train and scored on dev",
     )
     add_field_option(p, "--heldout-fraction", FINETUNE, "heldout_fraction", type=float, help="with --lrs")
-    p.add_argument("--json", help="also write the result to this JSON file")
+    p.add_argument("--json", help="also write the result to this JSON file (missing directories are created)")
 
 
 def decay_args(p):

@@ -128,3 +128,23 @@ def test_only_the_head_is_re_initialised(tmp_path):
     (model / "config.json").write_text(json.dumps({**config, "intermediate_size": 48}))
     with pytest.raises(UserError, match=r"tuned: weights \['bert\.encoder\..*'\] do not have the shapes its config"):
         load_model(model, 2, "classification")
+
+
+def test_json_goes_into_new_directories_and_a_directory_is_refused_first(tmp_path, capsys):
+    """--json into a directory that does not exist yet: created, the result kept (it crashed after the work); a
+    --json naming a directory is refused before any work (here: before the missing model is even looked at)."""
+    import json
+
+    from pretrain.cli import main
+
+    tsv, _ = long_tasks(tmp_path)
+    model = tiny_bert(tmp_path / "m", PAIR_WORDS, positions=32)
+    out = tmp_path / "results" / "probe" / "r.json"
+    argv = ["finetune", str(model), str(tsv), "--mode", "probe", "--epochs", "1", "--seeds", "1", "--json", str(out)]
+    assert main(argv) == 0
+    assert json.loads(out.read_text())["mode"] == "probe"
+    assert main(["finetune", str(tmp_path / "no-model"), str(tsv), "--json", str(tmp_path)]) == 2
+    assert f"--json {tmp_path} is a directory" in capsys.readouterr().err
+    (tmp_path / "file").write_text("mine")
+    assert main(["eval", str(tmp_path / "no-run"), "--shards", "s", "--json", str(tmp_path / "file" / "r.json")]) == 2
+    assert f"{tmp_path / 'file'} is a file, not a directory" in capsys.readouterr().err
