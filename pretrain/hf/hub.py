@@ -17,6 +17,16 @@ def hub_token() -> str | None:
 
 
 def check_hub_token(repo_id: str) -> str:
+    """The token to upload to `repo_id` with, after checking the id itself: both said before anything is exported."""
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as err:
+        raise UserError(
+            f"--push-to-hub {repo_id!r}: not a Hub repo id ({err}); nothing was exported or uploaded"
+        ) from None
     token = hub_token()
     if not token:
         raise UserError(
@@ -36,13 +46,29 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
     check_model_dir(folder)
     token = token or check_hub_token(repo_id)
     api = huggingface_hub.HfApi(token=token)
-    api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True)
-    api.upload_folder(
-        repo_id=repo_id,
-        folder_path=str(folder),
-        repo_type="model",
-        allow_patterns=[p for name in sorted(EXPORT_ENTRIES - {MARKER}) for p in (name, f"{name}/*")],
-        ignore_patterns=[f"**/{MARKER}", MARKER],
-        commit_message=f"Upload {Path(folder).name} exported by pretrain",
-    )
+    try:
+        api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True)
+        api.upload_folder(
+            repo_id=repo_id,
+            folder_path=str(folder),
+            repo_type="model",
+            allow_patterns=[p for name in sorted(EXPORT_ENTRIES - {MARKER}) for p in (name, f"{name}/*")],
+            ignore_patterns=[f"**/{MARKER}", MARKER],
+            commit_message=f"Upload {Path(folder).name} exported by pretrain",
+        )
+    except _upload_errors() as err:  # offline, refused, network down: the export is done, and stays
+        reason = str(err).strip().splitlines()[0] if str(err).strip() else type(err).__name__
+        raise UserError(
+            f"--push-to-hub {repo_id}: the upload failed ({type(err).__name__}: {reason}); the export is kept at "
+            f"{folder}: run the same command again to retry"
+        ) from None
     return f"https://huggingface.co/{repo_id}"
+
+
+def _upload_errors() -> tuple[type[BaseException], ...]:
+    """What the Hub client raises for a failed request: OSError (its HTTP errors, offline mode), ValueError (a bad
+    answer), and its HTTP library's own errors (a connection refused), whichever library that is."""
+    from huggingface_hub.errors import HfHubHTTPError
+
+    http = tuple(c for c in HfHubHTTPError.__mro__ if c.__name__ == "HTTPError" and c is not HfHubHTTPError)
+    return (OSError, ValueError, *http)
