@@ -269,7 +269,7 @@ def data_inspect_args(p):
         "--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, tokenizer/ beside it)"
     )
     p.add_argument("--out", help="histogram PNG path (default: inspect/doc_lengths.png beside the shard directory)")
-    add_field_option(p, "--samples", INSPECT, "num_samples", type=int, help="decoded samples to show")
+    add_field_option(p, "--samples", INSPECT, "num_samples", type=non_negative_int, help="decoded samples to show")
 
 
 def export_args(p):
@@ -372,17 +372,22 @@ def eval_args(p):
         help="held-out corpus file(s): shards are built with the model's tokenizer (cached beside the target)",
     )
     add_field_option(
-        p, "--max-samples", EVALUATE, "max_samples", type=int, help="evaluate at most N sequences (0 = all)"
+        p,
+        "--max-samples",
+        EVALUATE,
+        "max_samples",
+        type=non_negative_int,
+        help="evaluate at most N sequences (0 = all)",
     )
     add_field_option(
         p,
         "--max-seq-len",
         EVALUATE,
         "max_seq_len",
-        type=int,
+        type=non_negative_int,
         help="tokens per sequence (0 = the model's positions, at most 128)",
     )
-    add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=int, help="sequences per batch")
+    add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=positive_int, help="sequences per batch")
     p.add_argument("--json", help="also write the result to this JSON file (missing directories are created)")
 
 
@@ -393,16 +398,17 @@ def finetune_args(p):
         help="directory with train.tsv and dev.tsv, or with train.txt and dev.txt in CoNLL columns (token-level: "
         "BIO tags, scored by chunk F1)",
     )
-    p.add_argument("--seeds", type=int, default=3, help="number of seeds, 1..N (default: 3)")
+    p.add_argument("--seeds", type=positive_int, default=3, help="number of seeds, 1..N (default: 3)")
     p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
     add_field_option(p, "--mode", FINETUNE, "mode")  # help, type and choices: FinetuneConfig's field
-    p.add_argument("--epochs", type=int, help="epochs (default: 3 full, 20 probe)")
-    p.add_argument("--lr", type=float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
-    p.add_argument("--batch-size", type=int, help="batch size (default: 32 full, 64 probe)")
-    add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len")
+    # 0 means the mode's default, as in FinetuneConfig (and an ablation's eval:)
+    p.add_argument("--epochs", type=non_negative_int, help="epochs (default, or 0: 3 full, 20 probe)")
+    p.add_argument("--lr", type=positive_float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
+    p.add_argument("--batch-size", type=non_negative_int, help="batch size (default, or 0: 32 full, 64 probe)")
+    add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len", type=non_negative_int)
     add_field_option(p, "--task-type", FINETUNE, "task_type")
     add_field_option(p, "--pooling", FINETUNE, "pooling")
-    add_field_option(p, "--max-train", FINETUNE, "max_train")
+    add_field_option(p, "--max-train", FINETUNE, "max_train", type=non_negative_int)
     add_field_option(p, "--random-init", FINETUNE, "random_init")
     p.add_argument(
         "--lrs",

@@ -50,3 +50,35 @@ def test_export_refuses_sentence_transformers_options_with_format_transformers(t
     assert "--pooling, --normalize: sentence-transformers option(s), not read with --format transformers" in (
         capsys.readouterr().err
     )
+
+
+@pytest.mark.parametrize(
+    "argv,option,message",
+    [
+        (["eval", "RUN", "--shards", "S", "--batch-size", "0"], "--batch-size", "above 0"),
+        (["eval", "RUN", "--shards", "S", "--max-samples", "-5"], "--max-samples", "0 or more"),
+        (["eval", "RUN", "--shards", "S", "--max-seq-len", "-1"], "--max-seq-len", "0 or more"),
+        (["data", "inspect", "SHARDS", "--samples", "-2"], "--samples", "0 or more"),
+        (["finetune", "M", "T", "--epochs", "-1"], "--epochs", "0 or more"),
+        (["finetune", "M", "T", "--batch-size", "-8"], "--batch-size", "0 or more"),
+        (["finetune", "M", "T", "--seeds", "0"], "--seeds", "above 0"),
+        (["finetune", "M", "T", "--lr", "-0.001"], "--lr", "above 0"),
+        (["finetune", "M", "T", "--max-train", "-3"], "--max-train", "0 or more"),
+    ],
+)
+def test_numbers_without_meaning_are_refused_by_option(argv, option, message, capsys):
+    assert f"argument {option}: must be a " in (err := _refused(argv, capsys)) and message in err
+
+
+def test_finetune_help_says_what_zero_epochs_and_batch_size_mean(capsys):
+    with pytest.raises(SystemExit):
+        main(["finetune", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert "epochs (default, or 0: 3 full, 20 probe)" in out and "batch size (default, or 0: 32 full, 64 probe)" in out
+
+
+def test_evaluate_mlm_refuses_a_batch_size_of_zero_before_loading(tmp_path):
+    from pretrain.evaluation.evaluate import evaluate_mlm
+
+    with pytest.raises(UserError, match="batch_size must be >= 1"):
+        evaluate_mlm(tmp_path / "missing", shards=str(tmp_path), batch_size=0)

@@ -135,6 +135,11 @@ def evaluate_mlm(
     from pretrain.train.checkpoint import reading_checkpoints
 
     check_held_out(shards, corpus)
+    if batch_size < 1 or max_samples < 0 or max_seq_len < 0:  # the command line refuses them by option name
+        raise UserError(
+            f"batch_size must be >= 1 (got {batch_size}), max_samples and max_seq_len >= 0 (got {max_samples}, "
+            f"{max_seq_len})"
+        )
     torch.manual_seed(seed)
     hf_dir = _is_hf_dir(Path(target))
     # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
