@@ -268,7 +268,12 @@ def data_inspect_args(p):
     p.add_argument(
         "--tokenizer", help="tokenizer directory (default: the config's; for a shard directory, tokenizer/ beside it)"
     )
-    p.add_argument("--out", help="histogram PNG path (default: inspect/doc_lengths.png beside the shard directory)")
+    p.add_argument(
+        "--out",
+        help="histogram path, .png, .pdf, .svg or another format matplotlib writes (default: "
+        "inspect/doc_lengths.png beside the shard directory); an existing file is replaced only if this command "
+        "wrote it",
+    )
     add_field_option(p, "--samples", INSPECT, "num_samples", type=non_negative_int, help="decoded samples to show")
 
 

@@ -69,3 +69,24 @@ def test_inspect_shows_assembled_pairs(tmp_path, data_dirs, capsys, name):
         np.testing.assert_array_equal(original["token_type_ids"], prepared["token_type_ids"])
         changed = original["input_ids"] != prepared["input_ids"]
         assert changed.any() and not (changed & (prepared["mlm_labels"] == IGNORE_INDEX)).any()
+
+
+def test_inspect_out_refuses_a_format_it_cannot_write_and_a_file_it_did_not_write(tmp_path, data_dirs, capsys):
+    """--out x.txt was a matplotlib traceback after the work; an existing picture of the user's was replaced. A
+    histogram this command wrote is replaced on the next run."""
+    tok_dir, shard_dir = data_dirs
+    inspect = ["data", "inspect", str(shard_dir), "--tokenizer", str(tok_dir), "--samples", "0", "--out"]
+    assert main([*inspect, str(tmp_path / "x.txt")]) == 2
+    err = capsys.readouterr().err
+    assert f"--out {tmp_path / 'x.txt'}: .txt is not an image format" in err and ".pdf, " in err and ".png, " in err
+    assert not (tmp_path / "x.txt").exists()
+
+    mine = tmp_path / "mine.png"
+    mine.write_bytes(b"\x89PNG the user's own picture")
+    assert main([*inspect, str(mine)]) == 2
+    assert "exists and was not written by `pretrain data inspect`: it was left untouched" in capsys.readouterr().err
+    assert mine.read_bytes() == b"\x89PNG the user's own picture"
+
+    for name in ("hist.png", "hist.svg"):
+        assert main([*inspect, str(tmp_path / name)]) == 0
+        assert main([*inspect, str(tmp_path / name)]) == 0  # ours: replaced

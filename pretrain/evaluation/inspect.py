@@ -15,6 +15,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
 
 LEGEND = "[MASK](x): x replaced by [MASK];  ~y~(x): x replaced by y;  x(=): x chosen for prediction but unchanged"
@@ -59,6 +60,39 @@ def assembled_sample(builder, objectives, index: int, rng: np.random.Generator) 
     return sample
 
 
+SIGNATURE = "bert-pretrain data inspect"  # written into the histogram's metadata: a file that holds it is ours
+_METADATA_KEY = {"png": "Software", "pdf": "Creator", "svg": "Creator", "eps": "Creator", "ps": "Creator"}
+
+
+def histogram_formats() -> list[str]:
+    """The suffixes matplotlib writes here (pgf left out: it needs a LaTeX installation)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.backend_bases import FigureCanvasBase
+
+    return sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
+
+
+def check_histogram_path(path: Path) -> None:
+    """Refuse, before any work, an --out that matplotlib cannot write, or an existing file this command did not write
+    (the user's own picture is never replaced)."""
+    formats = histogram_formats()
+    suffix = path.suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise UserError(
+            f"--out {path}: {'no suffix' if not suffix else f'.{suffix} is not an image format'}: give a path ending "
+            f"in one of .{', .'.join(formats)}"
+        )
+    if path.is_dir():
+        raise UserError(f"--out {path} is a directory: give the path of the histogram file")
+    if path.exists() and SIGNATURE.encode() not in path.read_bytes():
+        raise UserError(
+            f"--out {path} exists and was not written by `pretrain data inspect`: it was left untouched; choose "
+            "another path (or remove it)"
+        )
+
+
 def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: str) -> Path:
     """Histogram of document lengths (tokens, log-spaced bins) with the sequence length marked."""
     import matplotlib
@@ -79,7 +113,8 @@ def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: s
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
-    fig.savefig(path, dpi=100)
+    key = _METADATA_KEY.get(path.suffix.lower().lstrip("."))
+    fig.savefig(path, dpi=100, metadata={key: SIGNATURE} if key else None)
     plt.close(fig)
     return path
 
@@ -126,6 +161,8 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
     from objectives import build_objectives, sample_builder_for
     from pretrain.train.setup import build_sample_source
 
+    if out_png:  # the default, in the run's inspect/, is ours to replace
+        check_histogram_path(Path(out_png))
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     tokens = special_tokens(tokenizer)
     # Sizes are checked, checksums are not: inspecting must stay cheap; training verifies in full.
