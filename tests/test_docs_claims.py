@@ -1,0 +1,35 @@
+"""What README.md and the presets' comments say of the code and configs is what they do."""
+
+from __future__ import annotations
+
+import re
+
+import torch
+import yaml
+from helpers import ROOT
+
+
+def _train(name: str) -> dict:
+    return yaml.safe_load((ROOT / "configs" / f"{name}.yaml").read_text())["train"]
+
+
+def test_the_gpu_demo_is_said_to_train_the_sequences_its_config_gives():
+    """It said ~25x longer: 4000 steps x 128 sequences against 300 x 32 is ~53x the sequences, 13x the steps."""
+    cpu, gpu = _train("default"), _train("default-gpu")
+    sequences = round(gpu["max_steps"] * gpu["micro_batch_size"] / (cpu["max_steps"] * cpu["micro_batch_size"]))
+    steps = round(gpu["max_steps"] / cpu["max_steps"])
+    batch = gpu["micro_batch_size"] // cpu["micro_batch_size"]
+    claim = f"~{sequences}x the sequences ({steps}x the steps, of {batch}x the batch"
+    for path in (ROOT / "README.md", ROOT / "configs" / "default-gpu.yaml"):
+        text = " ".join(re.sub(r"^#\s*", "", path.read_text(), flags=re.M).split())
+        assert claim in text, path
+        assert "25x" not in text
+
+
+def test_readme_says_where_fp8_is_refused():
+    """A CPU trains fp8 on torch's reference kernel (for tests); a GPU below 8.9 is refused by name."""
+    from pretrain.model.fp8 import float8_problem
+
+    assert float8_problem(torch.device("cpu")) is None
+    text = " ".join((ROOT / "README.md").read_text().split())
+    assert "a GPU below 8.9 is refused by name, and a CPU runs torch's reference float8 kernel" in text
