@@ -510,6 +510,10 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
     from pretrain.train.trainer import own_run_dir
 
     rank, world = init_distributed(cfg.train.collective_timeout_minutes)  # the group is made once: here, for all
+    # the inputs are found before the run directory is claimed: an error then leaves nothing written
+    error = _inputs_missing(cfg) if rank == 0 else None
+    if any_rank(error is not None):
+        raise error or UserError("rank 0 could not find the run's inputs (its message says why)")
     with own_run_dir(cfg.run_dir, rank == 0, "running"):
         error = None
         if rank == 0:
@@ -537,6 +541,23 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
                 fill_mask_demo(out)
                 say(plateau_note(cfg))
     return summary
+
+
+def _inputs_missing(cfg: RunConfig):
+    """The UserError that expanding data.sources or data.corpus gives (a pattern matching nothing, a missing file),
+    or None: what stage_tokenizer and stage_shards would find, said before anything is written."""
+    from data_pipeline.mixing import source_inputs
+    from data_pipeline.readers import expand_inputs
+    from pretrain.core.errors import UserError
+
+    try:
+        if cfg.data.sources:
+            source_inputs(cfg.data.sources)
+        elif cfg.data.corpus:
+            expand_inputs(cfg.data.corpus)
+    except UserError as err:
+        return err
+    return None
 
 
 def plateau_note(cfg: RunConfig) -> str:

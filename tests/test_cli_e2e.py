@@ -173,3 +173,13 @@ def test_help_explains_every_option(tmp_path):
         assert "usage: pretrain" in proc.stdout
     text = pretrain("train", "--help", cwd=tmp_path).stdout
     assert "objectives" in text and "train.micro_batch_size" in text and "model.hidden_size" in text
+
+
+def test_missing_inputs_fail_before_the_run_directory_is_made(tmp_path):
+    """A data.corpus that is not there, or a data.sources pattern that matches nothing: the error came after the run
+    directory was claimed (its .lock and marker written); now before anything is written."""
+    nothing = "data.sources=[{name: a, corpus: [nothing-*.jsonl], weight: 1}]"
+    for name, data in [("corpus", f"data.corpus=[{tmp_path / 'missing.jsonl'}]"), ("sources", nothing)]:
+        proc = pretrain("run", "tiny", f"output_dir={tmp_path / 'runs'}", f"name={name}", data, cwd=tmp_path, rc=2)
+        assert ("missing.jsonl" if name == "corpus" else "matches no corpus file") in proc.stderr
+        assert not (tmp_path / "runs" / name).exists(), proc.stderr
