@@ -148,3 +148,11 @@ def test_json_goes_into_new_directories_and_a_directory_is_refused_first(tmp_pat
     (tmp_path / "file").write_text("mine")
     assert main(["eval", str(tmp_path / "no-run"), "--shards", "s", "--json", str(tmp_path / "file" / "r.json")]) == 2
     assert f"{tmp_path / 'file'} is a file, not a directory" in capsys.readouterr().err
+
+
+def test_a_missing_task_directory_says_where_to_get_it(tmp_path):
+    """As `pretrain ablate` does for a task a preset names (it said only 'task file not found')."""
+    with pytest.raises(UserError, match=r"rte: task directory not found .*'rte' is nltk_data's `rte` corpus"):
+        load_task(tmp_path / "data" / "tasks" / "rte")
+    with pytest.raises(UserError, match=r"mine: task directory not found \(a path relative to the directory you"):
+        load_task(tmp_path / "mine")

@@ -37,7 +37,7 @@ from tqdm import tqdm
 from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
-from pretrain.evaluation.configs import FinetuneConfig
+from pretrain.evaluation.configs import FinetuneConfig, missing_task_hint
 from pretrain.evaluation.fit import autocast, batches, fit, load_with_head
 from pretrain.evaluation.token_tasks import (
     SPLITS,
@@ -148,6 +148,11 @@ def _is_float(s: str) -> bool:
 
 def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Task | TokenTask:
     task_dir = Path(task_dir)
+    if not task_dir.is_dir():  # a task the presets name says where to get it, as `pretrain ablate` does
+        raise UserError(
+            f"{task_dir}: task directory not found (a path relative to the directory you run from, {Path.cwd()})"
+            f"{missing_task_hint(str(task_dir))}"
+        )
     conll = all((task_dir / split).is_file() for split in SPLITS)
     if is_conll_dir(task_dir) or (task_type == "token" and conll):  # CoNLL columns: token classification
         return load_token_task(task_dir, task_type, max_train)
