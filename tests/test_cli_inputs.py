@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import torch
 
 from pretrain.cli import main
 from pretrain.core.errors import UserError
@@ -82,3 +83,45 @@ def test_evaluate_mlm_refuses_a_batch_size_of_zero_before_loading(tmp_path):
 
     with pytest.raises(UserError, match="batch_size must be >= 1"):
         evaluate_mlm(tmp_path / "missing", shards=str(tmp_path), batch_size=0)
+
+
+class _Embeddings(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(8, 4)
+
+
+class _DiscriminatorOnly(torch.nn.Module):
+    """What an ELECTRA (rtd) checkpoint loads as for `pretrain eval`: no head tied to the word embeddings."""
+
+    def __init__(self):
+        super().__init__()
+        self.encoder = torch.nn.Module()
+        self.encoder.embeddings = _Embeddings()
+        self.heads = torch.nn.ModuleDict({"rtd": torch.nn.Linear(4, 1)})
+
+
+@pytest.mark.parametrize("exported", [True, False])
+def test_eval_of_an_electra_run_points_to_its_export(tmp_path, monkeypatch, exported):
+    """It said 'BertForMaskedLM export needs a token-prediction objective', though RUN/hf (its generator) scores."""
+    import types
+
+    import pretrain.train.setup as setup
+    from pretrain.evaluation.evaluate import load_target
+
+    run = tmp_path / "tiny-rtd"
+    (run / "checkpoints").mkdir(parents=True)
+    if exported:
+        (run / "hf").mkdir()
+        (run / "hf" / "config.json").write_text("{}")
+    cfg = types.SimpleNamespace(objectives={"rtd": {}}, name="tiny-rtd")
+    loaded = (cfg, _DiscriminatorOnly(), None, run / "tokenizer", {"step": 3})
+    monkeypatch.setattr(setup, "load_checkpoint_model", lambda target: loaded)
+    with pytest.raises(UserError) as err:
+        load_target(run)
+    message = str(err.value)
+    assert "an ELECTRA (rtd) checkpoint's discriminator predicts no tokens" in message
+    assert "BertForMaskedLM" not in message
+    assert (
+        f"`pretrain eval {run.resolve() / 'hf'}` scores its generator" if exported else "`pretrain export"
+    ) in message

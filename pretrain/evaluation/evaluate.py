@@ -76,7 +76,10 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
 
     cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
     model.to(local_device())
-    head_name = lm_head_name(model)  # raises a UserError without a token-prediction head
+    try:
+        head_name = lm_head_name(model)  # raises a UserError without a token-prediction head
+    except UserError as err:
+        raise UserError(_no_lm_head(target, cfg, err)) from None
     head = model.get_submodule(head_name)
 
     def logits_fn(ids, types, mask):
@@ -89,6 +92,23 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
         # its head read the query stream, which never holds a [MASK]: these masks are not what it was trained on
         description += "; a permutation-LM head scored under BERT's masking, which it never trained on"
     return logits_fn, tokenizer_dir, description, limit
+
+
+def _no_lm_head(target: Path, cfg, err: UserError) -> str:
+    """Why a checkpoint cannot be scored as a masked LM, for `pretrain eval`: an ELECTRA run's export can (its
+    generator/ is a masked LM), so say where it is, not what an export needs."""
+    from pretrain.train.checkpoint import run_of
+
+    if "rtd" not in cfg.objectives:
+        return f"{target}: no token-prediction head to score masked tokens with ({err})"
+    run = run_of(target)
+    hf = run / "hf" if run is not None else None
+    where = (
+        f"`pretrain eval {hf}` scores its generator"
+        if hf is not None and (hf / "config.json").is_file()
+        else f"export it (`pretrain export {target}`), then `pretrain eval` the export: its generator is scored"
+    )
+    return f"{target}: an ELECTRA (rtd) checkpoint's discriminator predicts no tokens; {where}"
 
 
 def check_held_out(shards: str | None, corpus: list[str] | None) -> None:
