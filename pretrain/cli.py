@@ -37,10 +37,49 @@ from pretrain.cli_options import (
 from pretrain.core.config import RunConfig
 from pretrain.core.errors import UserError
 
+# Top-level keys only one kind of config has: the other kind's key check would name one as unknown ("unknown config
+# key 'run' (did you mean 'train'?)"), so the kind is said first, with the command that reads it
+ABLATION_KEYS = ("arms", "run", "budget")
+RUN_KEYS = ("data", "model", "objectives", "train", "schedule")
+
+
+def config_kind(config: str | None) -> tuple[str, list[str]] | None:
+    """('ablation' or 'run', the keys that say so) for the config file or preset `config`, None where it is neither
+    or cannot be read (loading it then says what is wrong)."""
+    import yaml
+
+    from pretrain.core.errors import ConfigError
+    from pretrain.core.parsing import resolve_preset
+
+    if not config:
+        return None
+    try:
+        data = yaml.safe_load(resolve_preset(config).read_text(encoding="utf-8"))
+    except (ConfigError, OSError, ValueError, yaml.YAMLError):
+        return None
+    if not isinstance(data, dict):
+        return None
+    ablation, run = [k for k in ABLATION_KEYS if k in data], [k for k in RUN_KEYS if k in data]
+    if ablation and not run:
+        return "ablation", ablation
+    if run and not ablation:
+        return "run", run
+    return None
+
+
+def refuse_ablation_config(config: str | None, command: str) -> None:
+    kind = config_kind(config)
+    if kind and kind[0] == "ablation":
+        raise UserError(
+            f"{config} is an ablation config (top-level {', '.join(kind[1])}): `pretrain ablate {config}` reads it; "
+            f"`pretrain {command}` takes a run config (e.g. tiny, default, or a file with data, model, train)"
+        )
+
 
 def _load(args) -> RunConfig:
     from pretrain.train.setup import load_config
 
+    refuse_ablation_config(args.config, args.command)
     return load_config(args.config, args.overrides)
 
 
@@ -103,6 +142,7 @@ def cmd_data_inspect(args) -> int:
         tokenizer = Path(args.tokenizer) if args.tokenizer else target.parent / "tokenizer"
         cfg = load_config(None, [f"data.shards={target}", f"data.tokenizer={tokenizer}", *args.overrides])
     else:
+        refuse_ablation_config(args.config, "data inspect")
         cfg = load_config(
             args.config, args.overrides + ([f"data.tokenizer={args.tokenizer}"] if args.tokenizer else [])
         )
@@ -305,6 +345,13 @@ def cmd_ablate(args) -> int:
     from pretrain.evaluation.ablation_plan import load_ablation
     from pretrain.evaluation.ablation_record import copy_record
 
+    kind = config_kind(args.config)
+    if kind and kind[0] == "run":
+        raise UserError(
+            f"{args.config} is a run config (top-level {', '.join(kind[1])}): `pretrain run {args.config}` (or "
+            "train) reads it; `pretrain ablate` takes an ablation config, with run, arms and budget (e.g. "
+            "ablation-tiny)"
+        )
     ablation = load_ablation(args.config, args.overrides)
     if args.print_commands:
         print("\n".join(print_commands(ablation)))

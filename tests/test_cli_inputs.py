@@ -125,3 +125,18 @@ def test_eval_of_an_electra_run_points_to_its_export(tmp_path, monkeypatch, expo
     assert (
         f"`pretrain eval {run.resolve() / 'hf'}` scores its generator" if exported else "`pretrain export"
     ) in message
+
+
+@pytest.mark.parametrize(
+    "argv,says",
+    [
+        (["config", "ablation"], "ablation is an ablation config (top-level arms, run, budget): `pretrain ablate"),
+        (["train", "ablation-tiny", "--dry-run"], "`pretrain ablate ablation-tiny` reads it; `pretrain train` takes"),
+        (["ablate", "tiny"], "tiny is a run config (top-level data, model, train): `pretrain run tiny` (or train)"),
+    ],
+)
+def test_a_config_of_the_other_kind_is_named_with_the_command_that_reads_it(argv, says, capsys):
+    """They said "unknown config key 'run' (did you mean 'train'?)" and "unknown config key 'name' (... 'arms'?)"."""
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert says in err and "unknown config key" not in err
