@@ -5,7 +5,7 @@ PY := $(VENV)/bin/python
 # the regular CUDA build where there is one. Override with `make TORCH_SPEC=... setup`.
 HAS_GPU := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo 1; fi)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
-# The demo: a few minutes of BERT-mini on a CPU; on a GPU the same run ~25x longer (configs/default-gpu.yaml)
+# The demo: a few minutes of BERT-mini on a CPU; on a GPU the same model on ~53x the sequences (configs/default-gpu.yaml)
 DEMO_CONFIG ?= $(if $(HAS_GPU),default-gpu,default)
 export WANDB_MODE ?= offline
 export TOKENIZERS_PARALLELISM ?= false

@@ -183,7 +183,7 @@ def _output_dir(out: Path, paths: list[str]) -> Path:
     """The directory to (re)place, once `out` is known to hold no input, to be ours to replace (`claim_output`), and
     not to hold the current directory: `out` itself, or the directory a symlink `out` points to (the link is kept)."""
     check_not_input(out, {f"the corpus file {p}": p for p in paths})
-    claim_output(out, "tokenizer", "--out")
+    claim_output(out, "tokenizer", "the tokenizer directory")  # --out, or a config's data.tokenizer
     real = Path(os.path.realpath(out))
     cwd = Path.cwd().resolve()
     if real == cwd or real in cwd.parents:

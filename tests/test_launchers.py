@@ -258,7 +258,7 @@ def stop_mid_run(cmd: list, env: dict, data: Path, run_dir: Path, sig: signal.Si
         )
     try:
         deadline = time.monotonic() + LAUNCH_TIMEOUT
-        while "process(es)" not in log.read_text(errors="replace"):  # the trainer's first line: its handler is set
+        while " parameters on " not in log.read_text(errors="replace"):  # the trainer's first line: its handler is set
             assert proc.poll() is None, f"ended before training:\n{log.read_text()[-4000:]}"
             assert time.monotonic() < deadline, "no training in time"
             time.sleep(0.2)

@@ -405,7 +405,7 @@ def finish(launches: list[Launch], timeout: float = LAUNCH_TIMEOUT) -> None:
 
 def assert_same_steps(run_dir: Path, reference, launches: list[Launch]) -> None:
     first = launches[0].output()
-    assert "on 2 process(es)" in first, first[-3000:]
+    assert "on 2 processes" in first, first[-3000:]
     assert losses(run_dir) == reference, (losses(run_dir), reference)
 
 

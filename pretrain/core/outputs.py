@@ -184,7 +184,8 @@ def claim_output(path: Path, kind: str, option: str = "") -> None:
         return
     if found is not None:
         raise UserError(
-            f"{where} is a {found} directory of this tool, not a {kind} directory: it was left "
+            f"{where} is {'an' if found[0] in 'aeiou' else 'a'} {found} directory of this tool, not a {kind} "
+            "directory: it was left "
             f"untouched; choose another output"
         )
     belongs, signature = _SIGNATURES[kind]
@@ -210,8 +211,9 @@ def check_not_input(out: Path, inputs: dict[str, Path | str], option: str = "--o
     held = [what for what, path in resolved.items() if _within(path, target)]
     for what in same + held:  # the plainest conflict first
         relation = "is" if what in same else "holds"
+        named = what if str(inputs[what]) in what else f"{what} ({inputs[what]})"  # a path said once
         raise UserError(
-            f"{option} {out} {relation} {what} ({inputs[what]}), an input of this command: writing "
+            f"{option} {out} {relation} {named}, an input of this command: writing "
             "there would replace it; choose another output"
         )
 

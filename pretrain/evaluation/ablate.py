@@ -397,7 +397,8 @@ def print_commands(ab: Ablation) -> list[str]:
         f"pretrain tokenizer {corpus} --out {ab.base.tokenizer_dir} --type {d.tokenizer_type} "
         f"--vocab-size {d.vocab_size}",
         f"pretrain shards {corpus} --tokenizer {ab.base.tokenizer_dir} --out {ab.base.shards_dir}",
-        f"# 2. one job per arm ({ab.budget_kind} budget {ab.budget_amount:g}, {procs} processes each)",
+        f"# 2. one job per arm ({ab.budget_kind} budget {ab.budget_amount:g}, {procs} "
+        f"process{'es' if procs != 1 else ''} each)",
     ]
     have_data = (ab.base.tokenizer_dir / "tokenizer.json").is_file() and (
         ab.base.shards_dir / "manifest.json"

@@ -190,6 +190,8 @@ def _fmt(value) -> str:
         return "0"
     if abs(value) >= 1000:
         return f"{value:,.0f}"
+    if abs(value) >= 100:  # a rate beside thousands (tokens/s): four decimals would claim a precision it has not
+        return f"{value:.1f}"
     if abs(value) >= 0.01:
         return f"{value:.4f}"
     return f"{value:.3g}"

@@ -289,7 +289,7 @@ class Trainer:
             logger.write(f"applied on resume: {'; '.join(applied)} (lr now {engine.ds.get_lr()[0]:g} at this step)")
         logger.write(
             f"training {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters on {world} "
-            f"process(es), {run.precision}"
+            f"process{'es' if world != 1 else ''}, {run.precision}"
             + (f" with float8 products in {len(in_fp8)} encoder Linears" if in_fp8 else "")
             + f", global batch {run.global_batch} "
             f"({t.micro_batch_size} x {t.grad_accum_steps} accumulation x {world} ranks)"
