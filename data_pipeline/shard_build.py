@@ -100,12 +100,17 @@ def _clear(out: Path) -> None:
                 f"{out} holds shards a run is training on (it reads them now): build these into another "
                 "data.shards directory; the shards were left as they were"
             )
-        (out / MANIFEST).unlink(missing_ok=True)
-        (out / BUILD_STATE).unlink(missing_ok=True)
-        shutil.rmtree(out / TMP, ignore_errors=True)
-        for p in out.glob("shard_*"):
-            if _is_build_file(p):
-                p.unlink()
+        _remove_build_files(out)
+
+
+def _remove_build_files(out: Path) -> None:
+    """A build's own files in `out`, manifest first (the directory never looks complete meanwhile); nothing else."""
+    (out / MANIFEST).unlink(missing_ok=True)
+    (out / BUILD_STATE).unlink(missing_ok=True)
+    shutil.rmtree(out / TMP, ignore_errors=True)
+    for p in out.glob("shard_*"):
+        if _is_build_file(p):
+            p.unlink()
 
 
 def _shard_ok(out: Path, record: dict, itemsize: int) -> bool:
@@ -393,12 +398,7 @@ def replace_build(new: Path, out: Path) -> None:
     `out` exclusively."""
     out = Path(out)
     old = read_json(out / MANIFEST) or {}
-    (out / MANIFEST).unlink(missing_ok=True)
-    (out / BUILD_STATE).unlink(missing_ok=True)
-    shutil.rmtree(out / TMP, ignore_errors=True)
-    for p in out.glob("shard_*"):
-        if _is_build_file(p):
-            p.unlink()
+    _remove_build_files(out)
     for source in old.get(MIXTURE_KEY, []):  # named by the manifest that listed their shards: ours
         shutil.rmtree(out / source["name"], ignore_errors=True)
     for p in new.iterdir():
