@@ -78,7 +78,11 @@ def test_inspect_out_refuses_a_format_it_cannot_write_and_a_file_it_did_not_writ
     inspect = ["data", "inspect", str(shard_dir), "--tokenizer", str(tok_dir), "--samples", "0", "--out"]
     assert main([*inspect, str(tmp_path / "x.txt")]) == 2
     err = capsys.readouterr().err
-    assert f"--out {tmp_path / 'x.txt'}: .txt is not an image format" in err and ".pdf, " in err and ".png, " in err
+    assert (
+        f"--out {tmp_path / 'x.txt'}: .txt is not a format this command writes" in err
+        and ".pdf, " in err
+        and ".png, " in err
+    )
     assert not (tmp_path / "x.txt").exists()
 
     mine = tmp_path / "mine.png"
@@ -90,3 +94,12 @@ def test_inspect_out_refuses_a_format_it_cannot_write_and_a_file_it_did_not_writ
     for name in ("hist.png", "hist.svg"):
         assert main([*inspect, str(tmp_path / name)]) == 0
         assert main([*inspect, str(tmp_path / name)]) == 0  # ours: replaced
+    # every format it accepts carries the signature, so that none of them is refused the second time
+    from pretrain.evaluation.inspect import check_histogram_path, histogram_formats, length_histogram
+
+    assert {"png", "pdf", "svg"} <= set(histogram_formats())
+    for suffix in histogram_formats():
+        path = length_histogram(np.array([3, 30, 300]), tmp_path / f"again.{suffix}", 128, "lengths")
+        check_histogram_path(path)
+    assert main([*inspect, str(tmp_path / "x.jpg")]) == 2  # no metadata of ours: not accepted
+    assert ".jpg is not a format this command writes" in capsys.readouterr().err

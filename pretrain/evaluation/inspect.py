@@ -65,13 +65,14 @@ _METADATA_KEY = {"png": "Software", "pdf": "Creator", "svg": "Creator", "eps": "
 
 
 def histogram_formats() -> list[str]:
-    """The suffixes matplotlib writes here (pgf left out: it needs a LaTeX installation)."""
+    """The suffixes matplotlib writes here whose metadata carries SIGNATURE (so that the next run may replace the
+    file; jpeg, tiff, webp and the like have none matplotlib writes, pgf needs a LaTeX installation)."""
     import matplotlib
 
     matplotlib.use("Agg")
     from matplotlib.backend_bases import FigureCanvasBase
 
-    return sorted(set(FigureCanvasBase.get_supported_filetypes()) - {"pgf"})
+    return sorted(set(FigureCanvasBase.get_supported_filetypes()) & set(_METADATA_KEY))
 
 
 def check_histogram_path(path: Path) -> None:
@@ -80,10 +81,8 @@ def check_histogram_path(path: Path) -> None:
     formats = histogram_formats()
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in formats:
-        raise UserError(
-            f"--out {path}: {'no suffix' if not suffix else f'.{suffix} is not an image format'}: give a path ending "
-            f"in one of .{', .'.join(formats)}"
-        )
+        what = f".{suffix} is not a format this command writes" if suffix else "no suffix"
+        raise UserError(f"--out {path}: {what}: give a path ending in one of .{', .'.join(formats)}")
     if path.is_dir():
         raise UserError(f"--out {path} is a directory: give the path of the histogram file")
     if path.exists() and SIGNATURE.encode() not in path.read_bytes():
