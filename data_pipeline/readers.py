@@ -590,18 +590,22 @@ _END_OF_STREAM = (b"\xff\xff\xff\xff\x00\x00\x00\x00", b"\x00\x00\x00\x00")  # A
 
 
 def _stream_to_its_end(path: Path, source, reader):
-    """The batches of an Arrow stream, then a DataError unless its end-of-stream marker follows the last: pyarrow takes
+    """The batches of an Arrow stream, then a warning unless its end-of-stream marker follows the last: pyarrow takes
     the end of a file cut at a batch boundary (an interrupted write or copy) for the end of the stream, and would
-    read it short in silence. The memory map's position is where the reader's next message starts."""
+    read it short in silence. The marker is optional in the format (a writer may end a stream by closing it), so
+    such a file is read as it is, and said. The memory map's position is where the reader's next message starts."""
     end, batches = source.tell(), 0  # after the schema, then after each batch
     for batch in reader:
         end, batches = source.tell(), batches + 1
         yield batch
     marker = source.read_at(min(8, source.size() - end), end)
     if marker != _END_OF_STREAM[0] and marker[:4] != _END_OF_STREAM[1]:
-        raise DataError(
-            f"{path}: the Arrow stream stops after {batches} record batch(es) without its end-of-stream marker: the "
-            "file is truncated (an interrupted write or copy); write or copy it again"
+        print(
+            f"[data] {path}: the Arrow stream ends after {batches} record batch(es) without its end-of-stream "
+            "marker: either its writer ended it by closing it, or the file is truncated (an interrupted write or "
+            "copy: write or copy it again); read as it is",
+            file=sys.stderr,
+            flush=True,
         )
 
 

@@ -101,9 +101,10 @@ def test_parquet_null_and_corrupt_zstd_named(tmp_path):
         list(iter_documents([str(tmp_path / "t.jsonl.zst")]))
 
 
-def test_truncated_arrow_stream_is_named(tmp_path):
-    """An Arrow stream cut at a record-batch boundary read short with no error (pyarrow takes the end of the file for
-    the end of the stream); a cut inside a batch raised pyarrow's ArrowInvalid. Both are a DataError naming the file."""
+def test_truncated_arrow_stream_is_named(tmp_path, capfd):
+    """An Arrow stream cut at a record-batch boundary read short with no word (pyarrow takes the end of the file for
+    the end of the stream; the format's end marker is optional, so it is read, and said); a cut inside a batch
+    raised pyarrow's ArrowInvalid: a DataError naming the file."""
     import io
 
     import pyarrow as pa
@@ -118,11 +119,17 @@ def test_truncated_arrow_stream_is_named(tmp_path):
     whole = tmp_path / "whole.arrow"
     whole.write_bytes(data)
     assert len(list(iter_documents([str(whole)]))) == 100
-    for cut, message in ((ends[4], r"stops after 5 record batch\(es\) without its end-of-stream"), (ends[4] + 40, "")):
-        path = tmp_path / f"cut{cut}.arrow"
-        path.write_bytes(data[:cut])
-        with pytest.raises(DataError, match=rf"{path}: .*{message}.*truncated"):
-            list(iter_documents([str(path)]))
+    assert "end-of-stream" not in capfd.readouterr().err
+    at_a_batch = tmp_path / "at_a_batch.arrow"
+    at_a_batch.write_bytes(data[: ends[4]])
+    assert len(list(iter_documents([str(at_a_batch)]))) == 50
+    err = capfd.readouterr().err
+    assert f"{at_a_batch}: the Arrow stream ends after 5 record batch(es) without its end-of-stream" in err
+    assert "truncated" in err
+    inside = tmp_path / "inside.arrow"
+    inside.write_bytes(data[: ends[4] + 40])
+    with pytest.raises(DataError, match=rf"{inside}: .*truncated"):
+        list(iter_documents([str(inside)]))
 
 
 @pytest.mark.parametrize("fmt", ["jsonl", "txt"])
