@@ -149,7 +149,8 @@ def reading_shards(shards_dir: Path):
     """Hold the run's shard directories (a mixture's, each source's too) `shared` while it trains: a build that would
     rewrite them (another run's, on the same data.shards) is refused meanwhile (`shard_build._clear`)."""
     with contextlib.ExitStack() as held:
-        for directory in [shards_dir, *sorted(p.parent for p in Path(shards_dir).glob("*/manifest.json"))]:
+        sources = [p.parent for p in Path(shards_dir).glob("*/manifest.json") if not p.parent.name.startswith(".")]
+        for directory in [shards_dir, *sorted(sources)]:  # not a rebuild beside them (.rebuild): it is not read
             held.enter_context(shared(directory))
         yield
 
