@@ -99,7 +99,11 @@ def _branch_without_its_source(source: Path, steps: int, name: str | None, overr
     if source.exists() or step is None or source.parent.name != "checkpoints":
         return None
     source_run = source.parent.parent
-    run_dir = source_run.parent / (name or f"{source_run.name}-decay{step}")
+    try:  # the name decay_config gave it: the source's config's (a run directory renamed since keeps it)
+        run_name = load_yaml(source_run / "config.yaml").get("name") or source_run.name
+    except UserError:  # no readable config (ConfigError): the directory's name
+        run_name = source_run.name
+    run_dir = source_run.parent / (name or f"{run_name}-decay{step}")
     if _read_branch(run_dir) != {"source": str(source_run.resolve()), "step": step, "decay_steps": steps}:
         return None
     data = apply_overrides(load_yaml(run_dir / "config.yaml"), overrides)
