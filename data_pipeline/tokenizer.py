@@ -372,8 +372,9 @@ def _save_atomically(fast: PreTrainedTokenizerFast, out: Path, settings: dict) -
     except BaseException:
         if old.exists() and not out.exists():
             os.replace(old, out)
-        for name in carried:  # back where they were
-            os.replace(tmp / name, out / name)
+        for name in carried:  # back where they were (unless the swap went through before the interruption)
+            if (tmp / name).exists():
+                os.replace(tmp / name, out / name)
         raise
     finally:  # removed only when nothing there is the only copy of something: the user's entries, the old tokenizer
         if not any((tmp / name).exists() for name in carried):

@@ -69,9 +69,9 @@ def _tokenizer_settings_changed(cfg: RunConfig) -> list[str]:
 
 def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     """Tokenize the corpus into cfg.shards_dir (a cache hit when nothing changed). `resuming`: the checkpoint the run
-    goes on from; shards that would be rebuilt are then built beside the old ones and replace them only when they
-    hold the data the checkpoint trained on (or `train.allow_changes` names data): a changed corpus is refused with
-    the run's shards as they were."""
+    goes on from; shards that would be rebuilt are then built apart (`.rebuild` in the shards directory) and replace
+    the old ones only when they hold the data the checkpoint trained on (or `train.allow_changes` names data): a
+    changed corpus is refused with the run's shards as they were."""
     from data_pipeline.readers import expand_inputs
     from data_pipeline.shards import build_shards, shards_current
 
@@ -199,9 +199,10 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
 
 
 def _swap_in(new: Path, out: Path) -> None:
-    """Put the shards in `new` (built beside `out`) in place of those in `out` (`shards.replace_build`: the user's
-    other files there, and a symlinked `out`, stay as they are), unless a trainer reads `out` (another run on the
-    same data.shards holds it `shared`): then `new` goes, with a UserError, and `out` stays."""
+    """Put the shards in `new` (built apart: `.rebuild` within `out`, or beside a source's directory) in place of
+    those in `out` (`shards.replace_build`: the user's other files there, and a symlinked `out`, stay as they are),
+    unless a trainer reads `out` (another run on the same data.shards holds it `shared`): then `new` goes, with a
+    UserError, and `out` stays."""
     import shutil
 
     from data_pipeline.shards import replace_build
