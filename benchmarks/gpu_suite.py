@@ -296,9 +296,9 @@ def report(res: Path) -> str:
         (
             f"{len(ab['finished'])} of {ab['runs']} runs finished, {len(ab['new'])} in this chunk; "
             + (
-                "every run done: the report is ablation/report.md"
+                "every run done: the report is report.md in the record (ablation.tgz)"
                 if ab["report"]
-                else f"left: {', '.join(ab['left'])} (carry ablation/ back for the next chunk)"
+                else f"left: {', '.join(ab['left'])} (collect ablation.tgz, carry runs/ablation-gpu to the next chunk)"
             )
         )
         if ab

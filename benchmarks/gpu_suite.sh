@@ -4,6 +4,7 @@
 #   bash benchmarks/gpu_suite.sh [--tiny] STAGE...        # stages run in the order given, each timed
 #   bash benchmarks/gpu_suite.sh --tiny all               # the CPU rehearsal: every stage at tiny shapes, then report
 #   bash benchmarks/gpu_suite.sh report                   # the markdown table from what the stages wrote
+#   bash benchmarks/gpu_suite.sh [--tiny] collect DIR     # here, what a call sent back (DIR: the run's files_at)
 #
 # Stages (results in $OUT when set, else gpu-results/; scratch runs in $GPU_SUITE_WORK, default /tmp/gpu-suite):
 #   syncs      benchmarks/step_syncs.py on the device: host reads, syncs, copies in the non-logging steps (CUDA:
@@ -27,23 +28,26 @@
 #   finetune   pretrain finetune of the demo's export on the mr task, 3 seeds, timed (likewise)
 #   ablate     one chunk of `pretrain ablate configs/ablation-gpu.yaml` (runs/ablation-gpu): the runs that fit in
 #              GPU_SUITE_ABLATE_MINUTES (default 7; stopped a minute later), then the record of every finished run,
-#              without weights, in $OUT/ablation. Copied back to runs/ablation-gpu and carried to the next machine, it
-#              is where the next chunk goes on from (benchmarks/RESULTS.md says how)
+#              without weights, as ONE archive, $OUT/ablation.tgz. `collect FILES_AT` here unpacks it as
+#              runs/ablation-gpu; carried to the next machine, it is where the next chunk goes on from
 # On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/: fill .gpu
 # with `bash benchmarks/gpu_prepare.sh` on the machine that prepares the run.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 tiny=0
 stages=()
-for arg in "$@"; do
-  case "$arg" in
+from=""
+while [ $# -gt 0 ]; do
+  case "$1" in
     --tiny) tiny=1 ;;
     all) stages+=(syncs base128 base128c step base512 rtd nsp fp8 varlen local demo eval finetune ablate report) ;;
-    syncs|base128|base128c|step|base512|rtd|nsp|fp8|varlen|local|demo|eval|finetune|ablate|report) stages+=("$arg") ;;
-    *) echo "unknown stage or option: $arg (see the top of $0)" >&2; exit 2 ;;
+    syncs|base128|base128c|step|base512|rtd|nsp|fp8|varlen|local|demo|eval|finetune|ablate|report) stages+=("$1") ;;
+    collect) from=${2:?collect needs the directory of what a call sent back}; shift ;;
+    *) echo "unknown stage or option: $1 (see the top of $0)" >&2; exit 2 ;;
   esac
+  shift
 done
-[ ${#stages[@]} -gt 0 ] || { sed -n '2,33p' "$0"; exit 2; }
+[ ${#stages[@]} -gt 0 ] || [ -n "$from" ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }
 
 if [ -f .gpu/env.sh ] && command -v nvidia-smi >/dev/null && [[ ":${PYTHONPATH:-}:" != *":/tmp/site:"* ]]; then
   source .gpu/env.sh || exit 1
@@ -60,7 +64,7 @@ WORK=$(cd "$WORK" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # Every stage but the report needs DeepSpeed, the varlen stage pytest: on a machine without them, say so at once
 # rather than after the first stage has spent its minutes
-if [[ " ${stages[*]} " != " report " ]] && ! missing=$($PY -c "import deepspeed, pytest" 2>&1 >/dev/null); then
+if [ -z "$from" ] && [[ " ${stages[*]} " != " report " ]] && ! missing=$($PY -c "import deepspeed, pytest" 2>&1 >/dev/null); then
   echo "[gpu_suite] $PY cannot import what the stages need: ${missing##*$'\n'}" >&2
   echo "[gpu_suite] (a lent GPU machine gets them from .gpu: run 'bash benchmarks/gpu_prepare.sh' here before carrying it)" >&2
   exit 2
@@ -75,7 +79,8 @@ if [ $tiny = 1 ]; then
   demo=(tiny); finetune=(--seeds 1 --max-train 200 --epochs 1); eval=(--max-samples 64)
   local=(--shape tiny --seq 256 --batch 2 --repeats 2 --warmup 1)
   varlen=(--shapes padding --batch 8 --steps 1 --warmup 1 --repeats 2 --precision bf16)
-  ablate=(configs/ablation-tiny.yaml "output_dir=$WORK/ablation" launch.threads=1); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-5}
+  ablation_dir=$WORK/ablation
+  ablate=(configs/ablation-tiny.yaml "output_dir=$ablation_dir" launch.threads=1); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-5}
   ablate_grace=600  # a loaded CPU: the stop is for a GPU call's limit
 else
   corpus=$DATA/corpus/en-mix.train.jsonl
@@ -86,6 +91,7 @@ else
   demo=(default-gpu train.max_minutes=7); finetune=(--seeds 3); eval=()
   local=(--shape base --seq 1024 --batch 16 --repeats 7)
   varlen=(--shapes padding --repeats 5)
+  ablation_dir=runs/ablation-gpu  # the config's output_dir
   ablate=(configs/ablation-gpu.yaml); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-7}; ablate_grace=60
 fi
 [ $gpu = 1 ] && step+=(--device cuda --compile) || step+=(--precision bf16)  # on a GPU the trainer compiles
@@ -113,6 +119,26 @@ run_demo() {
 }
 
 need_demo() { [ -f "$(demo_dir)/hf/config.json" ] || { echo "[gpu_suite] no demo run here: running it first" >&2; run_demo; }; }
+
+send_record() {  # the ablation's record as ONE archive in $OUT: a call returns at most 8 files, 2 folders down,
+  # with names of letters, digits, '.', '_', '-' alone; the record has dozens, 3 deep, named after arms (mlm+sop)
+  [ -n "${OUT:-}" ] || { echo "[gpu_suite] no \$OUT: the record stays in $ablation_dir"; return 0; }
+  tar czf "$OUT/.ablation.tgz.part" -C "$WORK/ablation-record" . && mv -f "$OUT/.ablation.tgz.part" "$OUT/ablation.tgz" ||
+    return 1
+  local bytes; bytes=$(stat -c %s "$OUT/ablation.tgz")
+  echo "[gpu_suite] the record of $ablation_dir: \$OUT/ablation.tgz, $bytes bytes"
+  [ "$bytes" -le $((16 * 1024 * 1024)) ] || { echo "[gpu_suite] over 16 MiB: it would not come back" >&2; return 1; }
+}
+
+collect() {  # collect DIR: what a call sent back (DIR: its files_at), unpacked here; its ablation record becomes
+  # $ablation_dir, which the next call carries and its ablate stage goes on from
+  local from=$1
+  [ -d "$from" ] || { echo "[gpu_suite] collect: no directory $from" >&2; return 2; }
+  if [ -f "$from/ablation.tgz" ]; then
+    rm -rf "$ablation_dir" && mkdir -p "$ablation_dir" && tar xzf "$from/ablation.tgz" -C "$ablation_dir" || return 1
+    echo "[gpu_suite] the ablation record is in $ablation_dir: carry it with .gpu to the next ablate call" >&2
+  fi
+}
 
 stage() {
   case "$1" in
@@ -154,8 +180,9 @@ stage() {
       timeout "$(awk "BEGIN {print $ablate_minutes * 60 + $ablate_grace}")" \
         $PY -m pretrain.cli ablate "${ablate[@]}" --within-minutes "$ablate_minutes"
       local rc=$?
-      rm -rf "$RES/ablation"
-      $PY -m pretrain.cli ablate "${ablate[@]}" --copy-record "$RES/ablation" || return $?
+      rm -rf "$WORK/ablation-record"
+      $PY -m pretrain.cli ablate "${ablate[@]}" --copy-record "$WORK/ablation-record" || return $?
+      send_record || return $?
       $PY benchmarks/gpu_suite.py ablation-progress --before "$WORK/ablate-before.json" --json "$RES/ablate.json" \
         "${ablate[@]}" || return $?
       return $rc ;;
@@ -163,6 +190,7 @@ stage() {
   esac
 }
 
+if [ -n "$from" ]; then collect "$from"; exit $?; fi
 status=0
 for s in "${stages[@]}"; do
   if [ "$s" = report ]; then stage report || status=1; continue; fi

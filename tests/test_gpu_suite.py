@@ -4,9 +4,11 @@ which stage failed, and the script refuses an unknown stage."""
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
+import tarfile
 from pathlib import Path
 
 import pytest
@@ -149,7 +151,7 @@ def test_report_reads_every_stage(tmp_path):
     assert "ours 0 (reads, syncs, copies of Python data), DeepSpeed's syncs 0" in table
     assert "(3 steps after the first x 2 micro-batches per run)" in table and "mode 'error' held" in table
     assert "### base512" in table and "### step" in table
-    assert "3 of 4 runs finished, 1 in this chunk; left: rtd-seed2 (carry ablation/ back" in table
+    assert "3 of 4 runs finished, 1 in this chunk; left: rtd-seed2 (collect ablation.tgz, carry" in table
 
 
 def test_report_names_a_failed_stage_and_the_script_refuses_unknown_ones(tmp_path):
@@ -178,31 +180,61 @@ def test_a_python_without_deepspeed_stops_the_suite_before_its_first_stage(tmp_p
     assert not list(out.glob("base128*"))  # no stage ran
 
 
+def _returns(out: Path) -> list[str]:
+    """What a lent machine sends back of $OUT, asserting its limits: at most 8 files, 16 MiB each, 64 MiB in all, no
+    more than 2 folders down, names of letters, digits, '.', '_' and '-' alone."""
+    files = sorted(p for p in out.rglob("*") if p.is_file())
+    for path in out.rglob("*"):
+        rel = path.relative_to(out)
+        assert all(re.fullmatch(r"[A-Za-z0-9._-]+", part) for part in rel.parts), rel
+        assert len(rel.parts) <= (3 if path.is_file() else 2), rel
+    assert len(files) <= 8, files
+    assert all(p.stat().st_size <= 16 << 20 for p in files) and sum(p.stat().st_size for p in files) <= 64 << 20
+    return [str(p.relative_to(out)) for p in files]
+
+
+def _members(archive: Path) -> list[str]:
+    with tarfile.open(archive) as tar:
+        return [m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()]
+
+
 @pytest.mark.slow
 def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(tmp_path):
     """A lent GPU machine starts bare and keeps nothing: a chunk of the ablation sends back the record of its finished
-    runs ($OUT/ablation, no weights), which the next machine gets as the ablation directory and goes on from."""
+    runs ($OUT/ablation.tgz, one archive without weights: the record's dozens of files, 3 folders deep, named after
+    arms such as mlm+sop, would not come back as files), which `collect` unpacks here as the ablation directory
+    that the next machine gets and goes on from."""
     work = tmp_path / "work"
+    env = {**os.environ, "PY": sys.executable, "GPU_SUITE_WORK": str(work)}
 
     def chunk(out: Path, minutes: str) -> dict:
-        env = {**os.environ, "PY": sys.executable, "GPU_SUITE_WORK": str(work), "OUT": str(out)}
-        env["GPU_SUITE_ABLATE_MINUTES"] = minutes
+        env_chunk = env | {"OUT": str(out), "GPU_SUITE_ABLATE_MINUTES": minutes}
         proc = subprocess.run(
-            ["bash", str(SCRIPT), "--tiny", "ablate"], env=env, capture_output=True, text=True, timeout=600
+            ["bash", str(SCRIPT), "--tiny", "ablate"], env=env_chunk, capture_output=True, text=True, timeout=600
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
+        assert "ablation.tgz" in _returns(out)
         return json.loads((out / "ablate.json").read_text())
 
     first = chunk(tmp_path / "out1", "0.005")  # the first run always starts; the others, judged by it, do not fit
     assert (first["finished"], first["left"], first["report"]) == (["mlm"], ["span", "none"], False)
-    record = tmp_path / "out1" / "ablation"
-    assert (record / "arms" / "mlm" / "state.json").is_file() and not list(record.rglob("*.safetensors"))
+    record = _members(tmp_path / "out1" / "ablation.tgz")
+    assert "arms/mlm/state.json" in record and not [m for m in record if m.endswith(".safetensors")]
     shutil.rmtree(work / "ablation")  # the next machine has only what came back
-    shutil.copytree(record, work / "ablation")
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--tiny", "collect", str(tmp_path / "out1")],
+        env=env | {"GPU_SUITE_RESULTS": str(tmp_path / "collected")},
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert (work / "ablation" / "arms" / "mlm" / "state.json").is_file()
     second = chunk(tmp_path / "out2", "30")
     assert (second["new"], second["left"], second["report"]) == (["span", "none"], [], True)
-    assert "arm mlm: finished earlier, skipped" in (tmp_path / "out2" / "ablate.log").read_text()
-    assert (tmp_path / "out2" / "ablation" / "report.md").is_file()
+    log = (tmp_path / "out2" / "ablate.log").read_text()
+    assert "arm mlm: finished earlier, skipped" in log
+    assert "report.md" in _members(tmp_path / "out2" / "ablation.tgz")
 
 
 def test_a_variant_that_failed_to_compile_leaves_the_others_in_the_report(tmp_path):
