@@ -6,7 +6,8 @@
 #   bash benchmarks/gpu_suite.sh report                   # the markdown table from what the stages wrote
 #   bash benchmarks/gpu_suite.sh [--tiny] collect DIR     # here, what a call sent back (DIR: the run's files_at)
 #
-# Stages (results in $OUT when set, else gpu-results/; scratch runs in $GPU_SUITE_WORK, default /tmp/gpu-suite):
+# Stages (results in gpu-results/, or where $OUT is set in $GPU_SUITE_WORK/results, sent back as $OUT/results.tgz
+# and $OUT/report.md; scratch runs in $GPU_SUITE_WORK, default /tmp/gpu-suite):
 #   syncs      benchmarks/step_syncs.py on the device: host reads, syncs, copies in the non-logging steps (CUDA:
 #              under torch.cuda.set_sync_debug_mode("error"))
 #   base128    BERT-base, seq 128, batch 128: ours vs transformers' Trainer (eager); our MFU from metrics.jsonl
@@ -56,9 +57,11 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1
 export WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 DATA=${GPU_SUITE_DATA:-$([ -d .gpu/data ] && echo .gpu/data || echo ../shared/data)}
-RES=${OUT:-gpu-results}
 WORK=${GPU_SUITE_WORK:-/tmp/gpu-suite}
-mkdir -p "$RES" "$WORK"
+# The stages' files (3 each) gather in RES; a call sends back $OUT/results.tgz, all of them in one archive, and
+# $OUT/report.md: a call returns at most 8 files, and 3 stages' files were 9
+RES=${GPU_SUITE_RESULTS:-$([ -n "${OUT:-}" ] && echo "$WORK/results" || echo gpu-results)}
+mkdir -p "$RES" "$WORK" ${OUT:+"$OUT"}
 RES=$(cd "$RES" && pwd)
 WORK=$(cd "$WORK" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
@@ -130,14 +133,31 @@ send_record() {  # the ablation's record as ONE archive in $OUT: a call returns 
   [ "$bytes" -le $((16 * 1024 * 1024)) ] || { echo "[gpu_suite] over 16 MiB: it would not come back" >&2; return 1; }
 }
 
-collect() {  # collect DIR: what a call sent back (DIR: its files_at), unpacked here; its ablation record becomes
-  # $ablation_dir, which the next call carries and its ablate stage goes on from
+pack() {  # RES as ONE archive in $OUT, and the report beside it, after every stage: what a cut call sends back
+  [ -n "${OUT:-}" ] || return 0
+  tar czf "$OUT/.results.tgz.part" -C "$RES" . && mv -f "$OUT/.results.tgz.part" "$OUT/results.tgz"
+  $PY benchmarks/gpu_suite.py report "$RES" > "$OUT/.report.md.part" 2>&1
+  mv -f "$OUT/.report.md.part" "$OUT/report.md"
+}
+
+collect() {  # collect DIR: what a call sent back (DIR: its files_at), unpacked here: its results join RES (a stage
+  # it ran replaces that stage's earlier files), its ablation record becomes $ablation_dir, which the next call
+  # carries and its ablate stage goes on from; then the report of every call collected so far
   local from=$1
   [ -d "$from" ] || { echo "[gpu_suite] collect: no directory $from" >&2; return 2; }
+  if [ -f "$from/results.tgz" ]; then
+    local tmp; tmp=$(mktemp -d)
+    tar xzf "$from/results.tgz" -C "$tmp" || return 1
+    for st in "$tmp"/*.stage.json; do
+      [ -e "$st" ] && rm -f "$RES/$(basename "$st" .stage.json)".*
+    done
+    cp -R "$tmp"/. "$RES"/ && rm -rf "$tmp" || return 1
+  fi
   if [ -f "$from/ablation.tgz" ]; then
     rm -rf "$ablation_dir" && mkdir -p "$ablation_dir" && tar xzf "$from/ablation.tgz" -C "$ablation_dir" || return 1
     echo "[gpu_suite] the ablation record is in $ablation_dir: carry it with .gpu to the next ablate call" >&2
   fi
+  $PY benchmarks/gpu_suite.py report "$RES" | tee "$RES/report.md"
 }
 
 stage() {
@@ -186,7 +206,7 @@ stage() {
       $PY benchmarks/gpu_suite.py ablation-progress --before "$WORK/ablate-before.json" --json "$RES/ablate.json" \
         "${ablate[@]}" || return $?
       return $rc ;;
-    report) $PY benchmarks/gpu_suite.py report "$RES" ;;
+    report) $PY benchmarks/gpu_suite.py report "$RES" | tee "${OUT:-$RES}/report.md" ;;
   esac
 }
 
@@ -194,6 +214,7 @@ if [ -n "$from" ]; then collect "$from"; exit $?; fi
 status=0
 for s in "${stages[@]}"; do
   if [ "$s" = report ]; then stage report || status=1; continue; fi
+  rm -f "$RES/$s".*  # an earlier run's files of this stage would read as this run's
   echo "[gpu_suite] stage $s ($([ $tiny = 1 ] && echo tiny || echo full), $([ $gpu = 1 ] && echo GPU || echo CPU))" >&2
   start=$(now)
   stage "$s" > "$RES/$s.log" 2>&1
@@ -203,5 +224,6 @@ for s in "${stages[@]}"; do
     "$([ $tiny = 1 ] && echo true || echo false)" "$([ $gpu = 1 ] && echo true || echo false)" > "$RES/$s.stage.json"
   echo "[gpu_suite] stage $s: exit $rc in ${seconds%.*} s (log: $RES/$s.log)" >&2
   [ $rc = 0 ] || { status=1; tail -20 "$RES/$s.log" >&2; }
+  pack
 done
 exit $status

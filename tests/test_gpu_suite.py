@@ -126,7 +126,8 @@ def _write_results(res: Path, failed: str = "") -> None:
 
 
 def _report(res: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OUT": str(res), "PY": sys.executable}
+    env = {**os.environ, "GPU_SUITE_RESULTS": str(res), "PY": sys.executable}
+    env.pop("OUT", None)
     return subprocess.run(["bash", str(SCRIPT), "report"], env=env, capture_output=True, text=True, timeout=120)
 
 
@@ -177,7 +178,8 @@ def test_a_python_without_deepspeed_stops_the_suite_before_its_first_stage(tmp_p
     proc = subprocess.run(["bash", str(SCRIPT), "base128", "report"], env=env, capture_output=True, text=True)
     assert proc.returncode == 2
     assert "No module named 'einops'" in proc.stderr and "bash benchmarks/gpu_prepare.sh" in proc.stderr
-    assert not list(out.glob("base128*"))  # no stage ran
+    assert not out.exists() or not list(out.iterdir())  # no stage ran
+    assert not list((tmp_path / "work").rglob("base128*"))
 
 
 def _returns(out: Path) -> list[str]:
@@ -198,6 +200,27 @@ def _members(archive: Path) -> list[str]:
         return [m.name.removeprefix("./") for m in tar.getmembers() if m.isfile()]
 
 
+def test_a_call_sends_back_one_archive_and_the_report_within_the_limits(tmp_path):
+    """The CPU form of a call (three stages of 3 files each were 9 files, one over what a call returns): $OUT gets
+    results.tgz and report.md alone, rebuilt after every stage; `collect` unpacks the archive here and reports."""
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "PY": sys.executable, "GPU_SUITE_WORK": str(work)}
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--tiny", "local", "report"], env=env, capture_output=True, text=True, timeout=300
+    )
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert _returns(out) == ["report.md", "results.tgz"]
+    assert {"local.json", "local.log", "local.stage.json"} <= set(_members(out / "results.tgz"))
+    report = (out / "report.md").read_text()
+    assert "| local | sliding-window" in report and "tokens/s (fwd+bwd)" in report and report in proc.stdout
+    collected = tmp_path / "collected"
+    env = {**os.environ, "PY": sys.executable, "GPU_SUITE_RESULTS": str(collected), "GPU_SUITE_WORK": str(work)}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", str(SCRIPT), "collect", str(out)], env=env, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (collected / "local.json").is_file() and "| local | sliding-window" in proc.stdout
+
+
 @pytest.mark.slow
 def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(tmp_path):
     """A lent GPU machine starts bare and keeps nothing: a chunk of the ablation sends back the record of its finished
@@ -214,7 +237,8 @@ def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(t
         )
         assert proc.returncode == 0, proc.stderr[-3000:]
         assert "ablation.tgz" in _returns(out)
-        return json.loads((out / "ablate.json").read_text())
+        with tarfile.open(out / "results.tgz") as tar:
+            return json.load(tar.extractfile("./ablate.json"))
 
     first = chunk(tmp_path / "out1", "0.005")  # the first run always starts; the others, judged by it, do not fit
     assert (first["finished"], first["left"], first["report"]) == (["mlm"], ["span", "none"], False)
@@ -232,7 +256,8 @@ def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(t
     assert (work / "ablation" / "arms" / "mlm" / "state.json").is_file()
     second = chunk(tmp_path / "out2", "30")
     assert (second["new"], second["left"], second["report"]) == (["span", "none"], [], True)
-    log = (tmp_path / "out2" / "ablate.log").read_text()
+    with tarfile.open(tmp_path / "out2" / "results.tgz") as tar:
+        log = tar.extractfile("./ablate.log").read().decode()
     assert "arm mlm: finished earlier, skipped" in log
     assert "report.md" in _members(tmp_path / "out2" / "ablation.tgz")
 
