@@ -164,10 +164,9 @@ stage() {
   case "$1" in
     syncs)
       $PY benchmarks/step_syncs.py prepare --work "$WORK/syncs" &&
-      rm -rf "$WORK/syncs/runs" "$WORK/syncs/out" &&
-      $PY benchmarks/step_syncs.py run --work "$WORK/syncs" --out "$WORK/syncs/out" \
-        --runs mlm-fp32,mlm-bf16,span,rtd,plm,sop,unpadded,lamb,fp8,timers-on,allreduce-on &&
-      cp "$WORK/syncs/out/result-0.json" "$RES/syncs.json" ;;
+      rm -rf "$WORK/syncs/runs" &&
+      $PY benchmarks/step_syncs.py run --work "$WORK/syncs" --json "$RES/syncs.json" \
+        --runs mlm-fp32,mlm-bf16,span,rtd,plm,sop,unpadded,lamb,fp8,timers-on,allreduce-on ;;
     base128) tvh base128 "${base[@]}" --peers eager ;;
     base128c) tvh base128c "${base[@]}" --peers compile ;;
     step) $PY benchmarks/train_throughput.py "${step[@]}" --json "$RES/step.json" ;;

@@ -239,7 +239,42 @@ def probe_setting(probe: str | None):
         E.deepspeed_config, E.skip_single_rank_allreduce = saved
 
 
-def run(work: Path, names: list[str], sync_debug: str) -> dict:
+def probe_counters(counters: list, mode, ours_prefixes: tuple, cuda: bool) -> dict:
+    """What the counters see of reads and copies made on purpose in our files (and, on CUDA, whether
+    set_sync_debug_mode raises)."""
+    import torch
+
+    # The counters see what they count, in our files: a read (Packed.from_mask without the token count reads the
+    # mask back), and the two copies of Python data rtd made before its special ids became a buffer, compiled as
+    # if they were in objectives/.
+    from pretrain.model.padding import Packed
+
+    counters[0] = probe = Counters()
+    source = (
+        "def copies(x, ids):\n"
+        "    x[:, list(ids)] = float('-inf')\n"
+        "    return torch.tensor(list(ids), device=x.device)\n"
+    )
+    scope = {"torch": torch}
+    exec(compile(source, str(ROOT / "objectives" / "_probe.py"), "exec"), scope)
+    with mode:
+        Packed.from_mask(torch.tensor([[True, True, False]]), torch.float32)
+        scope["copies"](torch.zeros(2, 5), (1, 3))
+    probes = {k: sum(v.values()) for k, v in probe.summary(ours_prefixes).items() if k.endswith("_ours")}
+    if cuda:  # and set_sync_debug_mode raises where a torch operation synchronizes
+        torch.cuda.set_sync_debug_mode("error")
+        try:
+            torch.ones(1, device="cuda").item()
+            probes["cuda_sync_debug_raises"] = False
+        except RuntimeError:
+            probes["cuda_sync_debug_raises"] = True
+        finally:
+            torch.cuda.set_sync_debug_mode("default")
+    return probes
+
+
+def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None) -> dict:
+    """The runs, one after the other in this process; `save(result)` after each, with the runs so far."""
     import torch
 
     ours_prefixes = tuple(
@@ -288,35 +323,12 @@ def run(work: Path, names: list[str], sync_debug: str) -> dict:
 
     T.Trainer.train_step, T.Trainer.after_step = train_step, after_step
 
-    # The counters see what they count, in our files: a read (Packed.from_mask without the token count reads the
-    # mask back), and the two copies of Python data rtd made before its special ids became a buffer, compiled as
-    # if they were in objectives/.
-    from pretrain.model.padding import Packed
-
-    counters[0] = probe = Counters()
-    source = (
-        "def copies(x, ids):\n"
-        "    x[:, list(ids)] = float('-inf')\n"
-        "    return torch.tensor(list(ids), device=x.device)\n"
-    )
-    scope = {"torch": torch}
-    exec(compile(source, str(ROOT / "objectives" / "_probe.py"), "exec"), scope)
-    with mode:
-        Packed.from_mask(torch.tensor([[True, True, False]]), torch.float32)
-        scope["copies"](torch.zeros(2, 5), (1, 3))
-    probes = {k: sum(v.values()) for k, v in probe.summary(ours_prefixes).items() if k.endswith("_ours")}
-    if cuda:  # and set_sync_debug_mode raises where a torch operation synchronizes
-        torch.cuda.set_sync_debug_mode("error")
-        try:
-            torch.ones(1, device="cuda").item()
-            probes["cuda_sync_debug_raises"] = False
-        except RuntimeError:
-            probes["cuda_sync_debug_raises"] = True
-        finally:
-            torch.cuda.set_sync_debug_mode("default")
+    probes = probe_counters(counters, mode, ours_prefixes, cuda)
 
     world = int(os.environ.get("WORLD_SIZE", "1"))
     results = []
+    head = {"rank": int(os.environ.get("RANK", "0")), "world": world, "cuda": cuda}
+    head |= {"sync_debug": sync_debug if cuda else None, "probes": probes}
     for name in names:
         overrides, probe_kind = RUNS[name]
         counters[0] = Counters()
@@ -341,15 +353,8 @@ def run(work: Path, names: list[str], sync_debug: str) -> dict:
             {"run": name, "probe": probe_kind, "rc": code, "error": error, "steps": counted["steps"]}
             | counters[0].summary(ours_prefixes)
         )
-    rank = int(os.environ.get("RANK", "0"))
-    return {
-        "rank": rank,
-        "world": world,
-        "cuda": cuda,
-        "sync_debug": sync_debug if cuda else None,
-        "probes": probes,
-        "runs": results,
-    }
+        save(head | {"runs": results})
+    return head | {"runs": results}
 
 
 def main() -> None:
@@ -360,7 +365,8 @@ def main() -> None:
     p.add_argument("--docs", type=int, default=10)
     p.add_argument("--runs", default=",".join(RUNS), help=f"comma-separated, of: {', '.join(RUNS)}")
     p.add_argument("--sync-debug", default="error", choices=["error", "warn", "off"], help="CUDA only")
-    p.add_argument("--out", type=Path, help="also OUT/result-RANK.json (ranks share stdout)")
+    p.add_argument("--out", type=Path, help="also OUT/result-RANK.json, after every run (ranks share stdout)")
+    p.add_argument("--json", type=Path, help="rank 0's result alone, likewise (benchmarks/gpu_suite.sh's syncs.json)")
     p.add_argument("--local_rank", "--local-rank", type=int, help=argparse.SUPPRESS)  # the DeepSpeed launcher's
     a = p.parse_args()
     os.environ.setdefault("WANDB_MODE", "disabled")
@@ -371,10 +377,17 @@ def main() -> None:
     unknown = [n for n in names if n not in RUNS]
     if unknown:
         raise SystemExit(f"unknown runs {unknown}; known: {', '.join(RUNS)}")
-    result = run(a.work, names, a.sync_debug)
-    if a.out:
-        a.out.mkdir(parents=True, exist_ok=True)
-        (a.out / f"result-{result['rank']}.json").write_text(json.dumps(result))
+
+    def save(result: dict) -> None:  # after every run, whole or not at all: a stage cut by its timeout keeps them
+        paths = [a.out / f"result-{result['rank']}.json"] if a.out else []
+        paths += [a.json] if a.json and result["rank"] == 0 else []
+        for path in paths:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            tmp = path.with_name(f".{path.name}.tmp")
+            tmp.write_text(json.dumps(result))
+            os.replace(tmp, path)
+
+    result = run(a.work, names, a.sync_debug, save)
     print("RESULT " + json.dumps(result), flush=True)
 
 

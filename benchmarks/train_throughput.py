@@ -168,7 +168,8 @@ def sync(device):
         torch.cuda.synchronize()
 
 
-def bench_shape(shape: str, precision: str, args) -> list[dict]:
+def build_variants(shape: str, precision: str, args) -> tuple[int, dict, list[Variant]]:
+    """The shape's batch and variants, each with its model, optimizer and prepared batch."""
     layers, hidden, heads, inter, batch_size = SHAPES[shape]
     batch_size = args.batch or (GPU_BATCH if args.device == "cuda" else batch_size)
     base_cfg = ModelConfig(
@@ -202,30 +203,14 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
         runner = cls(cfg, args.device)
         prepared = runner.prepare(batch)  # before any timing
         variants.append(Variant(name, runner, make_optimizer(runner.model, args.device), bf16, prepared, []))
-    failed: dict[str, str] = {}  # a variant that fails (a compile on a new GPU) is left out; the others are timed
+    return batch_size, batch, variants
 
-    def attempt(v: Variant, steps: int) -> None:
-        if v.name in failed:
-            return
-        try:
-            for _ in range(steps):
-                v.step()
-        except Exception as err:  # noqa: BLE001 - reported in its row and the table
-            failed[v.name] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
-            print(f"{shape} {precision} {v.name} failed: {failed[v.name]}", file=sys.stderr, flush=True)
 
-    for v in variants:  # warm-up (allocator, oneDNN primitives, compilation)
-        attempt(v, args.warmup)
-    flops = {v.name: count_step_flops(v.step) for v in variants if "compile" not in v.name and v.name not in failed}
-    for _ in range(args.repeats):
-        for v in variants:
-            sync(args.device)
-            start = time.perf_counter()
-            attempt(v, args.steps)
-            sync(args.device)
-            v.times.append((time.perf_counter() - start) / args.steps)
-    real_tokens = int(batch["attention_mask"].sum())
-    timed = [v for v in variants if v.name not in failed]
+def shape_rows(shape: str, precision: str, variants, failed: dict, flops: dict, tokens: tuple, args) -> list[dict]:
+    """A row per variant timed so far (median of its repeats), then one per failed variant with its error.
+    tokens: the batch's size and its real (unpadded) tokens."""
+    batch_size, real_tokens = tokens
+    timed = [v for v in variants if v.name not in failed and v.times]
     reference = statistics.median(timed[0].times) if timed else float("nan")
     peak = device_peak_tflops(precision) if args.device == "cuda" else None
     compiled_flops = flops.get("ours unpadded" if shape == "padding" else "ours")
@@ -247,12 +232,50 @@ def bench_shape(shape: str, precision: str, args) -> list[dict]:
         row["tflops"] = step_flops / t / 1e12 if step_flops else float("nan")
         row["mfu"] = row["tflops"] / peak if peak else None
         rows.append(row)
-    rows += [
+    return rows + [
         {"shape": shape, "precision": precision, "variant": name, "batch": batch_size, "error": error}
         for name, error in failed.items()
     ]
+
+
+def bench_shape(shape: str, precision: str, args, save=lambda rows: None) -> list[dict]:
+    """The shape's variants, warmed up, then timed in alternation; `save(rows)` after every repeat."""
+    batch_size, batch, variants = build_variants(shape, precision, args)
+    failed: dict[str, str] = {}  # a variant that fails (a compile on a new GPU) is left out; the others are timed
+
+    def attempt(v: Variant, steps: int) -> None:
+        if v.name in failed:
+            return
+        try:
+            for _ in range(steps):
+                v.step()
+        except Exception as err:  # noqa: BLE001 - reported in its row and the table
+            failed[v.name] = f"{type(err).__name__}: {err}".splitlines()[0][:300]
+            print(f"{shape} {precision} {v.name} failed: {failed[v.name]}", file=sys.stderr, flush=True)
+
+    for v in variants:  # warm-up (allocator, oneDNN primitives, compilation)
+        attempt(v, args.warmup)
+    flops = {v.name: count_step_flops(v.step) for v in variants if "compile" not in v.name and v.name not in failed}
+    tokens = (batch_size, int(batch["attention_mask"].sum()))
+    for _ in range(args.repeats):
+        for v in variants:
+            sync(args.device)
+            start = time.perf_counter()
+            attempt(v, args.steps)
+            sync(args.device)
+            v.times.append((time.perf_counter() - start) / args.steps)
+        save(shape_rows(shape, precision, variants, failed, flops, tokens, args))
+    rows = shape_rows(shape, precision, variants, failed, flops, tokens, args)
     del variants
     return rows
+
+
+def write_json(path: Path, result: dict) -> None:
+    """Written whole or not at all (a temporary file renamed): a stage cut by its timeout keeps the last one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, path)
 
 
 def main():
@@ -275,10 +298,18 @@ def main():
     precisions = args.precision or ("bf16" if args.device == "cuda" else "both")
     precisions = ["fp32", "bf16"] if precisions == "both" else [precisions]
     command = "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]])
+    meta = {"command": command, "device": device_description(), "torch": torch.__version__}
+
+    def save(done: list[dict]) -> None:
+        if args.json:  # the rows so far: a stage cut by its timeout keeps every repeat it finished
+            write_json(args.json, {"meta": meta, "rows": done})
+
     rows = []
     for shape in args.shapes.split(","):
         for precision in precisions:
-            rows += bench_shape(shape, precision, args)
+            before = list(rows)
+            rows += bench_shape(shape, precision, args, lambda partial, before=before: save(before + partial))
+            save(rows)
             print(f"done {shape} {precision}", file=sys.stderr, flush=True)
     load = os.getloadavg() if hasattr(os, "getloadavg") else ("?",)
     print(
@@ -304,10 +335,6 @@ def main():
         if gpu:
             line += " - |" if r["mfu"] is None else f" {r['mfu']:.1%} |"
         print(line)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        meta = {"command": command, "device": device_description(), "torch": torch.__version__}
-        args.json.write_text(json.dumps({"meta": meta, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

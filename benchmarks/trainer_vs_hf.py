@@ -36,6 +36,7 @@ import argparse
 import importlib.util
 import json
 import math
+import os
 import statistics
 import subprocess
 import sys
@@ -221,7 +222,7 @@ def run_peer(a, work: Path, tok: Path, compile_: bool) -> dict:
     return result | {"process_s": time.time() - started}
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument(
         "--corpus",
@@ -249,9 +250,71 @@ def main() -> None:
     )
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--ours-overrides", nargs="*", default=[], help="extra key=value overrides for our runs")
-    p.add_argument("--json", type=Path, help="also write the runs and medians here")
+    p.add_argument("--json", type=Path, help="also write the runs and medians here (after every run: a cut keeps them)")
     p.add_argument("--verbose", action="store_true")
-    a = p.parse_args()
+    return p.parse_args()
+
+
+def rows_of(runs: dict[str, list[dict]], peak: float | None) -> list[dict]:
+    """Each variant's median over its repeats so far; the first variant is the reference of the ratios."""
+    rows = []
+    for name, results in runs.items():
+        tflops = statistics.median(r["tflops"] for r in results)
+        rows.append(
+            {
+                "run": name,
+                "tokens_per_s": statistics.median(r["tokens_per_s"] for r in results),
+                "per_repeat": [r["tokens_per_s"] for r in results],
+                "tflops": tflops,
+                "mfu": tflops / peak if peak else None,
+                "loss": statistics.median(r["loss"] for r in results) if all("loss" in r for r in results) else None,
+            }
+        )
+    for row in rows:
+        row["first_over_this"] = rows[0]["tokens_per_s"] / row["tokens_per_s"]
+    return rows
+
+
+def write_json(path: Path, result: dict) -> None:
+    """Written whole or not at all (a temporary file renamed): a stage cut by its timeout keeps the last one."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text(json.dumps(result, indent=1))
+    os.replace(tmp, path)
+
+
+def measure(a, work: Path, runs_dir: Path, tok: Path, shards: Path, peers: list[str], save) -> dict:
+    """The runs, alternated over the repeats (so load from other jobs hits every variant alike); `save(runs)` after
+    each. A run that fails ends the measurement: its message is saved with the runs before it, then raised."""
+    runs: dict[str, list[dict]] = {}
+
+    def one(name: str, fn, *args, **kw) -> None:
+        try:
+            result = fn(*args, **kw)
+        except SystemExit as err:
+            save(runs, error=f"{name}: {err}")
+            raise
+        runs.setdefault(name, []).append(result)
+        save(runs)
+
+    for repeat in range(a.repeats):
+        for objective in a.objectives.split(","):
+            one(f"ours {objective}", run_ours, a, runs_dir, tok, shards, objective, repeat)
+            if a.fp8:
+                one(f"ours {objective} fp8", run_ours, a, runs_dir, tok, shards, objective, repeat, fp8=True)
+        for peer in peers:
+            one("HF Trainer" + (" + compile" if peer == "compile" else ""), run_peer, a, work, tok, peer == "compile")
+        print(
+            f"repeat {repeat + 1}/{a.repeats}: "
+            + ", ".join(f"{k} {v[-1]['tokens_per_s']:,.0f}" for k, v in runs.items()),
+            file=sys.stderr,
+            flush=True,
+        )
+    return runs
+
+
+def main() -> None:
+    a = parse_args()
     peers = [] if a.peers == "none" else a.peers.split(",")
     if a.hf_compile and "compile" not in peers:
         peers.append("compile")
@@ -275,40 +338,6 @@ def main() -> None:
     from pretrain.train.flops import device_description, device_peak_tflops
 
     peak = device_peak_tflops("fp32" if a.fp32 else "bf16")
-    objectives = a.objectives.split(",")
-    runs: dict[str, list[dict]] = {}
-    for repeat in range(a.repeats):  # alternated, so load from other jobs hits every variant alike
-        for objective in objectives:
-            runs.setdefault(f"ours {objective}", []).append(run_ours(a, runs_dir, tok, shards, objective, repeat))
-            if a.fp8:
-                result = run_ours(a, runs_dir, tok, shards, objective, repeat, fp8=True)
-                runs.setdefault(f"ours {objective} fp8", []).append(result)
-        for peer in peers:
-            name = "HF Trainer" + (" + compile" if peer == "compile" else "")
-            runs.setdefault(name, []).append(run_peer(a, work, tok, peer == "compile"))
-        print(
-            f"repeat {repeat + 1}/{a.repeats}: "
-            + ", ".join(f"{k} {v[-1]['tokens_per_s']:,.0f}" for k, v in runs.items()),
-            file=sys.stderr,
-            flush=True,
-        )
-    rows = []
-    for name, results in runs.items():
-        rate = statistics.median(r["tokens_per_s"] for r in results)
-        tflops = statistics.median(r["tflops"] for r in results)
-        rows.append(
-            {
-                "run": name,
-                "tokens_per_s": rate,
-                "per_repeat": [r["tokens_per_s"] for r in results],
-                "tflops": tflops,
-                "mfu": tflops / peak if peak else None,
-                "loss": statistics.median(r["loss"] for r in results) if all("loss" in r for r in results) else None,
-            }
-        )
-    reference = rows[0]["tokens_per_s"]
-    for row in rows:
-        row["first_over_this"] = reference / row["tokens_per_s"]
     meta = {
         "shape": a.shape,
         "seq": a.seq,
@@ -324,11 +353,15 @@ def main() -> None:
         "ours_compiled": bool(a.compile or (not a.eager and torch.cuda.is_available())),
         "command": "python " + " ".join([Path(sys.argv[0]).as_posix(), *sys.argv[1:]]),
     }
-    table = format_table(meta, rows)
-    print("\n" + table)
-    if a.json:
-        a.json.parent.mkdir(parents=True, exist_ok=True)
-        a.json.write_text(json.dumps({"meta": meta, "rows": rows, "runs": runs}, indent=1))
+
+    def save(runs: dict, error: str | None = None) -> None:
+        if a.json:  # the repeats done so far; an error names the run that failed
+            done = min((len(v) for v in runs.values()), default=0)
+            extra = {"repeats_done": done} | ({"error": error[-3000:]} if error else {})
+            write_json(a.json, {"meta": meta | extra, "rows": rows_of(runs, peak), "runs": runs})
+
+    runs = measure(a, work, runs_dir, tok, shards, peers, save)
+    print("\n" + format_table(meta, rows_of(runs, peak)))
 
 
 def format_table(meta: dict, rows: list[dict]) -> str:
