@@ -89,6 +89,11 @@ def _load(path: Path):
     return json.loads(text)
 
 
+def _get(d, key: str):
+    """d[key] where d is a dict (a stage's JSON), else None."""
+    return d.get(key) if isinstance(d, dict) else None
+
+
 def _rate(x: float) -> str:
     return f"{x:,.0f}"
 
@@ -118,7 +123,7 @@ def report(res: Path) -> str:
     if not ran:
         return f"no stage has written to {res} yet"
     tiny = any(stages[s]["tiny"] for s in ran)
-    device = next((d["meta"]["device"] for d in data.values() if isinstance(d, dict) and "meta" in d), "?")
+    device = next((d["meta"]["device"] for d in data.values() if "device" in (_get(d, "meta") or {})), "?")
     out = [
         f"## GPU suite: {device}"
         + (" (--tiny: a rehearsal at tiny shapes; no figure here measures anything)" if tiny else "")
@@ -126,12 +131,16 @@ def report(res: Path) -> str:
     out += ["", "| stage | measurement | result | exit, seconds |", "|---|---|---|---|"]
 
     def line(stage: str, what: str, result: str) -> None:
+        """A stage cut at the suite's deadline or failed shows what it wrote before (after every repeat)."""
         st = stages[stage]
         done = f"{st['rc']}, {st['seconds']:.0f}" if st else "not run"
-        if st and st["rc"] != 0:
-            result = f"failed (see {stage}.log)"
-        elif not st or data.get(stage) is None:
-            result = result if st else "-"
+        if not st:
+            result = "-"
+        elif st.get("skipped"):
+            result, done = f"**skipped**: {st['skipped']}", "-"
+        elif st["rc"] != 0:
+            why = "stopped at the deadline" if st.get("deadline") else "failed"
+            result = f"**{why}** (see {stage}.log)" + (f"; what it wrote: {result}" if data.get(stage) else "")
         out.append(f"| {stage} | {what} | {result} | {done} |")
 
     def shape(stage: str, default: str) -> str:

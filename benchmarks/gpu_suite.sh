@@ -34,13 +34,17 @@
 # On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/: fill .gpu
 # with `bash benchmarks/gpu_prepare.sh` on the machine that prepares the run.
 set -uo pipefail
+suite_start=$(date +%s%3N)  # the deadline counts from here
 cd "$(dirname "$0")/.."
+self=$PWD/benchmarks/gpu_suite.sh
 tiny=0
 stages=()
 from=""
+inner=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --tiny) tiny=1 ;;
+    --in-stage) inner=$2; shift ;;  # the suite's own: one stage's body, in a child that the deadline can stop
     all) stages+=(syncs base128 base128c step base512 rtd nsp fp8 varlen local demo eval finetune ablate report) ;;
     syncs|base128|base128c|step|base512|rtd|nsp|fp8|varlen|local|demo|eval|finetune|ablate|report) stages+=("$1") ;;
     collect) from=${2:?collect needs the directory of what a call sent back}; shift ;;
@@ -48,7 +52,7 @@ while [ $# -gt 0 ]; do
   esac
   shift
 done
-[ ${#stages[@]} -gt 0 ] || [ -n "$from" ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }
+[ ${#stages[@]} -gt 0 ] || [ -n "$from$inner" ] || { awk 'NR > 1 && !/^#/ {exit} NR > 1' "$0"; exit 2; }
 
 if [ -f .gpu/env.sh ] && command -v nvidia-smi >/dev/null && [[ ":${PYTHONPATH:-}:" != *":/tmp/site:"* ]]; then
   source .gpu/env.sh || exit 1
@@ -67,7 +71,7 @@ WORK=$(cd "$WORK" && pwd)
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 # Every stage but the report needs DeepSpeed, the varlen stage pytest: on a machine without them, say so at once
 # rather than after the first stage has spent its minutes
-if [ -z "$from" ] && [[ " ${stages[*]} " != " report " ]] && ! missing=$($PY -c "import deepspeed, pytest" 2>&1 >/dev/null); then
+if [ -z "$from$inner" ] && [[ " ${stages[*]} " != " report " ]] && ! missing=$($PY -c "import deepspeed, pytest" 2>&1 >/dev/null); then
   echo "[gpu_suite] $PY cannot import what the stages need: ${missing##*$'\n'}" >&2
   echo "[gpu_suite] (a lent GPU machine gets them from .gpu: run 'bash benchmarks/gpu_prepare.sh' here before carrying it)" >&2
   exit 2
@@ -99,6 +103,17 @@ else
 fi
 [ $gpu = 1 ] && step+=(--device cuda --compile) || step+=(--precision bf16)  # on a GPU the trainer compiles
 [ $gpu = 1 ] && varlen+=(--device cuda --compile)  # compiled as the trainer runs there
+
+# GPU_SUITE_DEADLINE: seconds from the suite's start after which no stage runs (by default, on a GPU with $OUT set,
+# 560: a lent machine's command stops at 600 s, and whatever is still running then sends nothing back). A stage
+# starts only if what is left covers its first figure on an H100 (an estimate: the first repeat, or the whole of a
+# stage with none), else it is skipped, and the report says so; one that started is stopped (SIGTERM) before the
+# deadline, so that the files it wrote after each repeat go back with the report
+deadline=${GPU_SUITE_DEADLINE:-$([ $gpu = 1 ] && [ -n "${OUT:-}" ] && echo 560 || echo 0)}
+declare -A first=([syncs]=60 [base128]=150 [base128c]=180 [step]=120 [base512]=150 [rtd]=90 [nsp]=120 [fp8]=120
+  [varlen]=90 [local]=60 [demo]=330 [eval]=45 [finetune]=90 [ablate]=180)
+[ $tiny = 1 ] && for k in "${!first[@]}"; do first[$k]=5; done  # a tiny stage's figures take seconds
+pack_s=25  # a stage's stop (SIGTERM, then 10 s to SIGKILL) and the archive and report after it
 
 now() { date +%s%3N; }  # milliseconds
 since() { local ms=$(( $(now) - $1 )); printf '%d.%03d' $((ms / 1000)) $((ms % 1000)); }  # seconds since $1
@@ -196,8 +211,13 @@ stage() {
     ablate)  # a chunk: the runs that fit, then the record of every finished run (whatever the chunk's exit). A run
       # that overruns its estimate by $ablate_grace s is stopped (SIGTERM), so that the record goes back in the call
       $PY benchmarks/gpu_suite.py ablation-progress --json "$WORK/ablate-before.json" "${ablate[@]}" || return $?
-      timeout "$(awk "BEGIN {print $ablate_minutes * 60 + $ablate_grace}")" \
-        $PY -m pretrain.cli ablate "${ablate[@]}" --within-minutes "$ablate_minutes"
+      local minutes=$ablate_minutes limit=${GPU_SUITE_STAGE_LIMIT:-0} stop
+      stop=$(awk "BEGIN {print $minutes * 60 + $ablate_grace}")
+      if [ "$limit" -gt 0 ]; then  # the chunk, its grace and the record's copy (a minute) before the deadline
+        minutes=$(awk "BEGIN {m = ($limit - $ablate_grace - 60) / 60; m = m < $minutes ? m : $minutes; print m > 0.1 ? m : 0.1}")
+        stop=$(awk "BEGIN {s = $stop < $limit - 60 ? $stop : $limit - 60; print s > 1 ? s : 1}")
+      fi
+      timeout "$stop" $PY -m pretrain.cli ablate "${ablate[@]}" --within-minutes "$minutes"
       local rc=$?
       rm -rf "$WORK/ablation-record"
       $PY -m pretrain.cli ablate "${ablate[@]}" --copy-record "$WORK/ablation-record" || return $?
@@ -205,24 +225,52 @@ stage() {
       $PY benchmarks/gpu_suite.py ablation-progress --before "$WORK/ablate-before.json" --json "$RES/ablate.json" \
         "${ablate[@]}" || return $?
       return $rc ;;
-    report) $PY benchmarks/gpu_suite.py report "$RES" | tee "${OUT:-$RES}/report.md" ;;
+    report) $PY benchmarks/gpu_suite.py report "$RES" 2>&1 | tee "${OUT:-$RES}/report.md" ;;
   esac
 }
 
+status_json() {  # status_json STAGE RC SECONDS [EXTRA]: the stage's status file, which the report reads
+  printf '{"stage": "%s", "rc": %d, "seconds": %.1f, "tiny": %s, "gpu": %s%s}\n' "$1" "$2" "$3" \
+    "$([ $tiny = 1 ] && echo true || echo false)" "$([ $gpu = 1 ] && echo true || echo false)" "${4:-}" \
+    > "$RES/$1.stage.json"
+}
+
+run_stage() {  # run_stage STAGE: its body in a child, within what the deadline leaves; its log and status
+  local s=$1 limit=0 left rc start seconds cut=false
+  rm -f "$RES/$s".*  # an earlier run's files of this stage would read as this run's
+  if [ "$deadline" -gt 0 ]; then
+    left=$(( deadline - ($(now) - suite_start) / 1000 - pack_s ))
+    if [ "$left" -lt "${first[$s]}" ]; then
+      local why="$((left > 0 ? left : 0)) s left before the deadline (GPU_SUITE_DEADLINE=$deadline), it needs about ${first[$s]} s"
+      echo "[gpu_suite] stage $s skipped: $why" >&2
+      status_json "$s" 0 0 ", \"skipped\": \"$why\""
+      return 1
+    fi
+    limit=$left
+  fi
+  echo "[gpu_suite] stage $s ($([ $tiny = 1 ] && echo tiny || echo full), $([ $gpu = 1 ] && echo GPU || echo CPU))" \
+    "$([ $limit -gt 0 ] && echo "within $limit s")" >&2
+  start=$(now)
+  local child=(bash "$self" $([ $tiny = 1 ] && echo --tiny) --in-stage "$s")
+  if [ $limit -gt 0 ]; then
+    GPU_SUITE_STAGE_LIMIT=$limit timeout -k 10 "$limit" "${child[@]}" > "$RES/$s.log" 2>&1
+  else
+    "${child[@]}" > "$RES/$s.log" 2>&1
+  fi
+  rc=$?
+  seconds=$(since "$start")
+  [ $limit -gt 0 ] && { [ $rc = 124 ] || [ $rc = 137 ]; } && cut=true
+  status_json "$s" $rc "$seconds" ", \"deadline\": $cut"
+  echo "[gpu_suite] stage $s: exit $rc in ${seconds%.*} s$($cut && echo ", stopped at the deadline") (log: $RES/$s.log)" >&2
+  [ $rc = 0 ] || { tail -20 "$RES/$s.log" >&2; return 1; }
+}
+
+if [ -n "$inner" ]; then stage "$inner"; exit $?; fi
 if [ -n "$from" ]; then collect "$from"; exit $?; fi
 status=0
 for s in "${stages[@]}"; do
   if [ "$s" = report ]; then stage report || status=1; continue; fi
-  rm -f "$RES/$s".*  # an earlier run's files of this stage would read as this run's
-  echo "[gpu_suite] stage $s ($([ $tiny = 1 ] && echo tiny || echo full), $([ $gpu = 1 ] && echo GPU || echo CPU))" >&2
-  start=$(now)
-  stage "$s" > "$RES/$s.log" 2>&1
-  rc=$?
-  seconds=$(since "$start")
-  printf '{"stage": "%s", "rc": %d, "seconds": %.1f, "tiny": %s, "gpu": %s}\n' "$s" $rc "$seconds" \
-    "$([ $tiny = 1 ] && echo true || echo false)" "$([ $gpu = 1 ] && echo true || echo false)" > "$RES/$s.stage.json"
-  echo "[gpu_suite] stage $s: exit $rc in ${seconds%.*} s (log: $RES/$s.log)" >&2
-  [ $rc = 0 ] || { status=1; tail -20 "$RES/$s.log" >&2; }
+  run_stage "$s" || status=1
   pack
 done
 exit $status

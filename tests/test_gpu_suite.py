@@ -159,7 +159,11 @@ def test_report_names_a_failed_stage_and_the_script_refuses_unknown_ones(tmp_pat
     _write_results(tmp_path, failed="rtd")
     proc = _report(tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert "failed (see rtd.log) | 1, 42 |" in proc.stdout
+    assert (
+        "| rtd | rtd vs mlm: mini, seq 128, batch 128 | **failed** (see rtd.log); what it wrote: ours mlm"
+        in proc.stdout
+    )
+    assert "costs **2.00x** per token | 1, 42 |" in proc.stdout
     _write_results(tmp_path, failed="syncs-run")  # the stage ran, one of its runs raised
     table = _report(tmp_path).stdout
     assert "**failed: rtd** (their errors: syncs.json)" in table and "mode 'error' held" not in table
@@ -219,6 +223,42 @@ def test_a_call_sends_back_one_archive_and_the_report_within_the_limits(tmp_path
     proc = subprocess.run(["bash", str(SCRIPT), "collect", str(out)], env=env, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     assert (collected / "local.json").is_file() and "| local | sliding-window" in proc.stdout
+
+
+def test_the_deadline_stops_a_stage_and_skips_those_it_leaves_no_time(tmp_path):
+    """GPU_SUITE_DEADLINE (560 s on a GPU call): a stage running at the deadline is stopped, and what it wrote
+    before (its JSON, rewritten after every repeat) is in the report with the stop; a stage with too little time
+    left is skipped and the report says so; the archive and the report still go back."""
+    python = tmp_path / "python"  # the local stage writes its figures, then hangs; everything else is Python's
+    result = {"meta": {"shape": "tiny", "seq": 256, "batch": 2}, "rows": [], "ratio": 1.5}
+    result["rows"] = [{"arm": "global", "tokens_s": 100.0}, {"arm": "sliding", "tokens_s": 150.0}]
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = benchmarks/local_attention.py ]; then\n'
+        f"  echo '{json.dumps(result)}' > \"$RESULTS/local.json\"; exec sleep 120\n"
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {
+        **os.environ,
+        "OUT": str(out),
+        "PY": str(python),
+        "GPU_SUITE_WORK": str(work),
+        "RESULTS": str(work / "results"),
+    }
+    env["GPU_SUITE_DEADLINE"] = "40"  # 25 s of it for the stop and the archive: local gets 15, step none
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--tiny", "local", "step", "report"], env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 1, proc.stderr
+    assert "stage local: exit 124" in proc.stderr and "stopped at the deadline" in proc.stderr
+    report = (out / "report.md").read_text()
+    assert "**stopped at the deadline** (see local.log); what it wrote: sliding 150 vs global 100" in report
+    assert "| step | our trainer vs its own model step alone | **skipped**: " in report
+    assert "it needs about 5 s | - |" in report
+    assert _returns(out) == ["report.md", "results.tgz"]
 
 
 @pytest.mark.slow
