@@ -33,6 +33,20 @@
 #              runs/ablation-gpu; carried to the next machine, it is where the next chunk goes on from
 # On a GPU machine (see ../shared/gpu/README.md) it sources .gpu/env.sh and reads the data under .gpu/data/: fill .gpu
 # with `bash benchmarks/gpu_prepare.sh` on the machine that prepares the run.
+#
+# Calls: a session has 15 device minutes, the machine's start included, so one call of at most ~9 minutes. Each call
+# carries .gpu (and runs/ablation-gpu for ablate), runs `bash benchmarks/gpu_suite.sh STAGES report` with
+# timeout_s=600, and the suite stops itself at GPU_SUITE_DEADLINE (560 s; see below); then, here, `bash
+# benchmarks/gpu_suite.sh collect FILES_AT`. Minutes are estimates for an H100 from the stages' step counts, not yet
+# measured (syncs ~5: 11 runs, each compiled; base128, base128c, base512, nsp, fp8 ~5 each: 2 repeats of 2 runs,
+# ours compiled; step ~2; rtd ~4; varlen ~2.5; local ~1.5; demo ~5.5, eval ~0.5, finetune ~1.5), in this order:
+#   1. base128 step          ~7    the headline: ours vs the Trainer, and the trainer vs its own model step
+#   2. syncs varlen          ~7.5
+#   3. rtd nsp               ~9    (nsp's second repeat may meet the deadline: its first is reported)
+#   4. demo eval finetune    ~7.5  (one call: eval and finetune read the demo the same machine made)
+#   5. fp8 local             ~6.5
+#   6. base128c base512      ~9.5  (likewise base512)
+#   then `ablate` (a chunk per call, about 10) until the record holds report.md
 set -uo pipefail
 suite_start=$(date +%s%3N)  # the deadline counts from here
 cd "$(dirname "$0")/.."
@@ -91,8 +105,11 @@ if [ $tiny = 1 ]; then
   ablate_grace=600  # a loaded CPU: the stop is for a GPU call's limit
 else
   corpus=$DATA/corpus/en-mix.train.jsonl
-  # GPU_SUITE_REPEATS: fewer alternated repeats where a session's 30 device minutes would not hold every stage
-  tvh=(--vocab 30522 --steps 150 --warm 50 --repeats "${GPU_SUITE_REPEATS:-3}")
+  # GPU_SUITE_REPEATS: alternated repeats of each trainer_vs_hf.py stage (2: a call of ~9 minutes holds 2 such
+  # stages; 3 gives a true median where a call has the time)
+  tvh=(--vocab 30522 --steps 150 --warm 50 --repeats "${GPU_SUITE_REPEATS:-2}")
+  # gpu_prepare.sh's tokenizer of the corpus, carried in .gpu: not trained again on every bare machine
+  [ -f .gpu/tokenizer-30522/tokenizer.json ] && tvh+=(--tokenizer .gpu/tokenizer-30522)
   base=(--shape base --batch 128 --seq 128); base512=(--shape base --batch 32 --seq 512); mini=(--shape mini --batch 1024 --seq 128)
   step=(--shapes base --batch 128 --repeats 5)
   demo=(default-gpu train.max_minutes=7); finetune=(--seeds 3); eval=()
@@ -141,8 +158,8 @@ need_demo() { [ -f "$(demo_dir)/hf/config.json" ] || { echo "[gpu_suite] no demo
 send_record() {  # the ablation's record as ONE archive in $OUT: a call returns at most 8 files, 2 folders down,
   # with names of letters, digits, '.', '_', '-' alone; the record has dozens, 3 deep, named after arms (mlm+sop)
   [ -n "${OUT:-}" ] || { echo "[gpu_suite] no \$OUT: the record stays in $ablation_dir"; return 0; }
-  tar czf "$OUT/.ablation.tgz.part" -C "$WORK/ablation-record" . && mv -f "$OUT/.ablation.tgz.part" "$OUT/ablation.tgz" ||
-    return 1
+  tar czf "$OUT/.ablation.tgz.part" -C "$WORK/ablation-record" . || return 1
+  mv -f "$OUT/.ablation.tgz.part" "$OUT/ablation.tgz" || return 1
   local bytes; bytes=$(stat -c %s "$OUT/ablation.tgz")
   echo "[gpu_suite] the record of $ablation_dir: \$OUT/ablation.tgz, $bytes bytes"
   [ "$bytes" -le $((16 * 1024 * 1024)) ] || { echo "[gpu_suite] over 16 MiB: it would not come back" >&2; return 1; }
@@ -214,7 +231,8 @@ stage() {
       local minutes=$ablate_minutes limit=${GPU_SUITE_STAGE_LIMIT:-0} stop
       stop=$(awk "BEGIN {print $minutes * 60 + $ablate_grace}")
       if [ "$limit" -gt 0 ]; then  # the chunk, its grace and the record's copy (a minute) before the deadline
-        minutes=$(awk "BEGIN {m = ($limit - $ablate_grace - 60) / 60; m = m < $minutes ? m : $minutes; print m > 0.1 ? m : 0.1}")
+        minutes=$(awk "BEGIN {m = ($limit - $ablate_grace - 60) / 60; m = m < $minutes ? m : $minutes;
+          print m > 0.1 ? m : 0.1}")
         stop=$(awk "BEGIN {s = $stop < $limit - 60 ? $stop : $limit - 60; print s > 1 ? s : 1}")
       fi
       timeout "$stop" $PY -m pretrain.cli ablate "${ablate[@]}" --within-minutes "$minutes"
@@ -241,7 +259,8 @@ run_stage() {  # run_stage STAGE: its body in a child, within what the deadline 
   if [ "$deadline" -gt 0 ]; then
     left=$(( deadline - ($(now) - suite_start) / 1000 - pack_s ))
     if [ "$left" -lt "${first[$s]}" ]; then
-      local why="$((left > 0 ? left : 0)) s left before the deadline (GPU_SUITE_DEADLINE=$deadline), it needs about ${first[$s]} s"
+      local why="$((left > 0 ? left : 0)) s left before the deadline (GPU_SUITE_DEADLINE=$deadline)"
+      why+=", it needs about ${first[$s]} s"
       echo "[gpu_suite] stage $s skipped: $why" >&2
       status_json "$s" 0 0 ", \"skipped\": \"$why\""
       return 1
@@ -261,7 +280,8 @@ run_stage() {  # run_stage STAGE: its body in a child, within what the deadline 
   seconds=$(since "$start")
   [ $limit -gt 0 ] && { [ $rc = 124 ] || [ $rc = 137 ]; } && cut=true
   status_json "$s" $rc "$seconds" ", \"deadline\": $cut"
-  echo "[gpu_suite] stage $s: exit $rc in ${seconds%.*} s$($cut && echo ", stopped at the deadline") (log: $RES/$s.log)" >&2
+  echo "[gpu_suite] stage $s: exit $rc in ${seconds%.*} s$($cut && echo ", stopped at the deadline")" \
+    "(log: $RES/$s.log)" >&2
   [ $rc = 0 ] || { tail -20 "$RES/$s.log" >&2; return 1; }
 }
 

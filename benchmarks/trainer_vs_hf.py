@@ -57,10 +57,13 @@ def _env() -> dict:
     return single_process_env(WANDB_MODE="disabled", TOKENIZERS_PARALLELISM="false")
 
 
-def prepare(work: Path, corpus: Path, vocab: int) -> tuple[Path, Path]:
-    """Our tokenizer and shards of the corpus (kept in `work` between invocations)."""
-    tok, shards = work / "tokenizer", work / "shards"
+def prepare(work: Path, corpus: Path, vocab: int, tokenizer: Path | None = None) -> tuple[Path, Path]:
+    """Our tokenizer (`tokenizer` where given, else one trained into `work`) and shards of the corpus (both kept in
+    `work` between invocations)."""
+    tok, shards = tokenizer or work / "tokenizer", work / "shards"
     cli = [sys.executable, "-m", "pretrain.cli"]
+    if tokenizer and not (tok / "tokenizer.json").is_file():
+        raise SystemExit(f"--tokenizer {tok}: no tokenizer.json there")
     if not (tok / "tokenizer.json").is_file():
         subprocess.run(
             [*cli, "tokenizer", str(corpus), "--out", str(tok), "--vocab-size", str(vocab)], check=True, env=_env()
@@ -232,6 +235,9 @@ def parse_args() -> argparse.Namespace:
     p.add_argument("--work", type=Path, help="directory for tokenizer, shards and runs (default: a temporary one)")
     p.add_argument("--tag", default="", help="runs go to WORK/runs-TAG: several invocations share one tokenizer")
     p.add_argument("--vocab", type=int, default=30522)
+    p.add_argument(
+        "--tokenizer", type=Path, help="a tokenizer of the corpus made before (gpu_prepare.sh's): none trained here"
+    )
     p.add_argument("--shape", choices=sorted(SHAPES), default="mini")
     p.add_argument("--seq", type=int, default=128)
     p.add_argument("--batch", type=int, default=32)
@@ -332,7 +338,7 @@ def main() -> None:
     stale = sorted(str(d) for d in runs_dir.glob("ours-*") if d.is_dir())
     if stale:
         raise SystemExit(f"{runs_dir} already holds runs of an earlier benchmark ({', '.join(stale)}): another --tag")
-    tok, shards = prepare(work, a.corpus, a.vocab)
+    tok, shards = prepare(work, a.corpus, a.vocab, a.tokenizer.resolve() if a.tokenizer else None)
     import torch
 
     from pretrain.train.flops import device_description, device_peak_tflops
