@@ -107,64 +107,58 @@ def _timed(rows: list[dict]) -> list[dict]:
     return [r for r in rows if "error" not in r]
 
 
-def _rows(result: dict) -> dict[str, dict]:
-    return {r["run"]: r for r in result["rows"]}
+def _failed(d: dict, name: str = "") -> str:
+    """'failed' and the reason the stage's JSON recorded: a row's `error` (train_throughput.py) or meta's (a run
+    of trainer_vs_hf.py that failed ends the measurement), else that the run is missing."""
+    rows = [r for r in d.get("rows", []) if "error" in r and (not name or r.get("variant", r.get("run")) == name)]
+    if rows:
+        return f"failed: {rows[0]['error']}"
+    error = (d.get("meta") or {}).get("error")
+    return f"failed: {error.strip().splitlines()[-1]}" if error else "not measured"
 
 
-def report(res: Path) -> str:
-    spec = importlib.util.spec_from_file_location("trainer_vs_hf", ROOT / "benchmarks" / "trainer_vs_hf.py")
-    tvh = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(tvh)
-    format_table = tvh.format_table
+class Report:
+    """The results directory's files, read once; one method per stage line returns (what was measured, result).
+    Each reads only what it needs and says 'failed' where a row is missing: one stage's bad or partial file leaves
+    the others' lines."""
 
-    stages = {s: _load(res / f"{s}.stage.json") for s in STAGES}
-    data = {s: _load(res / f"{s}.json") for s in STAGES}
-    ran = [s for s in STAGES if stages[s]]
-    if not ran:
-        return f"no stage has written to {res} yet"
-    tiny = any(stages[s]["tiny"] for s in ran)
-    device = next((d["meta"]["device"] for d in data.values() if "device" in (_get(d, "meta") or {})), "?")
-    out = [
-        f"## GPU suite: {device}"
-        + (" (--tiny: a rehearsal at tiny shapes; no figure here measures anything)" if tiny else "")
-    ]
-    out += ["", "| stage | measurement | result | exit, seconds |", "|---|---|---|---|"]
+    def __init__(self, res: Path):
+        self.res, self.stages, self.data, self.unreadable = res, {}, {}, {}
+        for s in STAGES:
+            for kind, into in ((".stage.json", self.stages), (".json", self.data)):
+                try:
+                    into[s] = _load(res / f"{s}{kind}")
+                except (OSError, ValueError) as err:  # edited or cut by hand: the line says so
+                    into[s], self.unreadable[s] = None, f"{s}{kind} unreadable: {err}"
 
-    def line(stage: str, what: str, result: str) -> None:
-        """A stage cut at the suite's deadline or failed shows what it wrote before (after every repeat)."""
-        st = stages[stage]
-        done = f"{st['rc']}, {st['seconds']:.0f}" if st else "not run"
-        if not st:
-            result = "-"
-        elif st.get("skipped"):
-            result, done = f"**skipped**: {st['skipped']}", "-"
-        elif st["rc"] != 0:
-            why = "stopped at the deadline" if st.get("deadline") else "failed"
-            result = f"**{why}** (see {stage}.log)" + (f"; what it wrote: {result}" if data.get(stage) else "")
-        out.append(f"| {stage} | {what} | {result} | {done} |")
-
-    def shape(stage: str, default: str) -> str:
+    def shape(self, stage: str, default: str) -> str:
         """What the stage ran, from what it wrote: 'base, seq 128, batch 128'."""
-        m = data[stage]["meta"] if isinstance(data[stage], dict) else None
-        return f"{m['shape']}, seq {m['seq']}, batch {m['batch']}" if m else default
+        m = _get(self.data[stage], "meta") or {}
+        return f"{m['shape']}, seq {m['seq']}, batch {m['batch']}" if {"shape", "seq", "batch"} <= m.keys() else default
 
-    def versus(stage: str, what: str) -> None:
-        d = data[stage]
-        what = f"{shape(stage, what.split(': ')[0])}: {what.split(': ')[1]}" if ": " in what else what
+    def versus(self, stage: str, what: str) -> tuple[str, str]:
+        """trainer_vs_hf.py: its first row (ours) against its last (the peer), or what of them ran."""
+        what = f"{self.shape(stage, what.split(': ')[0])}: {what.split(': ')[1]}"
+        d = self.data[stage]
         if not d:
-            return line(stage, what, "-")
+            return what, "-"
         rows = d["rows"]
+        if len(rows) < 2:
+            done = "; ".join(f"{r['run']} {_rate(r['tokens_per_s'])} tokens/s{_mfu(r)}" for r in rows)
+            return what, (done + "; " if done else "") + f"the other run {_failed(d)}"
         ours, peer = rows[0], rows[-1]
-        line(
-            stage,
-            what,
+        return what, (
             f"{ours['run']} {_rate(ours['tokens_per_s'])} tokens/s ({ours['tflops']:.3g} TFLOP/s{_mfu(ours)}) vs "
             f"{peer['run']} {_rate(peer['tokens_per_s'])} ({peer['tflops']:.3g} TFLOP/s{_mfu(peer)}): "
-            f"**{peer['first_over_this']:.2f}x**",
+            f"**{peer['first_over_this']:.2f}x**"
         )
 
-    syncs = [data["syncs"]] if isinstance(data["syncs"], dict) else data["syncs"]  # one line per rank
-    if syncs:
+    def syncs(self) -> tuple[str, str]:
+        what = "host waits in the steps that do not log"
+        d = self.data["syncs"]
+        syncs = [d] if isinstance(d, dict) else d  # one line per rank
+        if not syncs:
+            return what, "-"
         r = syncs[0]
         normal = [x for x in r["runs"] if not x["probe"]]
         ours = sum(sum(x[k].values()) for x in normal for k in ("reads_ours", "h2d_ours", "syncs_ours"))
@@ -174,161 +168,243 @@ def report(res: Path) -> str:
         failed = [x["run"] for x in r["runs"] if x["rc"] != 0]
         debug = f"; CUDA sync debug mode '{r['sync_debug']}' held" if r["cuda"] and not failed else ""
         steps = max((x["steps"] for x in normal), default=0)
-        line(
-            "syncs",
-            f"host waits in the steps that do not log ({steps} steps after the first x 2 micro-batches per run)",
+        return (
+            f"{what} ({steps} steps after the first x 2 micro-batches per run)",
             f"{len(normal)} runs: ours {ours} (reads, syncs, copies of Python data), DeepSpeed's syncs {ds} "
             f"(with its throughput timer back on: {timers}){debug}"
             + (f"; **failed: {', '.join(failed)}** (their errors: syncs.json)" if failed else ""),
         )
-    else:
-        line("syncs", "host waits in the steps that do not log", "-")
-    versus("base128", "BERT-base, seq 128, batch 128: ours vs Trainer (eager)")
-    versus("base128c", "BERT-base, seq 128, batch 128: ours vs Trainer + torch.compile")
-    step, base = data["step"], data["base128"]
-    if step and base:
-        # the model step as the trainer ran it: compiled or not
-        variant = "ours + compile" if base["meta"].get("ours_compiled") else "ours"
-        timed = _timed(step["rows"])  # a variant that failed (its compile) falls back to the eager step
-        ours_step = next((r for r in timed if r["variant"] == variant), None) or next(
-            r for r in timed if r["variant"] == "ours"
-        )
-        hf_step = next(r for r in timed if r["variant"].startswith("HF"))
-        trainer = base["rows"][0]
-        line(
-            "step",
-            "our trainer vs its own model step alone (train_throughput.py, MLM+NSP, prepared batch)",
-            f"trainer {_rate(trainer['tokens_per_s'])} tokens/s vs model step ({ours_step['variant']}) "
-            f"{_rate(ours_step['tokens_s'])} "
-            f"(batch {ours_step['batch']}): the trainer at "
-            f"**{trainer['tokens_per_s'] / ours_step['tokens_s']:.0%}** of it; BertForPreTraining's step "
-            f"{_rate(hf_step['tokens_s'])}",
-        )
-    else:
-        line("step", "our trainer vs its own model step alone", "-")
-    versus("base512", "BERT-base, seq 512, batch 32: ours vs Trainer (eager)")
-    for stage, what in (
-        ("rtd", "rtd vs mlm: BERT-mini, seq 128, batch 1024"),
-        ("nsp", "NSP segment pairs (padded) vs packed MLM: BERT-base, seq 128, batch 128"),
-    ):
-        d = data[stage]
-        what = f"{what.split(': ')[0]}: {shape(stage, what.split(': ')[1])}"
-        if d:
-            a, b = d["rows"][0], d["rows"][1]
-            line(
-                stage,
-                what,
-                f"{a['run']} {_rate(a['tokens_per_s'])} vs {b['run']} {_rate(b['tokens_per_s'])} real tokens/s: "
-                f"{b['run']} costs **{a['tokens_per_s'] / b['tokens_per_s']:.2f}x** per token",
+
+    def step(self) -> tuple[str, str]:
+        what = "our trainer vs its own model step alone (train_throughput.py, MLM+NSP, prepared batch)"
+        step, base = self.data["step"], self.data["base128"]
+        if not step:
+            return what, "-"
+        timed = {r["variant"]: r for r in _timed(step["rows"])}
+        # the model step as the trainer ran it, compiled or not; a variant that failed (its compile) falls back
+        variant = "ours + compile" if (_get(base, "meta") or {}).get("ours_compiled") else "ours"
+        ours = timed.get(variant) or timed.get("ours")
+        hf = next((r for v, r in timed.items() if v.startswith("HF")), None)
+        trainer = base["rows"][0] if base and base.get("rows") else None
+        parts = []
+        if trainer and ours:
+            parts.append(
+                f"trainer {_rate(trainer['tokens_per_s'])} tokens/s vs model step ({ours['variant']}) "
+                f"{_rate(ours['tokens_s'])} (batch {ours['batch']}): the trainer at "
+                f"**{trainer['tokens_per_s'] / ours['tokens_s']:.0%}** of it"
             )
+        elif ours:
+            parts.append(f"model step ({ours['variant']}) {_rate(ours['tokens_s'])} tokens/s (batch {ours['batch']})")
+            parts.append(f"the trainer {'not measured (base128)' if not trainer else ''}".strip())
         else:
-            line(stage, what, "-")
-    fp8 = data["fp8"]
-    what = f"train.precision=fp8 vs bf16: {shape('fp8', 'BERT-base, seq 128, batch 128')}"
-    if fp8:
-        bf16, f8 = fp8["rows"][0], fp8["rows"][1]
+            parts.append(f"our model step {_failed(step, 'ours')}")
+        hf_name = "HF BertForPreTraining"
+        parts.append(
+            f"BertForPreTraining's step {_rate(hf['tokens_s'])}" if hf else f"{hf_name} {_failed(step, hf_name)}"
+        )
+        return what, "; ".join(parts)
+
+    def pair(self, stage: str, what: str) -> tuple[str, str]:
+        """rtd, nsp: the second objective's cost per token against the first's."""
+        what = f"{what.split(': ')[0]}: {self.shape(stage, what.split(': ')[1])}"
+        d = self.data[stage]
+        if not d:
+            return what, "-"
+        if len(d["rows"]) < 2:
+            return what, f"{_failed(d)} (of its two runs, {len(d['rows'])} measured)"
+        a, b = d["rows"][0], d["rows"][1]
+        return what, (
+            f"{a['run']} {_rate(a['tokens_per_s'])} vs {b['run']} {_rate(b['tokens_per_s'])} real tokens/s: "
+            f"{b['run']} costs **{a['tokens_per_s'] / b['tokens_per_s']:.2f}x** per token"
+        )
+
+    def fp8(self) -> tuple[str, str]:
+        what = f"train.precision=fp8 vs bf16: {self.shape('fp8', 'BERT-base, seq 128, batch 128')}"
+        d = self.data["fp8"]
+        if not d:
+            return what, "-"
+        if len(d["rows"]) < 2:
+            return what, f"fp8 {_failed(d)} (of its two runs, {len(d['rows'])} measured)"
+        bf16, f8 = d["rows"][0], d["rows"][1]
         loss = f"; final loss {f8['loss']:.3f} vs {bf16['loss']:.3f}" if f8.get("loss") and bf16.get("loss") else ""
-        line(
-            "fp8",
-            what,
+        return what, (
             f"fp8 {_rate(f8['tokens_per_s'])} vs bf16 {_rate(bf16['tokens_per_s'])} tokens/s: "
-            f"**{f8['tokens_per_s'] / bf16['tokens_per_s']:.2f}x**{loss}",
+            f"**{f8['tokens_per_s'] / bf16['tokens_per_s']:.2f}x**{loss}"
         )
-    else:
-        line("fp8", what, "-")
-    varlen = data["varlen"]
-    what = "unpadded encoder on flash's varlen kernel (parity tests, then 40% padding, BERT-mini, attn dropout 0)"
-    if varlen:
-        rate = {r["variant"]: r["tokens_s"] for r in _timed(varlen["rows"])}
-        padded, unpadded = rate["ours padded, attn dropout 0"], rate["ours unpadded, attn dropout 0"]
-        line(
-            "varlen",
-            what,
-            f"parity tests passed; unpadded {_rate(unpadded)} vs padded {_rate(padded)} tokens/s (fwd+bwd+AdamW): "
-            f"**{unpadded / padded:.2f}x** (with BERT's attention dropout, in the kernel too: "
-            f"{rate['ours unpadded'] / rate['ours padded']:.2f}x"
+
+    def varlen(self) -> tuple[str, str]:
+        what = "unpadded encoder on flash's varlen kernel (parity tests, then 40% padding, BERT-mini, attn dropout 0)"
+        d = self.data["varlen"]
+        if not d:
+            return what, "-"
+        rate = {r["variant"]: r["tokens_s"] for r in _timed(d["rows"])}
+
+        def ratio(a: str, b: str) -> str:
+            return (
+                f"{rate[a] / rate[b]:.2f}x" if a in rate and b in rate else f"{_failed(d, a if a not in rate else b)}"
+            )
+
+        pad0, unpad0 = "ours padded, attn dropout 0", "ours unpadded, attn dropout 0"
+        head = (
+            f"unpadded {_rate(rate[unpad0])} vs padded {_rate(rate[pad0])} tokens/s (fwd+bwd+AdamW): "
+            f"**{ratio(unpad0, pad0)}**"
+            if pad0 in rate and unpad0 in rate
+            else f"unpadded vs padded, attn dropout 0: {ratio(unpad0, pad0)}"
+        )
+        failed = [r for r in d["rows"] if "error" in r and r["variant"] not in (pad0, unpad0)]
+        return what, (
+            f"parity tests passed; {head} (with BERT's attention dropout, in the kernel too: "
+            f"{ratio('ours unpadded', 'ours padded')}"
             + (f"; compiled, with it: {_rate(rate['ours + compile'])}" if "ours + compile" in rate else "")
-            + "".join(f"; {r['variant']} failed: {r['error']}" for r in varlen["rows"] if "error" in r)
-            + ")",
+            + "".join(f"; {r['variant']} failed: {r['error']}" for r in failed)
+            + ")"
         )
-    else:
-        line("varlen", what, "-")
-    local = data["local"]
-    what = "sliding-window (128, every 3rd layer global) vs global attention, ModernBERT-style encoder"
-    if local:
-        m, rate = local["meta"], {r["arm"]: r["tokens_s"] for r in local["rows"]}
-        line(
-            "local",
-            f"{what}: {m['shape']}, seq {m['seq']}, batch {m['batch']}",
+
+    def local(self) -> tuple[str, str]:
+        what = "sliding-window (128, every 3rd layer global) vs global attention, ModernBERT-style encoder"
+        d = self.data["local"]
+        if not d:
+            return what, "-"
+        m, rate = d.get("meta") or {}, {r["arm"]: r["tokens_s"] for r in d.get("rows", [])}
+        if {"shape", "seq", "batch"} <= m.keys():
+            what = f"{what}: {m['shape']}, seq {m['seq']}, batch {m['batch']}"
+        if "sliding" not in rate or "global" not in rate or "ratio" not in d:
+            done = "; ".join(f"{arm} {_rate(r)} tokens/s" for arm, r in rate.items())
+            return what, (done + "; " if done else "") + "the other arm not measured"
+        return what, (
             f"sliding {_rate(rate['sliding'])} vs global {_rate(rate['global'])} tokens/s (fwd+bwd): "
-            f"**{local['ratio']:.2f}x**",
+            f"**{d['ratio']:.2f}x**"
         )
-    else:
-        line("local", what, "-")
-    demo = data["demo"]
-    if demo:
-        line(
-            "demo",
-            f"`make demo` ({demo['config']}), end to end",
+
+    def demo(self) -> tuple[str, str]:
+        demo = self.data["demo"]
+        if not demo:
+            return "`make demo`, end to end", "-"
+        return f"`make demo` ({demo['config']}), end to end", (
             f"{demo['seconds']:.0f} s, step {demo['steps']}/{demo['max_steps']}, {demo['tokens']:,} tokens "
             f"({_rate(demo['tokens_per_s_median'])} tokens/s"
             + (f", MFU {demo['mfu_median']:.1%}" if demo.get("mfu_median") is not None else "")
             + f"); MLM loss {demo['train_mlm_loss']:.2f} vs unigram entropy {demo['train_unigram_entropy']:.2f} "
             f"on its corpus; held-out ({Path(demo['heldout']).name}) {demo['heldout_mlm_loss']:.2f} vs "
             f"{demo['heldout_unigram_cross_entropy']:.2f} from its corpus's frequencies (the text's own: "
-            f"{demo['heldout_unigram_entropy']:.2f}), accuracy {demo['heldout_accuracy']:.3f}",
+            f"{demo['heldout_unigram_entropy']:.2f}), accuracy {demo['heldout_accuracy']:.3f}"
         )
-    else:
-        line("demo", "`make demo`, end to end", "-")
-    ev = data["eval"]
-    line(
-        "eval",
-        "`pretrain eval` of the demo's export, en-mix.valid",
-        f"{ev['seconds']:.0f} s, {ev['samples']} sequences, accuracy {ev['accuracy']:.3f}, loss {ev['loss']:.2f}"
-        if ev
-        else "-",
-    )
-    ft = data["finetune"]
-    if ft:
+
+    def eval(self) -> tuple[str, str]:
+        ev = self.data["eval"]
+        return "`pretrain eval` of the demo's export, en-mix.valid", (
+            f"{ev['seconds']:.0f} s, {ev['samples']} sequences, accuracy {ev['accuracy']:.3f}, loss {ev['loss']:.2f}"
+            if ev
+            else "-"
+        )
+
+    def finetune(self) -> tuple[str, str]:
+        ft = self.data["finetune"]
+        if not ft:
+            return "`pretrain finetune` of the demo's export", "-"
         s = ft["summary"][ft["main_metric"]]
-        line(
-            "finetune",
-            f"`pretrain finetune` of the demo's export, {ft['task']}",
-            f"{ft['seconds']:.0f} s, {ft['main_metric']} {s['mean']:.3f} +- {s['std']:.3f} over seeds {ft['seeds']}",
+        return f"`pretrain finetune` of the demo's export, {ft['task']}", (
+            f"{ft['seconds']:.0f} s, {ft['main_metric']} {s['mean']:.3f} +- {s['std']:.3f} over seeds {ft['seeds']}"
         )
-    else:
-        line("finetune", "`pretrain finetune` of the demo's export", "-")
-    ab = data["ablate"]
-    line(
-        "ablate",
-        f"`pretrain ablate {ab['config']}`, one chunk (--within-minutes)" if ab else "`pretrain ablate`, one chunk",
-        (
-            f"{len(ab['finished'])} of {ab['runs']} runs finished, {len(ab['new'])} in this chunk; "
-            + (
-                "every run done: the report is report.md in the record (ablation.tgz)"
-                if ab["report"]
-                else f"left: {', '.join(ab['left'])} (collect ablation.tgz, carry runs/ablation-gpu to the next chunk)"
-            )
+
+    def ablate(self) -> tuple[str, str]:
+        ab = self.data["ablate"]
+        if not ab:
+            return "`pretrain ablate`, one chunk", "-"
+        left = (
+            "every run done: the report is report.md in the record (ablation.tgz)"
+            if ab["report"]
+            else f"left: {', '.join(ab['left'])} (collect ablation.tgz, carry runs/ablation-gpu to the next chunk)"
         )
-        if ab
-        else "-",
-    )
-    for stage in ("base128", "base128c", "base512", "rtd", "nsp", "fp8"):
-        if data[stage]:
-            out += ["", f"### {stage}", "", f"`{data[stage]['meta']['command']}`", ""]
-            out.append(format_table(data[stage]["meta"], data[stage]["rows"]))
-    if step:
-        out += ["", "### step", "", f"`{step['meta']['command']}`", ""]
-        out += ["| variant | batch | step (ms) | tokens/s | TFLOP/s | MFU |", "|---|---|---:|---:|---:|---:|"]
-        for r in step["rows"]:
-            if "error" in r:
-                out.append(f"| {r['shape']} {r['variant']} | {r['batch']} | failed: {r['error']} | | | |")
-                continue
-            mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
-            out.append(
-                f"| {r['shape']} {r['variant']} | {r['batch']} | {1000 * r['step_s']:.1f} | {_rate(r['tokens_s'])} "
-                f"| {r['tflops']:.3g} | {mfu} |"
-            )
+        return f"`pretrain ablate {ab['config']}`, one chunk (--within-minutes)", (
+            f"{len(ab['finished'])} of {ab['runs']} runs finished, {len(ab['new'])} in this chunk; {left}"
+        )
+
+    def lines(self) -> list[tuple[str, str, str]]:
+        """(stage, what, result) per stage; a line that cannot be read from its file says why, the others stay."""
+        readers = {
+            "syncs": self.syncs,
+            "base128": lambda: self.versus("base128", "BERT-base, seq 128, batch 128: ours vs Trainer (eager)"),
+            "base128c": lambda: self.versus(
+                "base128c", "BERT-base, seq 128, batch 128: ours vs Trainer + torch.compile"
+            ),
+            "step": self.step,
+            "base512": lambda: self.versus("base512", "BERT-base, seq 512, batch 32: ours vs Trainer (eager)"),
+            "rtd": lambda: self.pair("rtd", "rtd vs mlm: BERT-mini, seq 128, batch 1024"),
+            "nsp": lambda: self.pair("nsp", "NSP segment pairs (padded) vs packed MLM: BERT-base, seq 128, batch 128"),
+            "fp8": self.fp8,
+            "varlen": self.varlen,
+            "local": self.local,
+            "demo": self.demo,
+            "eval": self.eval,
+            "finetune": self.finetune,
+            "ablate": self.ablate,
+        }
+        out = []
+        for stage in STAGES:
+            try:
+                what, result = readers[stage]()
+            except Exception as err:  # noqa: BLE001 - a file of another shape than this report reads: said in its line
+                what, result = "", f"{stage}.json not readable here ({type(err).__name__}: {err})"
+            if stage in self.unreadable:
+                result = self.unreadable[stage]
+            out.append((stage, what, result))
+        return out
+
+    def details(self, format_table) -> list[str]:
+        """The per-run tables under the summary: trainer_vs_hf.py's stages, then the model step's variants."""
+        out = []
+        for stage in ("base128", "base128c", "base512", "rtd", "nsp", "fp8"):
+            d = self.data[stage]
+            if d and d.get("rows"):
+                out += ["", f"### {stage}", "", f"`{d['meta']['command']}`", ""]
+                out.append(format_table(d["meta"], d["rows"]))
+        step = self.data["step"]
+        if step:
+            out += ["", "### step", "", f"`{step['meta']['command']}`", ""]
+            out += ["| variant | batch | step (ms) | tokens/s | TFLOP/s | MFU |", "|---|---|---:|---:|---:|---:|"]
+            for r in step["rows"]:
+                if "error" in r:
+                    out.append(f"| {r['shape']} {r['variant']} | {r['batch']} | failed: {r['error']} | | | |")
+                    continue
+                mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+                out.append(
+                    f"| {r['shape']} {r['variant']} | {r['batch']} | {1000 * r['step_s']:.1f} "
+                    f"| {_rate(r['tokens_s'])} | {r['tflops']:.3g} | {mfu} |"
+                )
+        return out
+
+
+def report(res: Path) -> str:
+    spec = importlib.util.spec_from_file_location("trainer_vs_hf", ROOT / "benchmarks" / "trainer_vs_hf.py")
+    tvh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tvh)
+    r = Report(res)
+    ran = [s for s in STAGES if r.stages[s]]
+    if not ran:
+        return f"no stage has written to {res} yet"
+    tiny = any(r.stages[s].get("tiny") for s in ran)
+    device = next((d["meta"]["device"] for d in r.data.values() if "device" in (_get(d, "meta") or {})), "?")
+    out = [
+        f"## GPU suite: {device}"
+        + (" (--tiny: a rehearsal at tiny shapes; no figure here measures anything)" if tiny else "")
+    ]
+    out += ["", "| stage | measurement | result | exit, seconds |", "|---|---|---|---|"]
+    for stage, what, result in r.lines():
+        st = r.stages[stage]
+        done = f"{st['rc']}, {st['seconds']:.0f}" if st else "not run"
+        if not st:
+            result = "-"
+        elif st.get("skipped"):
+            result, done = f"**skipped**: {st['skipped']}", "-"
+        elif st["rc"] != 0:  # a stage stopped at the deadline or failed: what it wrote before (after every repeat)
+            why = "stopped at the deadline" if st.get("deadline") else "failed"
+            result = f"**{why}** (see {stage}.log)" + (f"; what it wrote: {result}" if r.data.get(stage) else "")
+        out.append(f"| {stage} | {what} | {result} | {done} |")
+    try:
+        out += r.details(tvh.format_table)
+    except Exception as err:  # noqa: BLE001 - the summary above stands without them
+        out += ["", f"(the per-run tables could not be written: {type(err).__name__}: {err})"]
     return "\n".join(out)
 
 

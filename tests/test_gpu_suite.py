@@ -256,7 +256,10 @@ def test_the_deadline_stops_a_stage_and_skips_those_it_leaves_no_time(tmp_path):
     assert "stage local: exit 124" in proc.stderr and "stopped at the deadline" in proc.stderr
     report = (out / "report.md").read_text()
     assert "**stopped at the deadline** (see local.log); what it wrote: sliding 150 vs global 100" in report
-    assert "| step | our trainer vs its own model step alone | **skipped**: " in report
+    assert (
+        "| step | our trainer vs its own model step alone (train_throughput.py, MLM+NSP, prepared batch) | **skipped**"
+        in report
+    )
     assert "it needs about 5 s | - |" in report
     assert _returns(out) == ["report.md", "results.tgz"]
 
@@ -317,3 +320,43 @@ def test_a_variant_that_failed_to_compile_leaves_the_others_in_the_report(tmp_pa
     assert "model step (ours) 409,600 (batch 128): the trainer at **98%**" in proc.stdout
     assert "in the kernel too: 1.20x; ours + compile failed: BackendCompilerFailed: boom)" in proc.stdout
     assert "| base ours + compile | 128 | failed: BackendCompilerFailed: boom |" in proc.stdout
+
+
+def test_a_missing_or_failed_row_reads_failed_and_the_other_lines_stay(tmp_path):
+    """Every line of the report reads only what it needs: a run or variant missing from its stage's file (it failed,
+    or the deadline stopped the stage before it) says 'failed' with the recorded reason, or 'not measured'; a file
+    of another shape says so in its line; no line takes the table down."""
+    _write_results(tmp_path)
+
+    def edit(stage: str, change) -> None:
+        path = tmp_path / f"{stage}.json"
+        result = json.loads(path.read_text())
+        change(result)
+        path.write_text(json.dumps(result))
+
+    oom = {"shape": "base", "variant": "HF BertForPreTraining", "batch": 128, "error": "OutOfMemoryError: CUDA"}
+    edit("step", lambda r: r.update(rows=[x for x in r["rows"] if not x["variant"].startswith("HF")] + [oom]))
+    edit("varlen", lambda r: r.update(rows=[x for x in r["rows"] if x["variant"] != "ours unpadded"]))
+    # trainer_vs_hf.py saved after our run, then the Trainer's failed: one row and meta.error
+    edit("base512", lambda r: (r.update(rows=r["rows"][:1]), r["meta"].update(error="HF Trainer: exit 1\nOOM")))
+    edit("rtd", lambda r: r.update(rows=r["rows"][:1]))
+    edit("local", lambda r: r.update(rows=r["rows"][:1]))
+    edit("finetune", lambda r: r.pop("summary"))
+    (tmp_path / "demo.json").write_text('{"seconds": ')  # cut mid-write by hand
+    proc = _report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    table = proc.stdout
+    assert len([line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]) == 14, table
+    assert "the trainer at **78%** of it; HF BertForPreTraining failed: OutOfMemoryError: CUDA" in table
+    assert "in the kernel too: not measured; compiled, with it: 200,000)" in table
+    assert "**1.50x** (with BERT's attention dropout" in table
+    assert "ours mlm 300,000 tokens/s, MFU 28.3%; the other run failed: OOM" in table
+    assert "| rtd | rtd vs mlm: mini, seq 128, batch 128 | not measured (of its two runs, 1 measured) |" in table
+    assert "global 100,000 tokens/s; the other arm not measured" in table
+    assert "finetune.json not readable here (KeyError: 'summary')" in table
+    assert "demo.json unreadable: " in table
+    assert "### base128" in table and "### step" in table
+    # the step stage without our model step: said, and BertForPreTraining's stays
+    edit("step", lambda r: r.update(rows=[x for x in r["rows"] if x["variant"] in ("HF BertForPreTraining",)]))
+    table = _report(tmp_path).stdout
+    assert "our model step not measured; HF BertForPreTraining failed: OutOfMemoryError: CUDA" in table
