@@ -44,6 +44,14 @@ for wheel in sorted(pathlib.Path(".gpu/extra").glob("*.whl")):
         print(wheel)
 PY
 ENV
+# The Trainer peer that prepare.sh copies, in its best configuration: logging_nan_inf_filter (default True) reads the
+# loss back to the host at every step to test it for nan/inf, a device sync per step that ours does not make
+peer=.gpu/peer_hf_trainer.py
+if [ -f "$peer" ] && ! grep -q logging_nan_inf_filter "$peer"; then
+  chmod u+w "$peer"
+  sed -i 's/dataloader_pin_memory=cuda)/dataloader_pin_memory=cuda, logging_nan_inf_filter=False)/' "$peer"
+  grep -q logging_nan_inf_filter=False "$peer" || echo "[gpu_prepare] $peer: logging_nan_inf_filter not set" >&2
+fi
 # The suite's 30522-word tokenizer of en-mix, made here once: on a bare machine every call trained it again (13 s)
 "${PY:-.venv/bin/python}" -m pretrain.cli tokenizer .gpu/data/corpus/en-mix.train.jsonl --out .gpu/tokenizer-30522 \
   --vocab-size 30522 >/dev/null

@@ -24,7 +24,8 @@ about 3% of a step's FLOPs at seq 128, 10% at 512).
 
 The peer in its best configuration: transformers' Trainer with BertForMaskedLM (sdpa attention),
 DataCollatorForLanguageModeling (15%, 80/10/10), torch's fused AdamW (`optim="adamw_torch_fused"`), bf16 autocast,
-4 loader workers and pinned memory on a GPU, the same learning rate and warm-up; `--peers compile` adds it under
+4 loader workers and pinned memory on a GPU, no per-step nan/inf check of the loss (`logging_nan_inf_filter=False`:
+its default reads the loss back every step), the same learning rate and warm-up; `--peers compile` adds it under
 torch.compile (`torch_compile=True`). Its blocks are the corpus tokenized with our tokenizer, cut into [CLS] +
 seq-2 tokens + [SEP], as our packing does. `--json` writes every run and the medians (benchmarks/gpu_suite.sh
 reads them).
@@ -190,11 +191,14 @@ class Clock(TrainerCallback):
             samples = (a["steps"] - a["warm"]) * a["batch"]
             print(json.dumps({"tokens_per_s": samples * a["seq"] / dt, "tflops": flops_per_sample * samples / dt / 1e12,
                               "timed_steps": a["steps"] - a["warm"], "timed_s": dt}), flush=True)
+# logging_nan_inf_filter (default True) tests every step's loss for nan/inf on the host, a device sync per step:
+# off, as a user tuning for speed would have it (ours reads the loss only at its log steps)
 args = TrainingArguments(output_dir=a["out"], per_device_train_batch_size=a["batch"], max_steps=a["steps"],
                          bf16=not a["fp32"], learning_rate=a["lr"], warmup_steps=a["warmup"], adam_beta2=0.98,
                          adam_epsilon=1e-6, weight_decay=0.01, max_grad_norm=1.0, save_strategy="no", report_to=[],
                          logging_steps=10**9, dataloader_num_workers=4 if cuda else 0, optim="adamw_torch_fused",
-                         torch_compile=a["compile"], use_cpu=not cuda, dataloader_pin_memory=cuda, seed=1234)
+                         torch_compile=a["compile"], use_cpu=not cuda, dataloader_pin_memory=cuda, seed=1234,
+                         logging_nan_inf_filter=False)
 Trainer(model=model, args=args, train_dataset=Blocks(), data_collator=collator, callbacks=[Clock()]).train()
 """
 
