@@ -120,6 +120,7 @@ def _write_results(res: Path, failed: str = "") -> None:
     bad = run | {"run": "rtd", "rc": int(failed == "syncs-run"), "error": "RuntimeError: called a synchronizing op"}
     syncs = {"rank": 0, "world": 1, "cuda": True, "sync_debug": "error", "runs": [run, bad, timers]}
     (res / "syncs.json").write_text(json.dumps(syncs) + "\n")
+    (res / "varlen.tests.txt").write_text("11 passed in 9.10s\n")
     for stage in [*files, "syncs"]:
         status = {"stage": stage, "rc": int(stage == failed), "seconds": 42.0, "tiny": False, "gpu": True}
         (res / f"{stage}.stage.json").write_text(json.dumps(status))
@@ -143,7 +144,8 @@ def test_report_reads_every_stage(tmp_path):
     # the trainer compiled (as on a GPU by default): 400,000 of the compiled model step's 512,000 tokens/s
     assert "model step (ours + compile) 512,000 (batch 128): the trainer at **78%**" in table
     assert "ours rtd costs **2.00x** per token" in table and "MFU 30.3%" in table
-    varlen = "unpadded 165,000 vs padded 110,000 tokens/s (fwd+bwd+AdamW): **1.50x** (with BERT's attention dropout"
+    varlen = "parity tests: 11 passed in 9.10s; unpadded 165,000 vs padded 110,000 tokens/s (fwd+bwd+AdamW): **1.50x**"
+    varlen += " (with BERT's attention dropout"
     assert varlen + ", in the kernel too: 1.20x; compiled, with it: 200,000)" in table
     assert "base, seq 1024, batch 16 | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
@@ -360,3 +362,36 @@ def test_a_missing_or_failed_row_reads_failed_and_the_other_lines_stay(tmp_path)
     edit("step", lambda r: r.update(rows=[x for x in r["rows"] if x["variant"] in ("HF BertForPreTraining",)]))
     table = _report(tmp_path).stdout
     assert "our model step not measured; HF BertForPreTraining failed: OutOfMemoryError: CUDA" in table
+
+
+def test_varlen_says_what_its_tests_did_and_fails_on_a_skip_on_a_gpu(tmp_path):
+    """The varlen line said 'parity tests passed' even where the CUDA tests skipped (a torch without the kernel's
+    window support): it now gives pytest's summary, and on a GPU a skip fails the stage."""
+    _write_results(tmp_path)
+    (tmp_path / "varlen.tests.txt").write_text("6 passed, 5 skipped in 2.00s\n")
+    status = {"stage": "varlen", "rc": 1, "seconds": 42.0, "tiny": False, "gpu": True}
+    (tmp_path / "varlen.stage.json").write_text(json.dumps(status))
+    table = _report(tmp_path).stdout
+    assert "| varlen | unpadded encoder" in table and "**failed** (see varlen.log); what it wrote: " in table
+    assert "parity tests: 6 passed, 5 skipped in 2.00s; unpadded" in table and "passed;" not in table
+    # the stage on a machine where nvidia-smi finds a GPU and the CUDA tests skip: it fails, saying why
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "nvidia-smi").write_text("#!/bin/sh\necho 'GPU 0: NVIDIA H100 80GB HBM3'\n")
+    python = bin_ / "python"  # the measurement is not what this checks: its file, at once
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = benchmarks/train_throughput.py ]; then\n'
+        '  echo \'{"meta": {}, "rows": []}\' > "$RESULTS/varlen.json"; exit 0\n'
+        "fi\n"
+        f'exec {sys.executable} "$@"\n'
+    )
+    for tool in bin_.iterdir():
+        tool.chmod(0o755)
+    work = tmp_path / "work"
+    env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PY": str(python), "GPU_SUITE_WORK": str(work)}
+    env |= {"GPU_SUITE_RESULTS": str(work / "results"), "RESULTS": str(work / "results"), "DS_ACCELERATOR": "cpu"}
+    env.pop("OUT", None)
+    proc = subprocess.run(["bash", str(SCRIPT), "varlen"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and "varlen: tests skipped on a GPU" in proc.stderr, proc.stderr
+    assert " skipped in " in (work / "results" / "varlen.tests.txt").read_text()
