@@ -118,6 +118,48 @@ class Counters:
         return out
 
 
+def patch_syncs(counters_ref: list, active: list, where) -> None:
+    """Count device synchronizations (DeepSpeed's accelerator's and torch.cuda's) and DeepSpeed's collectives while
+    `active[0]`, each at the first frame outside torch (`where`)."""
+    import torch
+
+    depth = [0]  # DeepSpeed's CUDA accelerator synchronizes through torch.cuda.synchronize: count it once
+
+    def counting(kind, original):
+        def wrapper(*args, **kwargs):
+            if active[0] and depth[0] == 0:
+                counters_ref[0].syncs[f"{where(sys._getframe(1))} {kind}"] += 1
+            depth[0] += 1
+            try:
+                return (
+                    original(*args, **kwargs) if kind != "torch.cuda.synchronize" or torch.cuda.is_available() else None
+                )
+            finally:
+                depth[0] -= 1
+
+        return wrapper
+
+    from deepspeed.accelerator import get_accelerator
+
+    accelerator = get_accelerator()
+    accelerator.synchronize = counting("accelerator.synchronize", accelerator.synchronize)  # the instance's
+    torch.cuda.synchronize = counting("torch.cuda.synchronize", torch.cuda.synchronize)
+
+    import deepspeed.comm as ds_comm
+
+    def collective(name, original):
+        def wrapper(*args, **kwargs):
+            if active[0]:
+                counters_ref[0].collectives[name] += 1
+            return original(*args, **kwargs)
+
+        return wrapper
+
+    for name in COLLECTIVES:
+        if hasattr(ds_comm, name):
+            setattr(ds_comm, name, collective(name, getattr(ds_comm, name)))
+
+
 def install(counters_ref: list, active: list):
     """Patch the counters in; `counters_ref[0]` is the Counters of the run being counted, `active[0]` whether a
     counted step is running. Returns the TorchFunctionMode to enter around counted steps."""
@@ -179,41 +221,7 @@ def install(counters_ref: list, active: list):
                 host[id(out)] = out
             return out
 
-    depth = [0]  # DeepSpeed's CUDA accelerator synchronizes through torch.cuda.synchronize: count it once
-
-    def counting(kind, original):
-        def wrapper(*args, **kwargs):
-            if active[0] and depth[0] == 0:
-                counters_ref[0].syncs[f"{where(sys._getframe(1))} {kind}"] += 1
-            depth[0] += 1
-            try:
-                return (
-                    original(*args, **kwargs) if kind != "torch.cuda.synchronize" or torch.cuda.is_available() else None
-                )
-            finally:
-                depth[0] -= 1
-
-        return wrapper
-
-    from deepspeed.accelerator import get_accelerator
-
-    accelerator = get_accelerator()
-    accelerator.synchronize = counting("accelerator.synchronize", accelerator.synchronize)  # the instance's
-    torch.cuda.synchronize = counting("torch.cuda.synchronize", torch.cuda.synchronize)
-
-    import deepspeed.comm as ds_comm
-
-    def collective(name, original):
-        def wrapper(*args, **kwargs):
-            if active[0]:
-                counters_ref[0].collectives[name] += 1
-            return original(*args, **kwargs)
-
-        return wrapper
-
-    for name in COLLECTIVES:
-        if hasattr(ds_comm, name):
-            setattr(ds_comm, name, collective(name, getattr(ds_comm, name)))
+    patch_syncs(counters_ref, active, where)
     return Mode()
 
 
@@ -273,18 +281,11 @@ def probe_counters(counters: list, mode, ours_prefixes: tuple, cuda: bool) -> di
     return probes
 
 
-def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None) -> dict:
-    """The runs, one after the other in this process; `save(result)` after each, with the runs so far."""
+def count_steps(mode, active: list, cuda: bool, sync_debug: str) -> dict:
+    """Wrap the trainer's step and after-step so that the counters (and, on CUDA, the sync debug mode) are on in the
+    steps that neither warm up nor log; returns the count of such steps, which the caller resets per run."""
     import torch
 
-    ours_prefixes = tuple(
-        os.path.join(str(ROOT.resolve()), d) + os.sep for d in ("pretrain", "objectives", "data_pipeline")
-    )
-    counters, active = [Counters()], [False]
-    mode = install(counters, active)
-    cuda = torch.cuda.is_available()
-
-    from pretrain.cli import main
     from pretrain.train import trainer as T
 
     counted = {"steps": 0}
@@ -322,6 +323,23 @@ def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None)
             return original_after(self, stopping)
 
     T.Trainer.train_step, T.Trainer.after_step = train_step, after_step
+    return counted
+
+
+def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None) -> dict:
+    """The runs, one after the other in this process; `save(result)` after each, with the runs so far."""
+    import torch
+
+    ours_prefixes = tuple(
+        os.path.join(str(ROOT.resolve()), d) + os.sep for d in ("pretrain", "objectives", "data_pipeline")
+    )
+    counters, active = [Counters()], [False]
+    mode = install(counters, active)
+    cuda = torch.cuda.is_available()
+
+    from pretrain.cli import main
+
+    counted = count_steps(mode, active, cuda, sync_debug)
 
     probes = probe_counters(counters, mode, ours_prefixes, cuda)
 
