@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import os
 import statistics
 import sys
@@ -42,6 +41,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from objectives import build_objectives
 from pretrain.core.batch import Batch
 from pretrain.core.config import ModelConfig
+from pretrain.core.files import write_json_atomic
 from pretrain.core.tokens import IGNORE_INDEX, SpecialTokens
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train.flops import count_step_flops, device_description, device_peak_tflops
@@ -270,14 +270,6 @@ def bench_shape(shape: str, precision: str, args, save=lambda rows: None) -> lis
     return rows
 
 
-def write_json(path: Path, result: dict) -> None:
-    """Written whole or not at all (a temporary file renamed): a stage cut by its timeout keeps the last one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
@@ -302,7 +294,8 @@ def main():
 
     def save(done: list[dict]) -> None:
         if args.json:  # the rows so far: a stage cut by its timeout keeps every repeat it finished
-            write_json(args.json, {"meta": meta, "rows": done})
+            args.json.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(args.json, {"meta": meta, "rows": done}, sync=False)
 
     rows = []
     for shape in args.shapes.split(","):

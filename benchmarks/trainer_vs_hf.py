@@ -38,7 +38,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import os
 import statistics
 import subprocess
 import sys
@@ -48,6 +47,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+from pretrain.core.files import write_json_atomic  # a stage cut by its timeout keeps the last one
 from pretrain.train.distributed import single_process_env
 
 # layers, hidden, heads, intermediate; tiny: the CPU rehearsal of benchmarks/gpu_suite.sh
@@ -300,14 +300,6 @@ def rows_of(runs: dict[str, list[dict]], peak: float | None) -> list[dict]:
     return rows
 
 
-def write_json(path: Path, result: dict) -> None:
-    """Written whole or not at all (a temporary file renamed): a stage cut by its timeout keeps the last one."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(json.dumps(result, indent=1))
-    os.replace(tmp, path)
-
-
 def measure(a, work: Path, runs_dir: Path, tok: Path, shards: Path, peers: list[str], save) -> dict:
     """The runs, alternated over the repeats (so load from other jobs hits every variant alike); `save(runs)` after
     each. A run that fails ends the measurement: its message is saved with the runs before it, then raised."""
@@ -383,7 +375,8 @@ def main() -> None:
         if a.json:  # the repeats done so far; an error names the run that failed
             done = min((len(v) for v in runs.values()), default=0)
             extra = {"repeats_done": done} | ({"error": error[-3000:]} if error else {})
-            write_json(a.json, {"meta": meta | extra, "rows": rows_of(runs, peak), "runs": runs})
+            a.json.parent.mkdir(parents=True, exist_ok=True)
+            write_json_atomic(a.json, {"meta": meta | extra, "rows": rows_of(runs, peak), "runs": runs}, sync=False)
 
     runs = measure(a, work, runs_dir, tok, shards, peers, save)
     print("\n" + format_table(meta, rows_of(runs, peak)))

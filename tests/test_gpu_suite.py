@@ -391,6 +391,8 @@ def test_varlen_says_what_its_tests_did_and_fails_on_a_skip_on_a_gpu(tmp_path):
     work = tmp_path / "work"
     env = {**os.environ, "PATH": f"{bin_}:{os.environ['PATH']}", "PY": str(python), "GPU_SUITE_WORK": str(work)}
     env |= {"GPU_SUITE_RESULTS": str(work / "results"), "RESULTS": str(work / "results"), "DS_ACCELERATOR": "cpu"}
+    # as after .gpu/env.sh (its site directory on the path): a checkout holding a .gpu is not set up again here
+    env["PYTHONPATH"] = f"/tmp/site:{os.environ.get('PYTHONPATH', '')}"
     env.pop("OUT", None)
     proc = subprocess.run(["bash", str(SCRIPT), "varlen"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "varlen: tests skipped on a GPU" in proc.stderr, proc.stderr
