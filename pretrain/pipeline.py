@@ -85,13 +85,7 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     paths = expand_inputs(d.corpus)
     if named is not None:
         _refuse_other_inputs(cfg, named, paths)
-    settings = dict(
-        text_field=d.text_field,
-        docs_per_shard=d.docs_per_shard,
-        on_bad=d.on_bad_document,
-        max_document_bytes=d.max_document_bytes,
-        text_documents=d.text_documents,
-    )
+    settings = _shard_settings(d)
     if (
         resuming is not None
         and (cfg.shards_dir / "manifest.json").is_file()
@@ -101,12 +95,28 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     else:
         manifest = build_shards(paths, cfg.tokenizer_dir, cfg.shards_dir, num_workers=d.num_workers, **settings)
     c = manifest["counts"]
-    skipped = ", ".join(f"{n} {why}" for why, n in c.get("skipped", {}).items() if n) or "none"
+    skipped = _skipped(c)
     say(
         f"shards: {c['documents']} documents, {c['sentences']} sentences, {c['tokens']} tokens in "
         f"{len(manifest['shards'])} shard(s) at {cfg.shards_dir} (skipped: {skipped})"
     )
     return manifest
+
+
+def _shard_settings(d) -> dict:
+    """The data.* settings a shard build takes (one corpus's, or each source's)."""
+    return dict(
+        text_field=d.text_field,
+        docs_per_shard=d.docs_per_shard,
+        on_bad=d.on_bad_document,
+        max_document_bytes=d.max_document_bytes,
+        text_documents=d.text_documents,
+    )
+
+
+def _skipped(counts: dict) -> str:
+    """A manifest's skipped documents by reason, for the summary line."""
+    return ", ".join(f"{n} {why}" for why, n in counts.get("skipped", {}).items() if n) or "none"
 
 
 def _named_shards(cfg: RunConfig) -> dict | None:
@@ -247,7 +257,7 @@ def _stage_source_shards(cfg: RunConfig, resuming: Path | None) -> dict:
         c = part["counts"]
         say(f"shards: source {name} (weight {weight:g}): {c['documents']} documents, {c['tokens']} tokens")
     c = manifest["counts"]
-    skipped = ", ".join(f"{n} {why}" for why, n in c.get("skipped", {}).items() if n) or "none"
+    skipped = _skipped(c)
     say(
         f"shards: {len(sources)} sources, {c['documents']} documents, {c['tokens']} tokens in "
         f"{len(manifest['shards'])} shard(s) at {out} (skipped: {skipped})"
@@ -264,13 +274,7 @@ def _build_sources(cfg: RunConfig, sources: list, resuming: Path | None) -> tupl
     from data_pipeline.shards import build_shards, shards_current
 
     d, out = cfg.data, cfg.shards_dir
-    settings = dict(
-        text_field=d.text_field,
-        docs_per_shard=d.docs_per_shard,
-        on_bad=d.on_bad_document,
-        max_document_bytes=d.max_document_bytes,
-        text_documents=d.text_documents,
-    )
+    settings = _shard_settings(d)
     built: dict[str, dict] = {}
     rebuilt: dict[str, Path] = {}  # source -> where it was built beside the run's shards
     try:
