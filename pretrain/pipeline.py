@@ -511,7 +511,7 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
     """tokenizer -> shards -> train -> export -> fill-mask demo; the tokenizer, shards and training are skipped where
     done (the export is made again)."""
     from pretrain.core.errors import UserError
-    from pretrain.train.distributed import any_rank, init_distributed
+    from pretrain.train.distributed import any_rank, init_distributed, rank0_alone
     from pretrain.train.trainer import own_run_dir
 
     rank, world = init_distributed(cfg.train.collective_timeout_minutes)  # the group is made once: here, for all
@@ -520,17 +520,16 @@ def run_all(cfg: RunConfig, demo: bool = True) -> dict:
     if any_rank(error is not None):
         raise error or UserError("rank 0 could not find the run's inputs (its message says why)")
     with own_run_dir(cfg.run_dir, rank == 0, "running"):
-        error = None
-        if rank == 0:
-            try:
-                # a resumed run's derived data is checked against its checkpoint before anything is rebuilt
-                resuming = latest_checkpoint(cfg.run_dir / "checkpoints")
-                stage_tokenizer(cfg)
-                stage_shards(cfg, resuming)
-            except UserError as err:
-                error = err
-        if any_rank(error is not None):  # every rank stops with rank 0 (also the barrier before training)
-            raise error or UserError("rank 0 could not prepare the tokenizer and shards (its message says why)")
+
+        def prepare_data() -> None:
+            # a resumed run's derived data is checked against its checkpoint before anything is rebuilt
+            resuming = latest_checkpoint(cfg.run_dir / "checkpoints")
+            stage_tokenizer(cfg)
+            stage_shards(cfg, resuming)
+
+        # the other ranks wait as long as it takes (a large corpus outlasts any collective timeout); every rank stops
+        # with rank 0 where it fails
+        rank0_alone(prepare_data, "prepare the tokenizer and shards")
         summary = stage_train(cfg)
         # train.max_minutes is a budget the config sets (the demo's cap on a slow or busy machine): what it trained is
         # exported and shown; a signal or an exit_after_steps preemption leaves only the checkpoint, to resume

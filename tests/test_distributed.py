@@ -425,6 +425,45 @@ def test_export_from_zero3_and_two_rank_checkpoints(data, tmp_path):
     assert (a - b).abs().max().item() < 1e-4
 
 
+SLOW_DATA_STAGES = """
+import sys, time
+import pretrain.pipeline as pipeline
+from pretrain.cli import main
+
+real = pipeline.stage_shards
+
+def slow(*args, **kwargs):  # a corpus whose shards take longer than train.collective_timeout_minutes to build
+    time.sleep(25)
+    return real(*args, **kwargs)
+
+if __name__ == "__main__":  # the shard workers are spawned: they import this file as __mp_main__
+    pipeline.stage_shards = slow
+    sys.exit(main())
+"""
+
+
+def test_pretrain_run_on_two_ranks_outwaits_the_collective_timeout_for_the_data_stages(data, tmp_path):
+    """Rank 0 builds the tokenizer and shards while the other ranks wait: they waited in a collective, which gave up
+    after train.collective_timeout_minutes (30 by default), so a large corpus could never be prepared by a multi-rank
+    `pretrain run`. Here the shards take 25 s against a 15 s timeout."""
+    script = tmp_path / "slow_data_stages.py"
+    script.write_text(SLOW_DATA_STAGES)
+    launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_port())]
+    args = ["run", "tiny", f"output_dir={tmp_path}", "name=slow", f"data.corpus=[{data['dir'] / 'corpus.jsonl'}]"]
+    args += ["data.vocab_size=512", "model.num_layers=1", "train.max_steps=2", "train.collective_timeout_minutes=0.25"]
+    proc = subprocess.run(
+        [*launcher, str(script), *args, "--no-demo"],
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=600,
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr[-5000:]
+    assert (tmp_path / "slow" / "checkpoints" / "latest").read_text().strip() == "step_00000002"
+    assert (tmp_path / "slow" / "hf" / "config.json").is_file()
+
+
 def test_a_child_run_keeps_what_pythonpath_held_and_drops_the_launchers_ranks(monkeypatch):
     """A lent GPU machine has DeepSpeed only on PYTHONPATH (/tmp/site): a benchmark's or an ablation arm's process
     that replaced PYTHONPATH with the repository could not import it."""

@@ -171,3 +171,44 @@ def any_rank(*flags: bool) -> bool | list[bool]:
         dist.all_reduce(t, op=dist.ReduceOp.MAX, group=control_group())
         out = [bool(v) for v in t.tolist()]
     return out[0] if len(flags) == 1 else out
+
+
+_waits = 0
+
+
+def rank0_alone(work, what: str, poll_seconds: float = 1.0, say_every_minutes: float = 5.0):
+    """Collective: `work()` runs on rank 0 while the other ranks wait for it with no time limit (building a large
+    corpus's tokenizer and shards can take longer than any collective timeout). Returns work's result on rank 0 and
+    None elsewhere; where work raised on rank 0, the other ranks raise a UserError saying so.
+
+    The others poll a key in the process group's store, which lives in rank 0's process: while rank 0 works the wait
+    goes on; when rank 0 dies the store's connection fails and they stop with it."""
+    import time
+
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    from pretrain.core.errors import UserError
+
+    global _waits
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return work()
+    _waits += 1  # every rank calls this in the same order: the n-th call's key is the same on all of them
+    store, key = c10d._get_default_store(), f"pretrain/rank0_alone/{_waits}"
+    if dist.get_rank() == 0:
+        outcome = b"failed"
+        try:
+            result = work()
+            outcome = b"done"
+            return result
+        finally:
+            store.set(key, outcome)
+    started, said = time.monotonic(), time.monotonic()
+    while not store.check([key]):
+        time.sleep(poll_seconds)
+        if time.monotonic() - said >= say_every_minutes * 60 and os.environ.get("LOCAL_RANK", "0") == "0":
+            said = time.monotonic()
+            print(f"rank {dist.get_rank()}: waiting for rank 0 to {what} ({(said - started) / 60:.0f} min)", flush=True)
+    if store.get(key) != b"done":
+        raise UserError(f"rank 0 could not {what} (its message says why)")
+    return None
