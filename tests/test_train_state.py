@@ -124,3 +124,55 @@ def test_pretrain_run_makes_the_process_group_with_the_configs_timeout(monkeypat
     with pytest.raises(Made) as made:
         run_all(build_config({"train": {"collective_timeout_minutes": 0.25}}))
     assert made.value.args == (0.25,)
+
+
+class _Store:
+    """The process group's key-value store, in memory (rank0_alone's channel from rank 0 to the others)."""
+
+    def __init__(self, **values):
+        self.values = {k: v.encode() for k, v in values.items()}
+
+    def set(self, key, value):
+        self.values[key] = value
+
+    def check(self, keys):
+        return all(k in self.values for k in keys)
+
+    def get(self, key):
+        return self.values[key]
+
+
+def _world_of_two(monkeypatch, rank, store):
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    import pretrain.train.distributed as distributed
+
+    monkeypatch.setattr(dist, "is_initialized", lambda: True)
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: 2)
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
+    monkeypatch.setattr(c10d, "_get_default_store", lambda: store)
+    monkeypatch.setattr(distributed, "_waits", 0)
+
+
+def test_rank0_alone_tells_the_other_ranks_how_rank_0s_work_ended(monkeypatch):
+    """Rank 0 writes done or failed under the call's key, also where its work raised; the others return on done and
+    raise a UserError on failed (rank 0's own error says why)."""
+    from pretrain.core.errors import UserError
+    from pretrain.train.distributed import rank0_alone
+
+    store = _Store()
+    _world_of_two(monkeypatch, 0, store)
+    assert rank0_alone(lambda: 7, "work") == 7
+
+    def fails():
+        raise UserError("the corpus is bad")
+
+    with pytest.raises(UserError, match="the corpus is bad"):
+        rank0_alone(fails, "work")
+    assert store.values == {"pretrain/rank0_alone/1": b"done", "pretrain/rank0_alone/2": b"failed"}
+
+    _world_of_two(monkeypatch, 1, store)
+    assert rank0_alone(lambda: pytest.fail("only rank 0 works"), "build the shards", poll_seconds=0) is None
+    with pytest.raises(UserError, match="rank 0 could not build the shards"):
+        rank0_alone(lambda: None, "build the shards", poll_seconds=0)
