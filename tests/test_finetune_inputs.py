@@ -156,3 +156,18 @@ def test_a_missing_task_directory_says_where_to_get_it(tmp_path):
         load_task(tmp_path / "data" / "tasks" / "rte")
     with pytest.raises(UserError, match=r"mine: task directory not found \(a path relative to the directory you"):
         load_task(tmp_path / "mine")
+
+
+def test_fine_tuning_decays_matrices_not_biases_or_layer_norms():
+    """As pretraining (`optim.param_groups`), BERT's fine-tuning code and transformers' Trainer: AdamW's weight decay
+    leaves biases and LayerNorm weights alone. A loss with no gradient leaves only the decay to move anything."""
+    import torch
+
+    from pretrain.evaluation.fit import fit
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.LayerNorm(4))
+    before = {name: p.detach().clone() for name, p in model.named_parameters()}
+    fit(model, lambda idx: sum(p.sum() for p in model.parameters()) * 0, 8, 0, 2, 0.1, 4, 0.0, "decay")
+    moved = sorted(name for name, p in model.named_parameters() if not torch.equal(p, before[name]))
+    assert moved == ["0.weight"]  # was every parameter: the bias and the LayerNorm's weight and bias shrank too

@@ -1,6 +1,6 @@
 """What every downstream fit shares (sequence and token tasks, full fine-tuning): the device, bf16 autocast on the GPU,
-shuffled batches of row indices, and the training loop (AdamW, linear warmup then linear decay to 0, clipping), as
-transformers' Trainer does it by default."""
+shuffled batches of row indices, and the training loop (AdamW with weight decay 0.01 on matrices, none on biases and
+LayerNorm weights; linear warmup then linear decay to 0; clipping), as transformers' Trainer does it."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from pretrain.core.errors import UserError
+from pretrain.train.optim import param_groups
 
 
 def autocast():
@@ -75,7 +76,8 @@ def fit(
     """Train `model` on `n` rows for `epochs`: `loss_of(row indices)` is a batch's loss (run under `autocast`). The
     batch order is a function of `seed`; the caller seeds the head's initialisation before building the model."""
     gen = torch.Generator().manual_seed(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.01)
+    # decay on matrices only, as pretraining, BERT's fine-tuning and transformers' Trainer (not biases, LayerNorms)
+    opt = torch.optim.AdamW(param_groups(model, 0.01), lr=lr)
     total = max(1, epochs * math.ceil(n / batch_size))
     sched = linear_schedule(opt, total, warmup_frac)
     model.train()
