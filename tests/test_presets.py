@@ -107,3 +107,32 @@ def test_modernbert_base_trains_at_theta_10k_and_its_header_schedules_the_papers
     assert set(a["global_batch"][a["phase"] == 1].tolist()) == {72}
     assert tokens[-cfg.train.decay_steps :].sum() == pytest.approx(50e9, rel=1e-3)
     assert tokens[: cfg.train.warmup_steps].sum() == pytest.approx(3e9, rel=1e-3)
+
+
+def test_electra_is_electra_smalls_recipe():
+    """google-research/electra (configure_pretraining.py, model/optimization.py): 12 x 256 on 128-wide embeddings, a
+    generator of 1/4 the width (64, 1 head, FFN 256), batch 128 of 128 tokens, AdamW (0.9, 0.999, 1e-6, decay 0.01),
+    clipping at 1.0, and lr 5e-4 x (1 - step / 1M) x min(1, step / 10k): after the warm-up, the `bert` schedule."""
+    from objectives.rtd import generator_config
+    from pretrain.train.optim import lr_factor
+
+    cfg = load_config("electra")
+    m, t, rtd = cfg.model, cfg.train, cfg.objectives["rtd"]
+    assert (m.num_layers, m.hidden_size, m.num_heads, m.intermediate_size, m.embedding_size) == (12, 256, 4, 1024, 128)
+    g = generator_config(m, rtd)
+    assert (g.hidden_size, g.num_heads, g.intermediate_size, g.num_layers) == (64, 1, 256, 12)
+    assert (t.global_batch(1), cfg.data.max_seq_len, cfg.data.vocab_size) == (128, 128, 30522)
+    assert (t.adam_beta1, t.adam_beta2, t.adam_eps, t.weight_decay, t.grad_clip) == (0.9, 0.999, 1e-6, 0.01, 1.0)
+    assert (t.lr, t.warmup_steps, t.max_steps) == (5e-4, 10_000, 1_000_000)
+    assert (rtd.mask_prob, rtd.mask_token_prob, rtd.temperature, rtd.gen_weight, rtd.disc_weight) == (
+        0.15,
+        0.85,
+        1.0,
+        1.0,
+        50.0,
+    )
+    for step in (10_000, 10_001, 500_000, 999_999):  # after the warm-up: the same decay, counted from step 0
+        assert lr_factor(step, t) == pytest.approx(1 - step / t.max_steps), step
+    for step in (0, 1, 5_000, 9_999):  # in it: within 1.1% and one increment (TensorFlow's first update has lr 0)
+        electra = (1 - step / t.max_steps) * min(1.0, step / t.warmup_steps)
+        assert abs(lr_factor(step, t) - electra) <= 0.011 * electra + 1.01 / t.warmup_steps, step
