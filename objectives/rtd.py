@@ -64,7 +64,7 @@ class RTDOptions(MaskingRates):
     generator_size: float = option(
         0.25,
         "Generator width as a fraction of the encoder's hidden size, intermediate size and heads (ELECTRA-Small "
-        "and -Base: 1/4; the paper finds 1/4-1/2 best).",
+        "and -Large: 1/4, -Base: 1/3; the paper finds 1/4-1/2 best).",
         gt=0,
         le=1,
     )

@@ -33,3 +33,21 @@ def test_readme_says_where_fp8_is_refused():
     assert float8_problem(torch.device("cpu")) is None
     text = " ".join((ROOT / "README.md").read_text().split())
     assert "a GPU below 8.9 is refused by name, and a CPU runs torch's reference float8 kernel" in text
+
+
+def test_on_bad_document_says_which_documents_it_decides(tmp_path):
+    """data.on_bad_document's help listed empty documents among those `error` stops on; they are always skipped."""
+    import collections
+    import dataclasses
+
+    from data_pipeline.readers import iter_documents
+    from pretrain.core.config import DataConfig
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text('{"text": "one"}\n{"text": " "}\n{"text": "two"}\n')
+    skipped = collections.Counter()
+    assert [d.text for d in iter_documents([str(corpus)], on_bad="error", skipped=skipped)] == ["one", "two"]
+    assert skipped == {"empty": 1}
+    field = next(f for f in dataclasses.fields(DataConfig) if f.name == "on_bad_document")
+    help_text = field.metadata["doc"]
+    assert "Empty documents are always skipped" in help_text and "(invalid UTF-8, empty)" not in help_text

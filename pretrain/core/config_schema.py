@@ -52,7 +52,9 @@ class DataConfig:
     num_workers: int = doc(2, "Processes that tokenize the corpus in parallel.")
     docs_per_shard: int = doc(2000, "Documents per shard file.")
     on_bad_document: str = doc(
-        "skip", "What to do with a document that cannot be used (invalid UTF-8, empty): skip (counted) or error."
+        "skip",
+        "What to do with a bad document (invalid UTF-8 or JSON, no text in data.text_field, over max_document_bytes): "
+        "skip (counted) or error (naming file and line). Empty documents are always skipped and counted.",
     )
     max_seq_len: int = doc(128, "Tokens per training sequence, [CLS] and [SEP] included.")
     loader_workers: int = doc(
