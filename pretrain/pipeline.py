@@ -386,6 +386,7 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
         "run_name": name,
         "objectives": to_dict(cfg.objectives),
         "corpus": corpus,
+        "provenance": _data_provenance(state),
         "tokens_seen": state.get("tokens_seen"),
         "steps": state["step"],
         "final_loss": history[-1]["loss"] if history else None,
@@ -393,6 +394,15 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
         "init_from": cfg.model.init_from or None,
         "notes": [*notes, *([f"the weights are {state['weights']}"] if state.get("weights") else [])],
     }
+
+
+def _data_provenance(state: dict) -> str | None:
+    """The checkpoint's own record of what it trained on (its fingerprint's hashes), or None where it has none."""
+    from pretrain.train.fingerprint import DATA_KEY, TOKENIZER_KEY
+
+    found = state.get("fingerprint") or {}
+    hashes = (("the shards' content", found.get(DATA_KEY)), ("tokenizer.json", found.get(TOKENIZER_KEY)))
+    return "; ".join(f"sha256 of {what} {value}" for what, value in hashes if value) or None
 
 
 def export_model(model, tokens, tokenizer_dir: Path, out: Path, card: dict, arch, verify: bool, inputs: dict):

@@ -91,6 +91,8 @@ def test_model_card_states_training_facts(export_dir):
     text = (export_dir / "README.md").read_text()
     assert text.startswith("---\n") and "library_name: transformers" in text and "pipeline_tag: fill-mask" in text
     assert "license" not in text.split("---")[1]  # no license given: none claimed
+    assert "language" not in text.split("---")[1]  # nor a language: it said en whatever the corpus was
+    assert "Data provenance" not in text  # nothing recorded: no line (it said "unknown" on every export)
     for fact in ("mlm", "789", "123,456", "4.2512", "us-speeches", 'pipeline("fill-mask"'):
         assert fact in text, fact
 
@@ -121,6 +123,19 @@ def test_export_over_existing_dir_replaces_only_its_files(model, tokens, tokeniz
     assert "789" in (out / "README.md").read_text()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf"]  # no .tmp- or .old- leftovers
     assert {"config.json", "model.safetensors", "README.md", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
+
+
+def test_card_gives_the_checkpoints_record_of_its_data(model, tokens, tokenizer_dir, tmp_path):
+    """The card's data provenance is the hashes the checkpoint's fingerprint holds, not a line saying "unknown"."""
+    from pretrain.pipeline import export_card
+    from pretrain.train.fingerprint import DATA_KEY, TOKENIZER_KEY
+    from pretrain.train.setup import load_config
+
+    state = {"step": 7, "tokens_seen": 99, "fingerprint": {DATA_KEY: "d" * 64, TOKENIZER_KEY: "t" * 64}}
+    card = export_card(load_config("tiny"), model, state, "tiny", [])
+    text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
+    assert f"- Data provenance: sha256 of the shards' content {'d' * 64}; sha256 of tokenizer.json {'t' * 64}" in text
+    assert "language" not in text.split("---")[1]
 
 
 def test_minimal_card_says_unknown(model, tokens, tokenizer_dir, tmp_path):

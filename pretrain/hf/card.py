@@ -55,7 +55,6 @@ def _front_matter(card: dict, arch: str, role: Card) -> tuple[dict[str, Any], li
     front: dict[str, Any] = {
         "library_name": "transformers",
         **({"pipeline_tag": "fill-mask"} if role.fill_mask else {}),
-        "language": ["en"],
         "tags": [arch, *fill_mask, "pretraining", *map(str, objectives)],
     }
     if card.get("license"):  # never claim a license nobody chose
@@ -99,7 +98,7 @@ def model_card(
         f"- Objective(s): {'; '.join(described)}",
         *([f"- Initialised from: {card['init_from']} (`model.init_from`)"] if card.get("init_from") else []),
         f"- Data: {corpus}",
-        f"- Data provenance: {_card_value(card, 'provenance')}",
+        *([f"- Data provenance: {card['provenance']}"] if card.get("provenance") else []),
         f"- Tokens seen: {_fmt_int(_card_value(card, 'tokens_seen'))}",
         f"- Steps: {_fmt_int(_card_value(card, 'steps'))}",
         f"- Final loss: {loss_text}",

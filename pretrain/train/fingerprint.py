@@ -41,6 +41,7 @@ FIXED_DATA = ("max_seq_len", "packing")
 # compared), have none.
 TOKENIZER_SETTINGS = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents", "min_frequency")
 DATA_KEY = "data (content of the shards)"
+TOKENIZER_KEY = "tokenizer (sha256 of tokenizer.json)"
 SCHEDULE_KEY = "schedule"
 GLOBAL_BATCH_KEY = "train.global_batch (micro_batch_size x grad_accum_steps x ranks)"
 _RECORDED_LATER = {f"data.{k}" for k in TOKENIZER_SETTINGS}
@@ -67,7 +68,7 @@ def fingerprint(
     tokenizer), `precision` the run's precision mode (`ResolvedRun.precision`: auto resolved on this machine)."""
     t = cfg.train
     record: dict[str, Any] = {
-        "tokenizer (sha256 of tokenizer.json)": tokenizer_sha256,
+        TOKENIZER_KEY: tokenizer_sha256,
         DATA_KEY: data_sha256,
         **{f"model.{k}": v for k, v in to_dict(model).items() if k not in MODEL_EXECUTION},
         **_flat("objectives", to_dict(cfg.objectives)),
