@@ -444,6 +444,7 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
     a trainer saving into its run meanwhile keeps it instead of rotating it away under the reader."""
     from pretrain.train.checkpoint import load_module_state, reading_checkpoints, resolve_checkpoint
     from pretrain.train.ema import average_states
+    from pretrain.train.state import TrainState
 
     with contextlib.ExitStack() as held:
         for c in checkpoints:
@@ -452,8 +453,9 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         _refuse_repeats(checkpoints, paths)
         _refuse_other_models(paths)
         averaged = average_states((str(p), load_module_state(p)) for p in paths)
-        first = paths[0]
-        cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(first, ema=False)
+        # the card's steps and tokens: those of the most trained checkpoint, whatever the order they were named in
+        latest = max(paths, key=lambda p: TrainState.load(p).step)
+        cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(latest, ema=False)
         model.load_state_dict(averaged)
         names = ", ".join(
             p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else str(p) for p in paths

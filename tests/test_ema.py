@@ -154,6 +154,8 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
     torch.testing.assert_close(exported[word], (a[ours].double() + b[ours].double()).div(2).float(), rtol=0, atol=0)
     card = (tmp_path / "avg" / "README.md").read_text()
     assert "step_00000002" in card and "step_00000004" in card
+    tokens = json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())["tokens_seen"]
+    assert "- Steps: 4\n" in card and f"- Tokens seen: {tokens:,}\n" in card  # the most trained one's, not the first's
     # a trainer saving into the run meanwhile (keeping 1) leaves the checkpoints being averaged where they are
     import pretrain.train.checkpoint as checkpoint
     from pretrain.pipeline import stage_average
