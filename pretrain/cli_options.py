@@ -210,8 +210,8 @@ def train_args(p):
     p.add_argument(
         "--dry-run",
         action="store_true",
-        help="print the resolved config, batch arithmetic, parameter "
-        "counts and a per-device memory estimate, then exit without training",
+        help="print the resolved config, batch arithmetic, the schedule's phases and values (under schedule:), "
+        "parameter counts, a per-device memory estimate and the DeepSpeed config derived, then exit without training",
     )
     p.add_argument(
         "--world-size",

@@ -70,3 +70,19 @@ def test_readme_says_where_compare_reads_wall_time():
     assert wall_times(records) == ([7.0], "logged")
     readme = " ".join((ROOT / "README.md").read_text().split())
     assert "Wall time is each line's `time`" in readme
+
+
+def test_dry_run_help_names_every_section_it_prints():
+    """--dry-run's help left out the schedule and the DeepSpeed config, which it prints."""
+    from pretrain.cli import build_parser
+    from pretrain.core.parsing import resolve_preset
+    from pretrain.train.dryrun import dry_run
+    from pretrain.train.setup import load_config
+
+    plan = dry_run(load_config(str(resolve_preset("bert-base-two-phase"))), world_size=1, gpus_per_node=1)
+    sections = re.findall(r"^# (\w+(?: \w+)?)", plan, re.M)
+    assert {"schedule", "DeepSpeed config"} <= set(sections), sections
+    train = build_parser()._subparsers._group_actions[0].choices["train"]
+    text = " ".join(next(a for a in train._actions if a.dest == "dry_run").help.split())
+    for said in ("resolved config", "batch arithmetic", "schedule", "parameter counts", "memory", "DeepSpeed config"):
+        assert said in text, said
