@@ -103,12 +103,13 @@ class PermutationLM(Objective):
         return sample
 
     def collate(self, arrays):
-        # The query stream runs at the targets only (T = most targets in a row, >= 1 so shapes stay valid): a stable
-        # sort brings each row's targets first, in position order. Rows with fewer targets are filled with other
-        # positions, left out of the loss (their flat index is not in plm_query_index).
+        # The query stream runs at the targets only: a stable sort brings each row's targets first, in position
+        # order. Rows with fewer than T targets are filled with other positions, left out of the loss (their flat
+        # index is not in plm_query_index). T = ceil(L / K), the most targets a row of this width can have, not this
+        # batch's most: under a static width (a compiled model) the layers that carry the stream keep one shape.
         labels = arrays["plm_labels"]  # [B, L]
         is_target = labels != IGNORE_INDEX
-        t = max(1, int(is_target.sum(1).max()))
+        t = max(1, -(-labels.shape[1] // self.options.predict_fraction_k), int(is_target.sum(1).max()))
         positions = np.argsort(~is_target, axis=1, kind="stable")[:, :t].astype(np.int64)  # [B, T]
         index, targets = flat_targets(np.take_along_axis(labels, positions, axis=1))  # [M] into [B * T], [M]
         return {"plm_query_positions": positions, "plm_query_index": index, "plm_query_targets": targets}

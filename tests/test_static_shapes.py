@@ -83,6 +83,21 @@ def test_each_objectives_head_and_loss_compile_once_with_the_encoder(graphs, spe
     assert counts(graphs) == {**ENCODER, **heads}
 
 
+def test_plm_query_stream_keeps_one_length_whatever_its_rows_targets(graphs):
+    """PLM runs its query stream at each row's targets, T of them: T is a function of the static width alone (the
+    most targets a row of that width can have), not of this batch's fullest row, so the layers (which carry the
+    query stream) and the head compile once. It was the batch's most targets in a row: 5 here, then 3, then 5."""
+    objectives = build_objectives({"plm": {}}, TOKENS)
+    model = PretrainingModel(replace(BASE, compile=True), objectives)
+    widths = set()
+    for seed, lengths in enumerate([(32, 32, 32, 32), (12, 14, 16, 18), (20, 24, 26, 28)]):
+        batch = make_batch(lengths, seed=seed, objectives=objectives, static_width=32)
+        widths.add(batch["plm_query_positions"].shape)
+        model(batch)[0].backward()
+    assert counts(graphs) == {**ENCODER, "_token_loss": 1}
+    assert widths == {(4, 6)}  # ceil(32 / K), K = 6
+
+
 def test_without_it_each_new_form_compiles_again(graphs):
     model = PretrainingModel(replace(BASE, compile=True), build_objectives({"mlm": {}}, TOKENS))
     for seed, lengths in enumerate(LENGTHS):
