@@ -98,6 +98,23 @@ def test_plm_query_stream_keeps_one_length_whatever_its_rows_targets(graphs):
     assert widths == {(4, 6)}  # ceil(32 / K), K = 6
 
 
+def test_fp8_unpadded_layers_compile_once_whatever_the_token_count_mod_16(graphs):
+    """train.precision=fp8 pads a product's rows to a multiple of 16: in a compiled graph always (zero rows when
+    there are none to add), so that the graph, dynamic in the real tokens T, is not guarded on T % 16. It was
+    compiled again at the first batch whose T had the other remainder (80, then 68 real tokens here)."""
+    from pretrain.model.fp8 import use_float8
+
+    model = PretrainingModel(replace(BASE, compile=True, unpadded=True), build_objectives({"mlm": {}}, TOKENS))
+    use_float8(model.encoder)
+    tokens = []
+    for seed, lengths in enumerate([(30, 17, 24, 9), (12, 20, 5, 31), (32, 32, 32, 32)]):
+        batch = make_batch(lengths, seed=seed, static_width=32)
+        tokens.append(batch.tokens % 16)
+        model(batch)[0].backward()
+    assert tokens == [0, 4, 0]
+    assert counts(graphs) == {**ENCODER, "_token_loss": 1}
+
+
 def test_without_it_each_new_form_compiles_again(graphs):
     model = PretrainingModel(replace(BASE, compile=True), build_objectives({"mlm": {}}, TOKENS))
     for seed, lengths in enumerate(LENGTHS):

@@ -58,7 +58,9 @@ def _column_major(t: torch.Tensor) -> torch.Tensor:
 
 def _pad_rows(t: torch.Tensor) -> torch.Tensor:
     extra = -t.shape[0] % ALIGN
-    return F.pad(t, (0, 0, 0, extra)) if extra else t
+    # Compiled, always pad (by zero rows where none are needed; fused into the quantization): testing `extra` there
+    # would guard a graph dynamic in the rows (unpadded: the real tokens) on rows % 16, and compile it again.
+    return F.pad(t, (0, 0, 0, extra)) if torch.compiler.is_compiling() or extra else t
 
 
 class _Float8Matmul(torch.autograd.Function):
