@@ -86,17 +86,20 @@ def _named_file(path: Path) -> Path:
 
 def expand_inputs(paths: Iterable[str]) -> list[Path]:
     """Inputs named by `paths` (files, directories searched recursively, or globs): sorted, and each file once
-    however it is reached (a symlink, another spelling of its path).
+    however it is reached (a symlink, another spelling of its path), by the least of the spellings it was reached by.
 
     A `datasets` save_to_disk directory is one input (read through its state.json), never its arrow
     files one by one. Directories are searched through symlinks, not into hidden ones (.ipynb_checkpoints, .git).
     """
     paths = [str(p) for p in paths]
-    found: dict[str, Path] = {}  # real path -> the first spelling found
+    found: dict[str, Path] = {}  # real path -> the least spelling found
 
     def add(files: Iterable[Path]) -> None:
+        # The least, not the first: the first depends on the order `paths` come in, and the sort below (the order of
+        # the documents, so the shards and their cache key) would follow it
         for f in files:
-            found.setdefault(os.path.realpath(f), f)
+            real = os.path.realpath(f)
+            found[real] = min(found.get(real, f), f)
 
     for entry in paths:
         if glob.has_magic(entry):

@@ -90,6 +90,24 @@ def test_a_directory_gives_each_corpus_file_once(tmp_path):
         expand_inputs([str(tmp_path / "notes.text")])
 
 
+def test_the_order_inputs_are_given_in_never_changes_the_documents_order(tmp_path):
+    """A file reached twice (here through a link) was named by whichever spelling came first, and the files sorted by
+    those names: [corpus, link] read a then b, [link, corpus] b then a, so other shards and another cache key."""
+    from data_pipeline.shard_build import build_key
+
+    (tmp_path / "corpus").mkdir()
+    write_jsonl(tmp_path / "corpus" / "a.jsonl", ["first"])
+    write_jsonl(tmp_path / "corpus" / "b.jsonl", ["second"])
+    (tmp_path / "links").mkdir()
+    (tmp_path / "links" / "x.jsonl").symlink_to(tmp_path / "corpus" / "a.jsonl")
+    orders = [[str(tmp_path / "corpus"), str(tmp_path / "links" / "x.jsonl")]]
+    orders.append(orders[0][::-1])
+    for paths in orders:
+        assert expand_inputs(paths) == [tmp_path / "corpus" / "a.jsonl", tmp_path / "corpus" / "b.jsonl"]
+        assert [d.text for d in iter_documents(paths)] == ["first", "second"]
+    assert build_key(orders[0], "tok", {}) == build_key(orders[1], "tok", {})
+
+
 def test_plain_text_with_one_document_per_line(tmp_path, capsys, tok_dir):
     """Dumps of one document per line with no blank lines: by default one document of every line (and past
     max_document_bytes none at all), which the reader now says; data.text_documents=lines reads each line."""
