@@ -101,5 +101,8 @@ def test_inspect_out_refuses_a_format_it_cannot_write_and_a_file_it_did_not_writ
     for suffix in histogram_formats():
         path = length_histogram(np.array([3, 30, 300]), tmp_path / f"again.{suffix}", 128, "lengths")
         check_histogram_path(path)
+        # the same lengths, the same bytes: an SVG held the time to the microsecond and random clip-path ids
+        first = path.read_bytes()
+        assert length_histogram(np.array([3, 30, 300]), path, 128, "lengths").read_bytes() == first, suffix
     assert main([*inspect, str(tmp_path / "x.jpg")]) == 2  # no metadata of ours: not accepted
     assert ".jpg is not a format this command writes" in capsys.readouterr().err

@@ -113,8 +113,17 @@ def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: s
     ax.legend()
     fig.tight_layout()
     key = _METADATA_KEY.get(path.suffix.lower().lstrip("."))
-    fig.savefig(path, dpi=100, metadata={key: SIGNATURE} if key else None)
-    plt.close(fig)
+    # The same shards give the same file: matplotlib stamps the time into PDF, SVG and PostScript (unless
+    # SOURCE_DATE_EPOCH says which: 0 where the user set none), and an SVG's clip-path ids are random unless salted
+    ours = "SOURCE_DATE_EPOCH" not in os.environ
+    os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
+    try:
+        with matplotlib.rc_context({"svg.hashsalt": SIGNATURE}):
+            fig.savefig(path, dpi=100, metadata={key: SIGNATURE} if key else None)
+    finally:
+        if ours:
+            os.environ.pop("SOURCE_DATE_EPOCH", None)
+        plt.close(fig)
     return path
 
 
