@@ -170,6 +170,26 @@ def test_resume_is_bitwise_identical(data, recipe):
     assert all(torch.equal(a[k], b[k]) for k in a), [k for k in a if not torch.equal(a[k], b[k])]
 
 
+def test_a_stop_inside_a_log_interval_resumes_into_the_same_metrics_lines(data):
+    """log_every=2, stopped at step 3: the stop logs step 3 alone, and the resumed run's step-4 line averages steps 3
+    and 4, as the run never stopped does (it averaged step 4 alone: 6.170 for 6.193). rtd: its AUC's histograms are
+    carried too."""
+    common = ["train.max_steps=4", "train.log_every=2", "train.save_every=100", "objectives={rtd: {}}"]
+    run(data, "interval-straight", *common)
+    run(data, "interval-split", *common, "train.exit_after_steps=3")
+    run(data, "interval-split", *common)
+
+    def lines(name):
+        records = [json.loads(line) for line in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
+        timing = {"time", "tokens_per_s", "samples_per_s", "tflops", "mfu"}
+        return {r["step"]: {k: v for k, v in r.items() if k not in timing} for r in records}
+
+    straight, split = lines("interval-straight"), lines("interval-split")
+    assert sorted(straight) == [2, 4] and sorted(split) == [2, 3, 4]
+    assert split[2] == straight[2] and split[4] == straight[4]
+    assert split[3]["loss"] != straight[4]["loss"]  # the stop's own line: step 3 alone
+
+
 @requires_fp16
 def test_resume_after_skipped_fp16_steps_keeps_the_schedule(data):
     """fp16's loss scale starts at 2^16 and overflows in the first steps at this learning rate: a checkpoint then

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from pretrain.core.config import require_tensorboard
-from pretrain.core.measures import Mean
+from pretrain.core.measures import BinaryAUC, Mean
 
 
 class MetricSums:
@@ -37,13 +37,11 @@ class MetricSums:
             self.host[name] = self.host.get(name, 0.0) + stat.host_part()
             self.kinds[name] = type(stat)
 
-    def read(self, group=None) -> dict[str, float | None]:
-        """Collective. The interval's value of every metric over all ranks; starts a new interval."""
+    def _summed(self, group) -> tuple[list[str], list[torch.Tensor], list[float]]:
+        """Collective. The names, and each one's device and host parts summed over ranks (float64, on the host)."""
         import torch.distributed as dist
 
         names = sorted(self.device)
-        if not names:
-            return {}
         sizes = [self.device[n].numel() for n in names]
         flat = torch.cat(
             [
@@ -53,10 +51,40 @@ class MetricSums:
         )
         if dist.is_initialized() and dist.get_world_size() > 1:
             dist.all_reduce(flat, group=group)
-        device, host = flat[: sum(sizes)].split(sizes), flat[sum(sizes) :].tolist()
+        return names, list(flat[: sum(sizes)].split(sizes)), flat[sum(sizes) :].tolist()
+
+    def read(self, group=None) -> dict[str, float | None]:
+        """Collective. The interval's value of every metric over all ranks; starts a new interval."""
+        if not self.device:
+            return {}
+        names, device, host = self._summed(group)
         values = {n: self.kinds[n].finish(d, h) for n, d, h in zip(names, device, host)}
         self.device, self.host = {}, {}
         return values
+
+    def snapshot(self, group=None) -> dict:
+        """Collective. The interval's sums so far over all ranks as JSON, the interval going on: a checkpoint cut
+        inside a log interval carries them, so that the resumed run logs the line a run never stopped logs. Device
+        parts are float32 sums, exact in float64 and back; they are kept sparse (an AUC's histograms are mostly 0)."""
+        if not self.device:
+            return {}
+        names, device, host = self._summed(group)
+        saved = {}
+        for n, d, h in zip(names, device, host):
+            index = torch.nonzero(d).reshape(-1)
+            saved[n] = {"kind": self.kinds[n].__name__, "size": d.numel(), "index": index.tolist()}
+            saved[n].update(value=d[index].tolist(), host=h)
+        return saved
+
+    def restore(self, saved: dict, device) -> None:
+        """The sums a `snapshot` gave, on this rank (one rank holds them: the next `read` adds the others' parts)."""
+        for name, part in saved.items():
+            dense = torch.zeros(part["size"], dtype=torch.float32)
+            dense[torch.tensor(part["index"], dtype=torch.long)] = torch.tensor(part["value"], dtype=torch.float32)
+            self.device[name], self.host[name], self.kinds[name] = dense.to(device), part["host"], KINDS[part["kind"]]
+
+
+KINDS = {kind.__name__: kind for kind in (Mean, BinaryAUC)}  # what a snapshot's "kind" names
 
 
 class MetricsLogger:

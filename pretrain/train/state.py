@@ -46,6 +46,9 @@ class TrainState:
     fingerprint: dict[str, Any] | None = None  # None: a checkpoint written before fingerprints (`fingerprint.py`)
     phase: int | None = None  # with a schedule (`pretrain.core.schedule`), the phase of the last step trained
     phase_start_samples: int | None = None  # ... and consumed_samples when it began: the phase stream's position
+    # a log interval a checkpoint cut (a stop, or save_every between log steps): its steps and sums over ranks, which
+    # the resumed run goes on from (`Trainer.carry_interval`), so its next line is the one a run never stopped logs
+    open_interval: dict[str, Any] | None = None
     extra: dict[str, Any] = field(default_factory=dict)  # keys this version does not know, kept as they were
 
     def to_dict(self) -> dict[str, Any]:

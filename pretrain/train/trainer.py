@@ -305,6 +305,7 @@ class Trainer:
     def run(self, flag: StopFlag) -> dict:
         t = self.cfg.train
         stopping = Stopping(t, self.state, flag)
+        self.carry_interval()
         batches, phase = None, None
         try:
             while self.state.step < t.max_steps:
@@ -384,7 +385,11 @@ class Trainer:
         reasons = any_rank(*stopping.requested(step))
         stop_now = any(reasons)
         nonfinite = False
-        if step % t.log_every == 0 or step == t.max_steps or stop_now:
+        log_step = step % t.log_every == 0 or step == t.max_steps
+        saving = stop_now or (t.save_every and step % t.save_every == 0) or step == t.max_steps
+        # before a stop's own line ends the interval: the checkpoint carries the interval a log step would have ended
+        self.state.open_interval = self.interval_so_far() if saving and not log_step else None
+        if log_step or stop_now:
             nonfinite = self.log(stopping)
         elif t.save_every and step % t.save_every == 0:
             nonfinite = self.count_skips(stopping)  # a checkpoint must know whether its steps were skipped
@@ -394,7 +399,7 @@ class Trainer:
                 "step(s) in a row; the latest checkpoint is the last good one"
             )
             return True
-        if stop_now or (t.save_every and step % t.save_every == 0) or step == t.max_steps:
+        if saving:
             self.save()
         if stop_now:
             stopping.stop(*reasons[:2])
@@ -402,6 +407,24 @@ class Trainer:
                 f"stopped at step {step} ({stopping.reason}); checkpoint saved, run the same command again to continue"
             )
         return stop_now
+
+    def interval_so_far(self) -> dict:
+        """Collective. The open log interval over all ranks, as a checkpoint keeps it (`TrainState.open_interval`)."""
+        return {
+            "steps": self.interval.steps,
+            "samples": self.interval.samples,
+            "tokens": self.sum_ranks(self.interval.tokens),
+            "seconds": time.time() - self.interval.started,
+            "sums": self.metrics.snapshot(control_group()),
+        }
+
+    def carry_interval(self) -> None:
+        """A resumed run goes on with the log interval its checkpoint cut: rank 0 takes its sums over all ranks."""
+        saved, self.state.open_interval = self.state.open_interval, None
+        if saved is None or self.rank != 0:
+            return
+        self.interval = Interval(saved["steps"], saved["samples"], saved["tokens"], time.time() - saved["seconds"])
+        self.metrics.restore(saved["sums"], self.engine.device)
 
     def count_skips(self, stopping: Stopping) -> bool:
         """Fold the steps skipped (non-finite gradients) since the last call into the state; True when
