@@ -221,14 +221,14 @@ def _sentence_transformers(hf_out: Path, args) -> None:
     """`--format sentence-transformers`: the HF export (for ELECTRA its discriminator) laid out for
     SentenceTransformer, truncating at the run's sequence length: in --st-out, else beside the export (a run's hf/
     gets the run's sentence-transformers/)."""
-    from pretrain.core.config import load_yaml
     from pretrain.hf.sentence_transformers import export_sentence_transformers
     from pretrain.pipeline import say
     from pretrain.train.checkpoint import resolve_checkpoint
+    from pretrain.train.setup import checkpoint_config
 
     encoder_dir = hf_out.parent if hf_out.name == "generator" else hf_out
-    trained = load_yaml(resolve_checkpoint(Path(args.run_or_checkpoint)) / "config.yaml")
-    max_len = (trained.get("data") or {}).get("max_seq_len")
+    # the length the checkpoint's last step trained at: under a schedule its phase's, not config.yaml's (phase 0's)
+    max_len = checkpoint_config(resolve_checkpoint(Path(args.run_or_checkpoint)))[0].data.max_seq_len
     name = "sentence-transformers" if encoder_dir.name == "hf" else f"{encoder_dir.name}-sentence-transformers"
     out = Path(args.st_out) if args.st_out else encoder_dir.parent / name
     export_sentence_transformers(encoder_dir, out, args.pooling, args.normalize, max_len)

@@ -200,3 +200,18 @@ def test_export_format_flag_through_the_cli(tmp_path):
     with torch.no_grad():
         cls = hf(**batch).last_hidden_state[:, 0]
     torch.testing.assert_close(torch.from_numpy(model.encode(SENTENCES[:2])), cls, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.slow
+def test_cli_truncates_at_the_length_of_the_checkpoints_last_phase(tmp_path):
+    """Under a schedule the run's config.yaml holds phase 0's data.max_seq_len; a checkpoint whose last step trained
+    in a later phase truncates at that phase's length (bert-base-two-phase: 128, then 512), as its model card says."""
+    from helpers import run_args, run_cli, small_corpus
+
+    phases = "schedule.phases=[{start: 2, max_seq_len: 32}]"  # step 3 of 3 trains at 32, config.yaml says 64
+    run_cli("run", *run_args(tmp_path, small_corpus(tmp_path), phases), "--no-demo", cwd=tmp_path)
+    assert "max_seq_len: 64" in (tmp_path / "r" / "config.yaml").read_text()
+    run_cli("export", tmp_path / "r", "--format", "sentence-transformers", cwd=tmp_path)
+    st_dir = tmp_path / "r" / "sentence-transformers"
+    assert json.loads((st_dir / "sentence_bert_config.json").read_text())["max_seq_length"] == 32
+    assert "max_seq_len: 32" in (tmp_path / "r" / "hf" / "README.md").read_text()

@@ -193,6 +193,15 @@ def _weights(sources: list[tuple[str, float]]) -> str:
     return ", ".join(f"{name}={weight:g}" for name, weight in sources)
 
 
+def checkpoint_config(path: Path) -> tuple[RunConfig, TrainState]:
+    """The config of the checkpoint directory `path` (resolved) as its last step trained: under a schedule, that
+    step's phase settings (data.max_seq_len, micro-batch, model.rope_theta) in place of the run's own, which are
+    phase 0's; and its trainer state."""
+    cfg = config_from_dict(load_yaml(path / "config.yaml"), apply_init_from=False)
+    state = TrainState.load(path)
+    return config_at(cfg, max(state.step - 1, 0)), state
+
+
 def load_checkpoint_model(path: Path, ema: bool = True):
     """(config, model, special tokens, tokenizer dir, trainer state) of a checkpoint, fp32 on CPU. Read under
     `reading_checkpoints`, so that a trainer saving into the same run meanwhile does not rotate it away; a caller
@@ -202,9 +211,7 @@ def load_checkpoint_model(path: Path, ema: bool = True):
     state then says so in `weights`."""
     with ckpt.reading_checkpoints(path):
         path = ckpt.resolve_checkpoint(path)
-        cfg = config_from_dict(load_yaml(path / "config.yaml"), apply_init_from=False)
-        state = TrainState.load(path)
-        cfg = config_at(cfg, max(state.step - 1, 0))  # a schedule's phase: the settings its last step trained with
+        cfg, state = checkpoint_config(path)
         tokenizer_dir = path / "tokenizer" if (path / "tokenizer").is_dir() else cfg.tokenizer_dir
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         model = build_model(cfg, tokens, load_init_weights=False)  # the checkpoint's weights replace them anyway
