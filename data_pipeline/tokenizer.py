@@ -459,10 +459,15 @@ def strip_space_before_mask(directory: str | os.PathLike) -> None:
 def set_model_inputs(directory: str | os.PathLike, token_types: bool, max_length: int | None = None) -> None:
     """Record in `directory`'s tokenizer_config.json whether the tokenizer returns token_type_ids. Its class's default
     would decide otherwise: transformers 5's generic TokenizersBackend (what ours load as) returns none, so a pair
-    reached a BERT as one segment, B typed 0 like A. With `max_length`, model_max_length is capped at it."""
+    reached a BERT as one segment, B typed 0 like A. With `max_length`, model_max_length is capped at it. The class is
+    named as transformers 4 and 5 both know it."""
     path = Path(directory) / "tokenizer_config.json"
     config = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
     config["model_input_names"] = [n for n in MODEL_INPUTS if token_types or n != "token_type_ids"]
+    if config.get("tokenizer_class") == "TokenizersBackend":
+        # transformers 5's name for its generic fast tokenizer, which transformers 4's AutoTokenizer cannot find (an
+        # export on the hub would not load there); PreTrainedTokenizerFast names the same class in both
+        config["tokenizer_class"] = "PreTrainedTokenizerFast"
     if max_length is not None:
         declared = config.get("model_max_length")
         real = isinstance(declared, (int, float)) and 0 < declared < 1e9  # no limit is stored as ~1e30

@@ -125,6 +125,25 @@ def test_export_over_existing_dir_replaces_only_its_files(model, tokens, tokeniz
     assert {"config.json", "model.safetensors", "README.md", "tokenizer_config.json"} <= {p.name for p in out.iterdir()}
 
 
+def test_the_exported_tokenizer_names_a_class_transformers_4_knows(model, tokens, tokenizer_dir, tmp_path):
+    """transformers 5 saves its generic tokenizer as TokenizersBackend, which transformers 4's AutoTokenizer cannot
+    find: the export names it PreTrainedTokenizerFast (the same class in 5), and encodes as the run's tokenizer."""
+    import shutil
+
+    from transformers import AutoTokenizer
+
+    run_tokenizer = shutil.copytree(tokenizer_dir, tmp_path / "tokenizer")
+    config = json.loads((run_tokenizer / "tokenizer_config.json").read_text())
+    (run_tokenizer / "tokenizer_config.json").write_text(json.dumps({**config, "tokenizer_class": "TokenizersBackend"}))
+    ours = AutoTokenizer.from_pretrained(run_tokenizer)
+    assert type(ours).__name__ == "TokenizersBackend"  # what train_tokenizer saves under transformers 5
+    out = export_pretrained(model, tokens, run_tokenizer, tmp_path / "hf", {})
+    assert json.loads((out / "tokenizer_config.json").read_text())["tokenizer_class"] == "PreTrainedTokenizerFast"
+    theirs = AutoTokenizer.from_pretrained(out)
+    text = ("The union of the states [MASK] one.", "A second segment.")
+    assert ours(*text)["input_ids"] == theirs(*text)["input_ids"] and theirs.mask_token == "[MASK]"
+
+
 def test_card_gives_the_checkpoints_record_of_its_data(model, tokens, tokenizer_dir, tmp_path):
     """The card's data provenance is the hashes the checkpoint's fingerprint holds, not a line saying "unknown"."""
     from pretrain.pipeline import export_card
