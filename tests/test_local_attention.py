@@ -255,6 +255,19 @@ def test_query_stream_takes_the_band(tokens):
         encoder(ids, None, mask, query_stream=g, query_mask=mask.bool()[:, None, :].expand(-1, L, -1))
 
 
+def test_the_exports_own_check_sees_a_wrong_window(tokens, tokenizer_dir, tmp_path):
+    """The check's probe is longer than the window: at 16 tokens a window of 128 computes what one of 256 does, so an
+    export that gave transformers the wrong window passed its own check."""
+    from pretrain.hf.parity import ExportError
+
+    model = make_model(tokens)
+    out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    config = json.loads((out / "config.json").read_text())
+    (out / "config.json").write_text(json.dumps({**config, "local_attention": 2 * WINDOW}))
+    with pytest.raises(ExportError, match="HF outputs differ from ours"):
+        verify_export(model, out)
+
+
 def test_only_modernbert_exports_local_attention(tokens):
     model = make_model(tokens, norm_placement="post", position_embedding="learned", activation="gelu", use_bias=True)
     with pytest.raises(UserError, match="model.local_attention=128"):

@@ -34,9 +34,10 @@ def lm_head_name(model: nn.Module) -> str:
 
 def probe_batch(cfg: ModelConfig, seed: int = 0) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """A fixed batch of 3 x L: random ids (never the pad id at a real token: RoBERTa numbers positions by
-    counting non-pad tokens), both token types, and rows with trailing padding."""
+    counting non-pad tokens), both token types, and rows with trailing padding. L is 16, or with a sliding window
+    16 past it, so that local layers see keys outside their window (a wrong window or RoPE base then shows)."""
     gen = torch.Generator().manual_seed(seed)
-    length = min(16, cfg.max_position_embeddings)
+    length = min(16 + (cfg.local_attention or 0), cfg.max_position_embeddings)
     ids = torch.randint(0, cfg.vocab_size, (3, length), generator=gen)
     ids[ids == cfg.pad_token_id] = (cfg.pad_token_id + 1) % cfg.vocab_size
     types = torch.zeros_like(ids)
