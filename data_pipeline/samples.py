@@ -68,12 +68,17 @@ class PackedSequences(_Chunks):
         seps = self._sep_pos[d0:d1] - start  # [k] positions in the span
         # Tokens before `start` = start minus the d0 SEPs before it; the span holds (end-start-k) tokens.
         ids, words = self.shards.read_span(start - int(d0), end - start - len(seps))
-        at = seps - np.arange(len(seps))  # np.insert indices refer to the array before insertion
-        ids = np.insert(ids.astype(np.int64), at, self.sep_id)
-        words = np.insert(words, at, True)
-        is_sep = np.zeros(len(ids), bool)
+        if not len(seps):  # most spans: no document ends inside
+            return ids.astype(np.int64), words, np.zeros(len(ids), bool)
+        # Tokens around the SEPs by a mask: np.insert's bookkeeping cost more than the copies
+        is_sep = np.zeros(end - start, bool)
         is_sep[seps] = True
-        return ids, words, is_sep
+        tokens = ~is_sep
+        out_ids = np.full(end - start, self.sep_id, np.int64)
+        out_ids[tokens] = ids
+        out_words = np.ones(end - start, bool)
+        out_words[tokens] = words
+        return out_ids, out_words, is_sep
 
     def __getitem__(self, index: int) -> dict[str, np.ndarray]:
         if not -self._len <= index < self._len:

@@ -96,12 +96,17 @@ class ShardSet:
         if self._maps is None:
             self._maps = [
                 (
-                    np.memmap(self.dir / f"{s['name']}.tokens.bin", self.dtype, "r", shape=(s["tokens"],)),
-                    np.memmap(self.dir / f"{s['name']}.words.bin", np.uint8, "r", shape=((s["tokens"] + 7) // 8,)),
+                    self._map(f"{s['name']}.tokens.bin", self.dtype, s["tokens"]),
+                    self._map(f"{s['name']}.words.bin", np.uint8, (s["tokens"] + 7) // 8),
                 )
                 for s in self.manifest["shards"]
             ]
         return self._maps
+
+    def _map(self, filename: str, dtype, count: int) -> np.ndarray:
+        # A plain ndarray view of the map (it keeps the map open): a slice of a np.memmap is a memmap, whose
+        # construction cost as much as a sample's read.
+        return np.memmap(self.dir / filename, dtype, "r", shape=(count,)).view(np.ndarray)
 
     @property
     def num_docs(self) -> int:
@@ -168,17 +173,18 @@ class ShardSet:
         end = start + length
         if start < 0 or length < 0 or end > self.num_tokens:
             raise IndexError(f"token span [{start}, {end}) outside [0, {self.num_tokens})")
-        first = int(np.searchsorted(self._shard_tok_start, start, "right")) - 1
-        last = int(np.searchsorted(self._shard_tok_start, end, "left"))  # exclusive shard bound
+        bounds = self._shard_tok_start
+        first = int(bounds.searchsorted(start, "right")) - 1
+        last = int(bounds.searchsorted(end, "left"))  # exclusive shard bound
         tokens, words = [], []
         maps = self._mapped()
         for k in range(first, max(first + 1, last)):
-            lo = max(start, self._shard_tok_start[k]) - self._shard_tok_start[k]
-            hi = min(end, self._shard_tok_start[k + 1]) - self._shard_tok_start[k]
+            base = int(bounds[k])
+            lo, hi = max(start, base) - base, min(end, int(bounds[k + 1])) - base
             ids, packed = maps[k]
-            tokens.append(np.array(ids[lo:hi]))
-            bits = np.unpackbits(packed[lo // 8 : (hi + 7) // 8])  # [8*bytes]
-            words.append(bits[lo % 8 : lo % 8 + (hi - lo)].astype(bool))
+            tokens.append(ids[lo:hi].copy())
+            bits = np.unpackbits(packed[lo // 8 : (hi + 7) // 8])  # [8*bytes] uint8 0/1, a new array
+            words.append(bits[lo % 8 : lo % 8 + (hi - lo)].view(bool))
         if len(tokens) == 1:
             return tokens[0], words[0]
         return np.concatenate(tokens), np.concatenate(words)
