@@ -14,6 +14,7 @@ short sample), its length is drawn again among the lengths that fit, from the sa
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import numpy as np
@@ -34,13 +35,20 @@ def check_replacement(where: str, mask_token_prob: float, random_token_prob: flo
 
 def ineligible_tokens(sample: dict[str, np.ndarray], tokens: SpecialTokens) -> np.ndarray:
     """bool [n]: tokens that may never be chosen (special ids, [UNK], anything the builder flagged special)."""
-    ids = sample["input_ids"]
-    bad = np.zeros(len(ids), bool)
-    for special in tokens.special_ids:  # five compares over [n]: several times cheaper than np.isin at n ~ 512
-        bad |= ids == special
+    table = _special_table(tokens.special_ids)  # [max id + 2]: True at the special ids
+    bad = table[np.minimum(sample["input_ids"], len(table) - 1)]  # one lookup: cheaper than a compare per id
     if "special_mask" in sample:
         bad |= sample["special_mask"]
     return bad
+
+
+@functools.lru_cache(maxsize=8)
+def _special_table(special_ids: tuple[int, ...]) -> np.ndarray:
+    """bool [max(special_ids) + 2], True at each special id; ids past the end are clipped to its last (False)."""
+    table = np.zeros(max(special_ids) + 2, bool)
+    table[list(special_ids)] = True
+    table.flags.writeable = False
+    return table
 
 
 def sample_word_starts(sample: dict[str, np.ndarray]) -> np.ndarray:
@@ -69,7 +77,9 @@ def replace_tokens(
     to_mask = positions[u < mask_token_prob]
     to_random = positions[(u >= mask_token_prob) & (u < mask_token_prob + random_token_prob)]
     corrupted[to_mask] = tokens.mask
-    corrupted[to_random] = rng.choice(tokens.replaceable, size=len(to_random))
+    if len(to_random):  # rng.choice(pool, n) is pool[rng.integers(len(pool), size=n)] at 3x its overhead
+        pool = tokens.replaceable
+        corrupted[to_random] = pool[rng.integers(len(pool), size=len(to_random))]
     return corrupted
 
 
@@ -119,10 +129,26 @@ class SpanLengths:
         return np.minimum(np.searchsorted(cdf, rng.random(size) * cdf[-1], side="right"), len(cdf) - 1) + 1
 
 
-def _longest_run(free: np.ndarray) -> int:
-    """Length of the longest run of True in a bool array (>= 1 where any is True)."""
-    edges = np.flatnonzero(np.diff(np.concatenate(([0], free.astype(np.int8), [0]))))  # starts and ends of runs
-    return int((edges[1::2] - edges[::2]).max()) if len(edges) else 0
+def _free_runs(free: np.ndarray) -> list[list[int]]:
+    """[start, length] of each run of True in a bool array, in order (plain ints: the span loop walks them)."""
+    edges = np.flatnonzero(np.diff(np.concatenate(([0], free.astype(np.int8), [0])))).tolist()  # run starts, ends
+    return [[a, b - a] for a, b in zip(edges[::2], edges[1::2])]
+
+
+def _fit(runs: list[list[int]], length: int, u: float) -> tuple[int, int] | None:
+    """(run index, first word) of the int(u * F)-th of the F places, in word order, where `length` free words in a
+    row fit; None where there is none. The same place as indexing the sorted array of every fitting first word."""
+    places = [m - length + 1 for _, m in runs]  # [R] first words that fit in each run, where positive
+    count = sum([p for p in places if p > 0])
+    if count == 0:
+        return None
+    k = int(u * count)
+    for r, here in enumerate(places):
+        if 0 < here <= k:
+            k -= here
+        elif here > 0:
+            return r, runs[r][0] + k
+    raise AssertionError("unreachable: k < count")
 
 
 def select_word_spans(
@@ -184,18 +210,29 @@ def _go_on_probabilities(candidate_sizes: np.ndarray, lengths: SpanLengths, budg
     equals the expected shortfall (1 - p) * r: the count is the budget in expectation, and no span is
     dropped or cut for being long. T's law: L ~ pmf, and the tokens of L consecutive candidate words of
     this sample (every window of L words, ignoring where runs break; enough for a stopping rule)."""
-    K = len(lengths.pmf)
     csum = np.concatenate(([0], np.cumsum(candidate_sizes)))  # [C+1]
-    end = np.arange(len(csum))[None, :] + np.arange(1, K + 1)[:, None]  # [K, C+1] window of k words from i
-    valid = end < len(csum)  # [K, C+1] windows that end inside the sample
-    win = csum[np.minimum(end, len(csum) - 1)] - csum[None, :]  # [K, C+1] tokens per window
-    weight = lengths.pmf[:, None] * valid / np.maximum(valid.sum(1, keepdims=True), 1)  # [K, C+1] P(L=k, window)
-    p_t = np.bincount(win[valid], weight[valid], minlength=budget + 2)  # [T+1] P(T = t)
+    ends, begins, weight = _windows(lengths.pmf.tobytes(), lengths.pmf.dtype.str, len(csum))  # [N] each
+    p_t = np.bincount(csum[ends] - csum[begins], weight, minlength=budget + 2)  # [T+1] P(T = t)
     tail = np.cumsum(p_t[::-1])[::-1]  # [T+1] P(T >= t)
     # E[(T - r)+] = sum over t > r of P(T >= t), for r = 0..budget: [budget+1]
     overshoot = np.append(np.cumsum(tail[::-1])[::-1], 0.0)[1 : budget + 2]
     remaining = np.arange(budget + 1)  # [budget+1] every r the loop can meet
     return (remaining / np.maximum(remaining + overshoot, 1e-9)).tolist()
+
+
+@functools.lru_cache(maxsize=256)
+def _windows(pmf_bytes: bytes, dtype: str, n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every window of k = 1..K consecutive words that ends inside a sample of n - 1 candidate words, by k then
+    start: (end [N], start [N] into the [n] running token counts, P(L = k, this window) [N]). A function of the
+    word count alone, so cached: rebuilding it was a third of a sample's span selection."""
+    pmf = np.frombuffer(pmf_bytes, dtype)  # [K]
+    end = np.arange(n)[None, :] + np.arange(1, len(pmf) + 1)[:, None]  # [K, n] window of k words from i
+    valid = end < n  # [K, n] windows that end inside the sample
+    weight = pmf[:, None] * valid / np.maximum(valid.sum(1, keepdims=True), 1)  # [K, n] P(L=k, window)
+    out = end[valid], np.broadcast_to(np.arange(n), end.shape)[valid], weight[valid]
+    for a in out:
+        a.flags.writeable = False
+    return out
 
 
 def _place_spans(
@@ -213,24 +250,27 @@ def _place_spans(
     budget, so `budget` draws always suffice. gap: words blocked on each side of a placed span."""
     drawn = lengths.draw(rng, budget).tolist()  # [budget]
     u_go, u_place = rng.random((2, budget)).tolist()  # [budget] each
-    free = good.copy()  # [W] words a new span may still cover
-    run = np.zeros(len(free) + 1, np.int64)  # [W+1] free words before each index
+    # The free words as runs [start, length]: a few per sample, so walking them in Python costs less than a
+    # cumsum over every word per span.
+    runs = _free_runs(good)
     first_words, lens = [], []
     taken = 0
     for i in range(budget):
         if i > 0 and (taken >= budget or u_go[i] >= go_p[budget - taken]):  # the first span is always drawn
             break
         L = drawn[i]
-        np.cumsum(free, out=run[1:])
-        fits = np.flatnonzero(run[L:] - run[:-L] == L)  # [F] first words of L free words in a row
-        if len(fits) == 0 and i == 0:  # the first span must be placed: its length among those that fit
-            longest = _longest_run(free)
+        place = _fit(runs, L, u_place[i])
+        if place is None and i == 0:  # the first span must be placed: its length among those that fit
+            longest = max((m for _, m in runs), default=0)
             L = int(SpanLengths(lengths.pmf[:longest]).draw(rng, 1)[0])
-            fits = np.flatnonzero(run[L:] - run[:-L] == L)
-        if len(fits) == 0:  # no room for this length: stop rather than redraw (redrawing favours short spans)
+            place = _fit(runs, L, u_place[i])
+        if place is None:  # no room for this length: stop rather than redraw (redrawing favours short spans)
             break
-        s = int(fits[int(u_place[i] * len(fits))])
-        free[max(s - gap, 0) : s + L + gap] = False
+        r, s = place
+        a, m = runs[r]
+        # block the span and `gap` words each side; words next to the run are not free already
+        left, right = [a, max(s - gap, a) - a], [min(s + L + gap, a + m), a + m - min(s + L + gap, a + m)]
+        runs[r : r + 1] = [run for run in (left, right) if run[1] > 0]
         first_words.append(s)
         lens.append(L)
         taken += int(ends[s + L - 1] - starts[s])
