@@ -435,3 +435,40 @@ def test_a_copied_record_without_weights_says_so_when_a_task_is_added(tmp_path):
     with pytest.raises(UserError, match="trained, but its weights are not in") as err:
         run_arm(ab, copied)
     assert str(tmp_path / "copy" / "arms" / copied.name) in str(err.value) and "Copy its hf/" in str(err.value)
+
+
+def test_a_second_ablate_in_the_same_directory_is_refused(tmp_path, monkeypatch):
+    """Two `pretrain ablate` in one directory evaluated the same run at once, interleaving its state.json, and each
+    marked as failed the arms whose trainer the other held (its report saying so of arms that finished). The second
+    is now refused at once, naming the holder, and writes nothing."""
+    import os
+    import subprocess
+    import sys
+
+    from pretrain.evaluation import ablate
+    from pretrain.evaluation.ablate import print_commands, run_ablation
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    def went_on(ab):
+        raise AssertionError("the second ablate went on")
+
+    monkeypatch.setattr(ablate, "prepare_data", went_on)
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    ab = load_ablation(tiny, [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"])
+    hold = (
+        "import time; from pretrain.core.outputs import exclusive, mark_output\n"
+        f"mark_output({str(ab.out)!r}, 'ablation')\n"
+        f"with exclusive({str(ab.out)!r}, 'running `pretrain ablate`'):\n"
+        "    print('held', flush=True); time.sleep(60)\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    other = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert other.stdout.readline().strip() == "held"
+        for run in (run_ablation, print_commands):
+            with pytest.raises(UserError, match=r"another process is running `pretrain ablate` in .*\(pid "):
+                run(ab)
+        assert sorted(p.name for p in ab.out.iterdir()) == [".bert-pretrain.json", ".lock"]
+    finally:
+        other.kill()
+        other.wait()

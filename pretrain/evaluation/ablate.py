@@ -30,7 +30,8 @@ and every dev prediction, from which the report's paired tests are computed: `pr
 Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed engines, signal handlers and
 the distributed group are per process, and it is exactly the command a cluster runs. state.json records
 each finished stage (trained, exported, evaluated), so a re-run skips finished arms and stages; a
-half-trained arm resumes from its checkpoint (the trainer does that itself). Where a machine keeps nothing between
+half-trained arm resumes from its checkpoint (the trainer does that itself). One `pretrain ablate` runs in a directory
+at a time: a second is refused, naming the first. Where a machine keeps nothing between
 short loans, `--within-minutes` ends an invocation at a finished run rather than mid-way, and `--copy-record` copies
 what the next machine needs to go on, without weights: the tokenizer and each finished run's state (`copy_record`).
 """
@@ -48,7 +49,7 @@ import yaml
 
 from pretrain.core.config import RunConfig, load_yaml, save_config
 from pretrain.core.errors import UserError
-from pretrain.core.outputs import claim_output, mark_output
+from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Schedule
 from pretrain.evaluation.ablation_plan import Ablation, Arm, apply_budget, measure_phase_flops, say
@@ -318,10 +319,22 @@ def run_arm(ab: Ablation, arm: Arm) -> dict:
     return state
 
 
+# one `pretrain ablate` (or --print-commands) at a time in an ablation directory: two would evaluate the same run at
+# once, interleave its state.json, and mark as failed the arms whose trainer the other holds
+BUSY, BUSY_HINT = "running `pretrain ablate`", " before running it again, or give this one another output_dir"
+
+
 def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float = 0.0) -> Path | None:
     """Run every arm that has not finished, then write the report. With `within_minutes`, a run that would not finish
     within that many minutes of this invocation (judged by `expected_seconds`) is left for the next invocation of
     the same command, and the report waits for it: None is returned then."""
+    claim_output(ab.out, "ablation", "output_dir")
+    mark_output(ab.out, "ablation")  # first: a directory holding the lock alone would not look like ours
+    with exclusive(ab.out, BUSY, BUSY_HINT):
+        return _run_ablation(ab, command, within_minutes)
+
+
+def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> Path | None:
     import torch
 
     from pretrain.evaluation.report import write_report
@@ -329,9 +342,7 @@ def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float
     started = time.monotonic()
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
-    claim_output(ab.out, "ablation", "output_dir")
     check_settings(ab)  # before anything is written: a changed config never mixes into the runs done
-    mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
     prepare_data(ab)
     timed = recorded_seconds(ab)
@@ -388,6 +399,12 @@ def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float
 def print_commands(ab: Ablation) -> list[str]:
     """Write each arm's config (budget applied) and return one launch command per arm."""
     claim_output(ab.out, "ablation", "output_dir")
+    mark_output(ab.out, "ablation")  # first: a directory holding the lock alone would not look like ours
+    with exclusive(ab.out, BUSY, BUSY_HINT):
+        return _print_commands(ab)
+
+
+def _print_commands(ab: Ablation) -> list[str]:
     check_settings(ab)
     procs = ab.launch.procs
     d = ab.base.data
@@ -424,7 +441,6 @@ def print_commands(ab: Ablation) -> list[str]:
             lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
         else:
             lines.append(f"launch/single_node.sh {procs} {cfg_path}")
-    mark_output(ab.out, "ablation")
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))
     lines += [
         "# 3. when the jobs are done: export, downstream evaluation and the report (trained arms are not retrained)",
