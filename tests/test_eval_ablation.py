@@ -472,3 +472,42 @@ def test_a_second_ablate_in_the_same_directory_is_refused(tmp_path, monkeypatch)
     finally:
         other.kill()
         other.wait()
+
+
+def test_an_interrupted_ablation_lets_the_arms_trainer_save_its_checkpoint(tmp_path, monkeypatch):
+    """^C (or SIGTERM) to `pretrain ablate` while an arm trains: subprocess.run killed the trainer 0.25 s later,
+    before it could finish its step and save (no checkpoint of a 6-layer arm 11 steps in), and SIGTERM to the ablation
+    alone left the trainer training on, orphaned. The signal is now passed on and the trainer waited for; the
+    ablation stops there (the later arms wait for the next run)."""
+    import os
+    import signal
+    import sys
+    import threading
+    import time
+
+    from pretrain.evaluation import ablate
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    ab = load_ablation(tiny, [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"])
+    ready, saved = tmp_path / "ready", tmp_path / "saved"
+    trainer = tmp_path / "trainer"  # stands for `python -m pretrain.cli train`: a checkpoint takes a while to save
+    trainer.write_text(
+        f"#!{sys.executable}\nimport signal, sys, time\n"
+        "def stop(*_):\n"
+        f"    time.sleep(1); open({str(saved)!r}, 'w').write('step 11'); sys.exit(75)\n"
+        f"signal.signal(signal.SIGINT, stop); open({str(ready)!r}, 'w').close(); time.sleep(30)\n"
+    )
+    trainer.chmod(0o755)
+    monkeypatch.setattr(sys, "executable", str(trainer))
+
+    def interrupt():
+        while not ready.exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGINT)  # this process alone, as `kill -INT`; a terminal's ^C reaches both
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    with pytest.raises(KeyboardInterrupt):
+        ablate.train_arm(ab, ab.arms[0], tmp_path / "arm.yaml")
+    assert saved.read_text() == "step 11"
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back

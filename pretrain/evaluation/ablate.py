@@ -31,7 +31,8 @@ Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed eng
 the distributed group are per process, and it is exactly the command a cluster runs. state.json records
 each finished stage (trained, exported, evaluated), so a re-run skips finished arms and stages; a
 half-trained arm resumes from its checkpoint (the trainer does that itself). One `pretrain ablate` runs in a directory
-at a time: a second is refused, naming the first. Where a machine keeps nothing between
+at a time: a second is refused, naming the first. ^C or SIGTERM while an arm trains reaches its trainer, which saves a
+checkpoint; the invocation stops there. Where a machine keeps nothing between
 short loans, `--within-minutes` ends an invocation at a finished run rather than mid-way, and `--copy-record` copies
 what the next machine needs to go on, without weights: the tokenizer and each finished run's state (`copy_record`).
 """
@@ -110,16 +111,24 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
         + (f", at most {t.max_minutes:.1f} min" if ab.budget_kind == "time" else "")
         + ")"
     )
-    proc = subprocess.run([sys.executable, "-m", "pretrain.cli", "train", str(cfg_path)], env=env)
-    if proc.returncode == 75:
+    returncode, signalled = _run_trainer([sys.executable, "-m", "pretrain.cli", "train", str(cfg_path)], env)
+    if signalled:  # this invocation was asked to stop: the arms after this one wait for the next
+        import signal
+
+        saved = "its checkpoint saved" if returncode == 75 else f"its trainer's exit status {returncode}"
+        say(
+            f"arm {arm.name}: stopped by {signal.Signals(signalled).name} ({saved}); run the same `pretrain "
+            "ablate` command again to resume"
+        )
+        raise KeyboardInterrupt
+    if returncode == 75:
         raise UserError(
             f"arm {arm.name}: training was interrupted (checkpoint saved); run the same "
             f"`pretrain ablate` command again to resume"
         )
-    if proc.returncode != 0:
+    if returncode != 0:
         raise UserError(
-            f"arm {arm.name}: `pretrain train {cfg_path}` failed with exit status {proc.returncode} "
-            f"(see its output above)"
+            f"arm {arm.name}: `pretrain train {cfg_path}` failed with exit status {returncode} (see its output above)"
         )
     state = _trainer_state(arm.cfg)
     finished = state.get("step", 0) >= t.max_steps or (
@@ -131,6 +140,34 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
             "before the budget was spent; run again to resume"
         )
     return state
+
+
+def _run_trainer(command: list[str], env: dict) -> tuple[int, int]:
+    """Run an arm's trainer to its end: (its exit status, the signal this process got meanwhile or 0). SIGINT and
+    SIGTERM are passed on and the trainer waited for, so that it finishes its step, saves a checkpoint and exits 75
+    (from a terminal, ^C reaches it too; a second signal changes nothing). subprocess.run killed it 0.25 s after a
+    ^C, before any checkpoint of a model larger than a toy, and this process alone terminated left it training on."""
+    import signal
+    import threading
+
+    got: list[int] = []
+    proc: subprocess.Popen | None = None
+
+    def forward(signum, frame):
+        got.append(signum)
+        if proc is not None:
+            proc.send_signal(signum)
+
+    here = threading.current_thread() is threading.main_thread()  # handlers can only be set there
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)} if here else {}
+    try:
+        proc = subprocess.Popen(command, env=env)
+        if got:  # signalled while it started
+            proc.send_signal(got[0])
+        return proc.wait(), (got[0] if got else 0)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def export_baseline(arm: Arm) -> Path:
