@@ -511,3 +511,38 @@ def test_an_interrupted_ablation_lets_the_arms_trainer_save_its_checkpoint(tmp_p
         ablate.train_arm(ab, ab.arms[0], tmp_path / "arm.yaml")
     assert saved.read_text() == "step 11"
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
+
+
+def test_print_commands_plans_record_the_flops_the_report_shows(tmp_path, monkeypatch):
+    """--print-commands measured a step's FLOPs only for a flops budget: under a tokens or time budget its plan said
+    0 FLOPs per step, and the report showed 0 FLOPs (and 0 per token) for every arm trained by those commands. They
+    are measured where the data exist, else when `pretrain ablate` takes the trained arm over (step 3)."""
+    from pretrain.evaluation import ablate, ablation_plan
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import read_state
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    args = [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"]
+    for module in (ablate, ablation_plan):
+        monkeypatch.setattr(module, "measure_phase_flops", lambda cfg: [1000])  # a micro-batch of 8
+    ab = load_ablation(tiny, args)
+    mlm = ab.arms[0]
+    ablate.print_commands(ab)  # no data yet: nothing to measure a step on
+    assert read_state(mlm)["plan"]["flops_per_step"] == 0
+
+    trained = {"step": 6, "tokens_seen": 3000, "elapsed_s": 1.0}
+    monkeypatch.setattr(ablate, "train_arm", lambda ab, arm, cfg_path: trained)
+    monkeypatch.setattr(ablate, "_final_losses", lambda cfg: {})
+    monkeypatch.setattr(ablate, "_exported", lambda arm, state: True)
+    ab = load_ablation(tiny, args)  # step 3: `pretrain ablate` after the jobs
+    state = read_state(ab.arms[0])
+    ablate._pretrain_arm(ab, ab.arms[0], state, ab.arm_config_path(ab.arms[0]))
+    assert read_state(ab.arms[0])["plan"]["flops_per_step"] == 1000
+    assert read_state(ab.arms[0])["pretraining"]["flops"] == 6 * 1000
+
+    for name in ("tokenizer/tokenizer.json", "shards/manifest.json"):  # with the data there, measured at once
+        (ab.out / name).parent.mkdir(exist_ok=True)
+        (ab.out / name).write_text("{}")
+    (ab.out / "arms" / "mlm" / "state.json").unlink()
+    ablate.print_commands(load_ablation(tiny, args))
+    assert read_state(mlm)["plan"]["flops_per_step"] == 1000

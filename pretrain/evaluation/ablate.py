@@ -53,7 +53,14 @@ from pretrain.core.errors import UserError
 from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Schedule
-from pretrain.evaluation.ablation_plan import Ablation, Arm, apply_budget, measure_phase_flops, say
+from pretrain.evaluation.ablation_plan import (
+    Ablation,
+    Arm,
+    apply_budget,
+    measure_phase_flops,
+    planned_flops_per_step,
+    say,
+)
 from pretrain.evaluation.ablation_record import (
     arm_settings,
     check_settings,
@@ -275,6 +282,12 @@ def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
         arm.cfg = here
         if here != saved:  # the trainer reads this file
             save_config(here, cfg_path)
+        plan = state["plan"]
+        if not plan.get("flops_per_step"):  # planned by --print-commands before the data existed
+            plan["flops_per_step"] = planned_flops_per_step(arm.cfg, plan)
+            if "pretraining" in state:  # trained, its record written with none
+                state["pretraining"]["flops"] = state["pretraining"]["steps"] * plan["flops_per_step"]
+            write_state(arm, state)
     if not state.get("trained"):
         trainer_state = train_arm(ab, arm, cfg_path)
         plan = state["plan"]
@@ -466,11 +479,11 @@ def _print_commands(ab: Ablation) -> list[str]:
             continue
         settings = arm_settings(ab, arm)  # as the ablation file gives it, before the budget below
         phases = len(Schedule.of(arm.cfg).phases)
-        flops = measure_phase_flops(arm.cfg) if (ab.budget_kind == "flops" and have_data) else [0] * phases
         if ab.budget_kind == "flops" and not have_data:
             lines.append(f"# {arm.name}: a flops budget needs the data to measure a step; run step 1, then again")
             continue
-        plan = apply_budget(ab, arm, flops, world=procs)
+        # the report's FLOPs whatever the budget; without the data, step 3 measures them (`planned_flops_per_step`)
+        plan = apply_budget(ab, arm, measure_phase_flops(arm.cfg) if have_data else [0] * phases, world=procs)
         save_config(arm.cfg, cfg_path)
         # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
         write_state(arm, {"settings": settings, **read_state(arm), "plan": plan})

@@ -232,6 +232,19 @@ def steps_within(costs: np.ndarray, budget: float) -> int:
     return n
 
 
+def per_step_cost(costs: np.ndarray, steps: int) -> float:
+    """The cost per step of `costs` [S] (the last repeated after S) averaged over the first `steps` steps: what the
+    report multiplies the steps trained by."""
+    return float(costs[np.minimum(np.arange(steps), len(costs) - 1)].mean())
+
+
+def planned_flops_per_step(cfg: RunConfig, plan: dict) -> float:
+    """FLOPs per step of a plan made without them (`pretrain ablate --print-commands` before the data existed, or with
+    a tokens or time budget before they were measured for it), measured now for its steps and global batch."""
+    world = max(1, plan.get("global_batch", 0) // cfg.train.global_batch(1))
+    return per_step_cost(budget_costs(cfg, measure_phase_flops(cfg), world)[1], plan["max_steps"])
+
+
 def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1) -> dict:
     """Give the arm its budget (a new config: max_steps for tokens and flops, max_minutes for time); returns the plan
     for the report. A scheduled arm's steps cost what its schedule says at each step (length, global batch);
@@ -264,9 +277,7 @@ def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1)
     except ConfigError as err:
         where = f"{ab.path}: arm '{arm.name}': its {ab.budget_kind} budget ends it at step {steps}"
         raise ConfigError(f"{where}: {err}") from None
-    # per step, averaged over the planned steps (what the report multiplies the steps trained by)
-    planned = np.arange(steps)
-    per_step = [float(c[np.minimum(planned, len(c) - 1)].mean()) for c in (tokens, flops)]
+    per_step = [per_step_cost(c, steps) for c in (tokens, flops)]
     return {
         "kind": ab.budget_kind,
         "amount": ab.budget_amount,
