@@ -546,3 +546,42 @@ def test_print_commands_plans_record_the_flops_the_report_shows(tmp_path, monkey
     (ab.out / "arms" / "mlm" / "state.json").unlink()
     ablate.print_commands(load_ablation(tiny, args))
     assert read_state(mlm)["plan"]["flops_per_step"] == 1000
+
+
+def test_seeds_added_afterwards_reuse_the_runs_done(tmp_path):
+    """A run is named <arm> with one pretraining seed and <arm>-seed<S> with several: adding seeds to a finished
+    ablation trained and evaluated every arm again at the seed it had (as mlm-seed1234 beside mlm), and taking them
+    away again did the same the other way. A run recorded under the other name at that seed keeps its name."""
+    from pretrain.evaluation.ablate import check_settings
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import arm_settings, finished, read_state, write_state
+    from pretrain.evaluation.task_files import task_sha256
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    task = _tsv_task(tmp_path / "mr", 20)
+    arms = "arms={mlm: {objectives: {mlm: {}}}, none: {pretrain: false}}"
+    args = [f"eval.tasks=[{task}]", f"output_dir={tmp_path / 'ab'}", arms]
+    result = {"task": "mr", "task_sha256": task_sha256(task), "dev_labels": [0, 1] * 10, "dev_predictions": [[0] * 20]}
+
+    def run_all(ab):
+        for arm in ab.arms:
+            if not read_state(arm):
+                write_state(
+                    arm, {"settings": arm_settings(ab, arm), "evaluated": True, "downstream": {"probe": {"mr": result}}}
+                )
+
+    one = load_ablation(tiny, args)  # run.train.seed 1234 alone
+    run_all(one)
+    three = load_ablation(tiny, [*args, "seeds=[1234, 1235, 1236]"])
+    assert [a.name for a in three.arms if a.group == "mlm"] == ["mlm", "mlm-seed1235", "mlm-seed1236"]
+    assert [a.seed for a in three.arms if a.group == "mlm"] == [1234, 1235, 1236]
+    check_settings(three)
+    assert [finished(three, read_state(a)) for a in three.arms if a.group == "mlm"] == [True, False, False]
+    run_all(three)
+    back = load_ablation(tiny, [*args, "seeds=[1235]"])  # the other way: one seed, run before under its seed name
+    assert [a.name for a in back.arms] == ["mlm-seed1235", "none-seed1235"]
+    assert all(finished(back, read_state(a)) for a in back.arms)
+    assert [a.name for a in load_ablation(tiny, [*args, "seeds=[1236, 1237]"]).arms][:2] == [
+        "mlm-seed1236",
+        "mlm-seed1237",
+    ]

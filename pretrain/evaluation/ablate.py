@@ -23,9 +23,10 @@ An ablation config (YAML, typed as `pretrain.evaluation.configs.AblationConfig`;
 
 Layout: <dir>/tokenizer and <dir>/shards (built once, shared), <dir>/configs/<run>.yaml (each run's resolved
 config: what the cluster commands point at), <dir>/arms/<run>/ (a run directory, with hf/ and state.json; <run> is
-the arm's name, or <arm>-seed<S> with several seeds), <dir>/report.md with its plots and results.json (every score
-and every dev prediction, from which the report's paired tests are computed: `pretrain.evaluation.stats`), and
-<dir>/provenance.json (commit, versions, command, resolved configs, sha256 of every input: `pretrain.core.provenance`).
+the arm's name, or <arm>-seed<S> with several seeds: a run done before seeds were added or taken away keeps its
+name), <dir>/report.md with its plots and results.json (every score and every dev prediction, from which the
+report's paired tests are computed: `pretrain.evaluation.stats`), and <dir>/provenance.json (commit, versions,
+command, resolved configs, sha256 of every input: `pretrain.core.provenance`).
 
 Each arm trains in its own `python -m pretrain.cli train` process: DeepSpeed engines, signal handlers and
 the distributed group are per process, and it is exactly the command a cluster runs. state.json records

@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -125,6 +126,22 @@ def _shared_run(run: dict, out: Path, path: Path) -> tuple[dict, RunConfig]:
         raise ConfigError(f"{path}: run: {err}") from None
 
 
+def _run_name(arm: str, seed: int, several: bool, runs: Path) -> str:
+    """A run's name (its directory under `runs`): the arm's, or <arm>-seed<S> with several seeds. A run recorded under
+    the other of the two at this seed (before seeds were added, or after they were taken away) keeps its name: it is
+    reused, not run again beside it."""
+    named, other = (f"{arm}-seed{seed}", arm) if several else (arm, f"{arm}-seed{seed}")
+    return next((name for name in (named, other) if _recorded_seed(runs / name) == seed), named)
+
+
+def _recorded_seed(run_dir: Path) -> int | None:
+    """The pretraining seed a run's state.json records (None: no run there, or one recorded before its settings)."""
+    try:
+        return json.loads((run_dir / "state.json").read_text())["settings"]["run"]["train"]["seed"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[int], path: Path) -> list[Arm]:
     """One Arm per pretraining seed: the shared run with the arm's overrides (its objectives replace the shared
     ones; train options such as its learning rate may differ; the encoder, sequence length and seed may not)."""
@@ -139,7 +156,7 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
     data = deep_merge(data, spec)
     runs = []
     for seed in seeds:
-        run_name = str(name) if len(seeds) == 1 else f"{name}-seed{seed}"
+        run_name = _run_name(str(name), seed, len(seeds) > 1, Path(shared["output_dir"]))
         seeded = deep_merge(data, {"train": {"seed": seed}, "data": shared["data"]})
         try:
             cfg = config_from_dict({**seeded, "name": run_name, "output_dir": shared["output_dir"]})
