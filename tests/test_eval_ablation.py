@@ -585,3 +585,45 @@ def test_seeds_added_afterwards_reuse_the_runs_done(tmp_path):
         "mlm-seed1236",
         "mlm-seed1237",
     ]
+
+
+def test_a_corpus_changed_in_place_is_refused_rather_than_mixed(tmp_path, monkeypatch):
+    """The corpus file changed in place (same path, other documents) between two invocations: `prepare_data` built the
+    shards again from it and the arms run from then on (one added since) trained on other data than the finished
+    ones, in one report. Each run records the content of the shards it trained on; other data now is refused, naming
+    the run. A rebuild of the same data (the file touched, or copied to another machine) is no change."""
+    from pretrain.core.outputs import mark_output
+    from pretrain.evaluation import ablate
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import read_state
+
+    corpus = tmp_path / "corpus.jsonl"
+    lines = CORPUS.read_text().splitlines()
+    corpus.write_text("\n".join(lines[:12]) + "\n")
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    args = [
+        f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]",
+        f"output_dir={tmp_path / 'ab'}",
+        f"run.data.corpus=[{corpus}]",
+    ]
+    ab = load_ablation(tiny, args)
+    mark_output(ab.out, "ablation")
+    ablate.prepare_data(ab)
+    monkeypatch.setattr(ablate, "measure_phase_flops", lambda cfg: [1000])
+    monkeypatch.setattr(ablate, "train_arm", lambda ab, arm, cfg_path: {"step": 6, "tokens_seen": 3000})
+    monkeypatch.setattr(ablate, "_final_losses", lambda cfg: {})
+    monkeypatch.setattr(ablate, "_exported", lambda arm, state: True)
+    mlm = ab.arms[0]
+    ablate._pretrain_arm(ab, mlm, {}, ab.arm_config_path(mlm))
+    assert read_state(mlm)["shards"] == ablate.shards_hash(ab)
+
+    def went_on(ab, arm):
+        raise AssertionError(f"{arm.name} ran")
+
+    monkeypatch.setattr(ablate, "run_arm", went_on)
+    corpus.touch()  # built again, the same data
+    ablate.prepare_data(ab)
+    ablate.check_shards(ab)
+    corpus.write_text("\n".join(lines[:20]) + "\n")
+    with pytest.raises(UserError, match=f"run mlm in {tmp_path / 'ab'} trained on other data than .*{corpus}"):
+        ablate.run_ablation(load_ablation(tiny, args))

@@ -94,6 +94,35 @@ def prepare_data(ab: Ablation) -> None:
     stage_shards(ab.base)
 
 
+def shards_hash(ab: Ablation) -> str | None:
+    """What the ablation's shards hold (`ShardSet.content_hash`, as a run's resume fingerprint records it); None
+    before they are built."""
+    from data_pipeline.shards import ShardSet
+
+    return (
+        ShardSet(ab.base.shards_dir, verify=False).content_hash()
+        if (ab.base.shards_dir / "manifest.json").is_file()
+        else None
+    )
+
+
+def check_shards(ab: Ablation) -> None:
+    """Refuse to go on where a run trained on other data than the shards hold now: the corpus changed in place since
+    and `prepare_data` built them again, so the arms trained from here on would not be comparable with it."""
+    now = shards_hash(ab)
+    for arm in ab.arms:
+        then = read_state(arm).get("shards")
+        if then is not None and then != now:
+            d = ab.base.data
+            inputs = ", ".join(d.corpus) or "data.sources"
+            raise UserError(
+                f"{ab.path}: run {arm.name} in {ab.out} trained on other data than {ab.base.shards_dir} holds now "
+                f"(built again from {inputs}, whose files changed since): the arms trained from here on would not be "
+                f"comparable with it. Put the corpus back as it was, give the changed ablation another output_dir, "
+                f"or remove {arm.cfg.run_dir} to run it again"
+            )
+
+
 def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
     """Train in a subprocess until the budget is spent; returns the trainer state of its last checkpoint."""
     t = arm.cfg.train
@@ -300,6 +329,8 @@ def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
             "wall_s": trainer_state.get("elapsed_s", 0.0),
             "final_loss": _final_losses(arm.cfg),
         }
+        if (shards := shards_hash(ab)) is not None:  # what it trained on (a resumed trainer refuses other data)
+            state.setdefault("shards", shards)
         state["trained"] = True
         write_state(arm, state)
     if not _exported(arm, state):
@@ -396,6 +427,7 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     check_settings(ab)  # before anything is written: a changed config never mixes into the runs done
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
     prepare_data(ab)
+    check_shards(ab)  # a corpus changed in place: its shards were built again, and would not be what the runs had
     timed = recorded_seconds(ab)
     results, failed, left = {}, {}, []
     for i, arm in enumerate(ab.arms, 1):
