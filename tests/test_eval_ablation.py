@@ -627,3 +627,49 @@ def test_a_corpus_changed_in_place_is_refused_rather_than_mixed(tmp_path, monkey
     corpus.write_text("\n".join(lines[:20]) + "\n")
     with pytest.raises(UserError, match=f"run mlm in {tmp_path / 'ab'} trained on other data than .*{corpus}"):
         ablate.run_ablation(load_ablation(tiny, args))
+
+
+def test_print_commands_build_the_data_the_config_gives(tmp_path):
+    """--print-commands' data commands gave the type and vocabulary size alone: a cased config (min_frequency 3, one
+    document per line) got a lowercased tokenizer from them, with the commands' defaults, which the arms then trained
+    on and the report described as cased. Each command now carries every setting of the config that it takes."""
+    import shlex
+
+    from pretrain.cli import build_parser
+    from pretrain.evaluation.ablate import print_commands
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    settings = {
+        "lowercase": False,
+        "strip_accents": False,
+        "min_frequency": 3,
+        "text_field": "body",
+        "text_documents": "lines",
+        "tokenizer_sample_docs": 50,
+        "docs_per_shard": 7,
+        "on_bad_document": "error",
+        "max_document_bytes": 4096,
+    }
+    task = f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]"
+    ab = load_ablation(
+        tiny, [task, f"output_dir={tmp_path / 'ab'}", *(f"run.data.{k}={v}" for k, v in settings.items())]
+    )
+    d = ab.base.data
+    parser = build_parser()
+    printed = [line for line in print_commands(ab) if line.startswith(("pretrain tokenizer", "pretrain shards"))]
+    tokenizer, shards = (parser.parse_args(shlex.split(line)[1:]) for line in printed)
+    assert (tokenizer.type, tokenizer.vocab_size, tokenizer.sample_docs) == (d.tokenizer_type, d.vocab_size, 50)
+    for args, keys in (
+        (tokenizer, settings.keys() - {"tokenizer_sample_docs", "docs_per_shard"}),
+        (shards, ["docs_per_shard"]),
+    ):
+        for key in keys:
+            assert getattr(args, {"on_bad_document": "on_bad"}.get(key, key)) == getattr(d, key) == settings[key], key
+    for key in ("text_field", "text_documents", "max_document_bytes"):
+        assert getattr(shards, key) == settings[key], key
+    assert (Path(tokenizer.out), Path(shards.tokenizer), Path(shards.out)) == (
+        ab.base.tokenizer_dir,
+        ab.base.tokenizer_dir,
+        ab.base.shards_dir,
+    )

@@ -479,6 +479,31 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
 # Cluster commands
 
 
+def data_commands(ab: Ablation) -> list[str]:
+    """`pretrain tokenizer` and `pretrain shards` with every setting of the config that they take, so that they build
+    the data `pretrain ablate` would: with the commands' defaults, a cased config got a lowercased tokenizer (its
+    min_frequency, text_field, ... the defaults too), which the arms and the report then used as it was."""
+    d = ab.base.data
+    q = shlex.quote
+    corpus = " ".join(q(c) for c in d.corpus)
+    reading = (
+        f"--text-field {q(d.text_field)} --text-documents {d.text_documents} --on-bad {d.on_bad_document} "
+        f"--max-document-bytes {d.max_document_bytes}"
+    )
+    tokenizer = (
+        f"pretrain tokenizer {corpus} --out {q(str(ab.base.tokenizer_dir))} --type {d.tokenizer_type} "
+        f"--vocab-size {d.vocab_size} --min-frequency {d.min_frequency}"
+        + ("" if d.lowercase else " --cased")
+        + ("" if d.strip_accents else " --keep-accents")
+        + (f" --sample-docs {d.tokenizer_sample_docs}" if d.tokenizer_sample_docs else "")
+    )
+    shards = (
+        f"pretrain shards {corpus} --tokenizer {q(str(ab.base.tokenizer_dir))} --out {q(str(ab.base.shards_dir))} "
+        f"--docs-per-shard {d.docs_per_shard}"
+    )
+    return [f"{tokenizer} {reading}", f"{shards} {reading}"]
+
+
 def print_commands(ab: Ablation) -> list[str]:
     """Write each arm's config (budget applied) and return one launch command per arm."""
     claim_output(ab.out, "ablation", "output_dir")
@@ -490,13 +515,9 @@ def print_commands(ab: Ablation) -> list[str]:
 def _print_commands(ab: Ablation) -> list[str]:
     check_settings(ab)
     procs = ab.launch.procs
-    d = ab.base.data
-    corpus = " ".join(shlex.quote(c) for c in d.corpus)
     lines = [
         "# 1. data, once (a cache hit when it exists); put the ablation directory on a shared filesystem",
-        f"pretrain tokenizer {corpus} --out {ab.base.tokenizer_dir} --type {d.tokenizer_type} "
-        f"--vocab-size {d.vocab_size}",
-        f"pretrain shards {corpus} --tokenizer {ab.base.tokenizer_dir} --out {ab.base.shards_dir}",
+        *data_commands(ab),
         f"# 2. one job per arm ({ab.budget_kind} budget {ab.budget_amount:g}, {procs} "
         f"process{'es' if procs != 1 else ''} each)",
     ]
