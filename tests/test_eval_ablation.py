@@ -673,3 +673,25 @@ def test_print_commands_build_the_data_the_config_gives(tmp_path):
         ab.base.tokenizer_dir,
         ab.base.shards_dir,
     )
+
+
+def test_a_tokenizer_trained_for_other_settings_is_refused(tmp_path):
+    """An ablation stopped after its data stage (hours of shards) and run again with data.lowercase=false kept its
+    lowercased tokenizer ('exists, skipped': the ablation names its tokenizer, used as it is), and every arm trained
+    on it while its settings said cased. The tokenizer's recorded settings are held to the config's."""
+    from pretrain.evaluation.ablate import prepare_data
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import write_state
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    args = [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"]
+    ab = load_ablation(tiny, [*args, "run.data.lowercase=false"])
+    tok = ab.base.tokenizer_dir
+    tok.mkdir(parents=True)
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "training_settings.json").write_text(json.dumps({"vocab_size": 512, "lowercase": True}))
+    with pytest.raises(UserError, match=rf"data.lowercase=True \(the config gives False\).* Remove {tok} to have it"):
+        prepare_data(ab)
+    write_state(ab.arms[0], {"plan": {}})
+    with pytest.raises(UserError, match=r"the arms mlm trained on it\. Put the config back"):
+        prepare_data(ab)

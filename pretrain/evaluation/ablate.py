@@ -90,8 +90,31 @@ def _trainer_state(cfg: RunConfig) -> dict:
 def prepare_data(ab: Ablation) -> None:
     from pretrain.pipeline import stage_shards, stage_tokenizer
 
+    check_tokenizer(ab)
     stage_tokenizer(ab.base)
     stage_shards(ab.base)
+
+
+def check_tokenizer(ab: Ablation) -> None:
+    """Refuse a tokenizer in the ablation's directory trained with other data settings than its config gives (an
+    invocation stopped after the data stage and run again with another vocabulary or casing, or data built by hand):
+    the ablation names its tokenizer, which the tokenizer stage uses as it is, so the arms trained on it as it was."""
+    from data_pipeline.tokenizer import trained_settings
+    from pretrain.core.parsing import to_dict
+
+    recorded, now = trained_settings(ab.base.tokenizer_dir) or {}, to_dict(ab.base.data)
+    changed = [f"data.{k}={v} (the config gives {now[k]})" for k, v in recorded.items() if k in now and now[k] != v]
+    if changed:
+        used = sorted(p.parent.name for p in (ab.out / "arms").glob("*/state.json"))
+        raise UserError(
+            f"{ab.path}: the tokenizer in {ab.base.tokenizer_dir} was trained with {', '.join(changed)}: the arms "
+            + (
+                f"{', '.join(used)} trained on it. Put the config back, or give the changed ablation another output_dir"
+                if used
+                else f"would train on it as it is. Remove {ab.base.tokenizer_dir} to have it trained again for this "
+                "config (no run has used it), or put the config back"
+            )
+        )
 
 
 def shards_hash(ab: Ablation) -> str | None:
