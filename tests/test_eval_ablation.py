@@ -8,6 +8,7 @@ without training in test_ablation_report.py.
 
 import json
 import math
+import os
 from pathlib import Path
 
 import pytest
@@ -695,3 +696,46 @@ def test_a_tokenizer_trained_for_other_settings_is_refused(tmp_path):
     write_state(ab.arms[0], {"plan": {}})
     with pytest.raises(UserError, match=r"the arms mlm trained on it\. Put the config back"):
         prepare_data(ab)
+
+
+PARENT = """
+import subprocess, sys
+from pretrain.evaluation.ablate import terminated_with_parent
+import os
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], preexec_fn=terminated_with_parent(os.getpid()))
+print(child.pid, flush=True)
+child.wait()
+"""
+
+TRAINER = """
+import signal, sys, time
+from pathlib import Path
+signal.signal(signal.SIGTERM, lambda *_: (Path(sys.argv[1]).write_text("saved"), sys.exit(75)))
+Path(sys.argv[1] + ".started").write_text("")
+time.sleep(60)
+"""
+
+
+def test_an_arms_trainer_is_terminated_when_the_ablation_is_killed(tmp_path):
+    """kill -9 of `pretrain ablate` left its trainer training on, orphaned, holding the arm's lock; it now gets
+    SIGTERM (its handler saves a checkpoint and exits)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    flag = tmp_path / "trainer"
+    trainer = TRAINER.replace("sys.argv[1]", repr(str(flag)))
+    parent = subprocess.Popen([sys.executable, "-c", PARENT, trainer], stdout=subprocess.PIPE, text=True)
+    child = int(parent.stdout.readline())
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "trainer.started").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    while not flag.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    alive = Path(f"/proc/{child}").exists() and "zombie" not in Path(f"/proc/{child}/status").read_text()
+    if alive:
+        os.kill(child, signal.SIGKILL)
+    assert flag.read_text() == "saved" and not alive

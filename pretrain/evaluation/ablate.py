@@ -40,6 +40,7 @@ what the next machine needs to go on, without weights: the tokenizer and each fi
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 import sys
@@ -221,13 +222,32 @@ def _run_trainer(command: list[str], env: dict) -> tuple[int, int]:
     here = threading.current_thread() is threading.main_thread()  # handlers can only be set there
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)} if here else {}
     try:
-        proc = subprocess.Popen(command, env=env)
+        proc = subprocess.Popen(command, env=env, preexec_fn=terminated_with_parent(os.getpid()))
         if got:  # signalled while it started
             proc.send_signal(got[0])
         return proc.wait(), (got[0] if got else 0)
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+
+
+def terminated_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGTERM when `parent` dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing), so an
+    ablation killed with -9 leaves no trainer training on, orphaned, holding its arm's lock: the trainer saves a
+    checkpoint and exits, and the next `pretrain ablate` resumes it."""
+    import ctypes
+    import signal
+
+    def arm() -> None:
+        try:
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux
+            return
+        if os.getppid() != parent:  # it died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
 
 
 def export_baseline(arm: Arm) -> Path:
