@@ -28,6 +28,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.core.files import write_atomic
 from pretrain.core.provenance import collect, summary, write_provenance
 from pretrain.evaluation.report_notes import (
     BERT_BASE_TOKENS,
@@ -154,14 +155,15 @@ def write_report(
         "notes": [{"kind": kind, **data} for kind, data in found_notes],
         "provenance": provenance,
     }
-    (out / "results.json").write_text(json.dumps(record, default=float))
+    # whole or not at all (a kill mid-write left a truncated results.json beside the previous report.md)
+    write_atomic(out / "results.json", json.dumps(record, default=float))
 
     lines = header_lines(ab, results, command, provenance)
     lines += score_tables(ab, table, found, pre, main)
     lines += family_table(fams) + detectable_table(detect, main) + pretraining_table(pre) + figures_and_notes_heading()
     lines += [f"- {render_note(kind, data)}" for kind, data in found_notes]
     path = out / "report.md"
-    path.write_text("\n".join(lines) + "\n")
+    write_atomic(path, "\n".join(lines) + "\n")
     return path
 
 
