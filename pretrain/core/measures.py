@@ -17,6 +17,22 @@ class Mean:
 
     def __init__(self, total: torch.Tensor, count: float | torch.Tensor = 1.0):
         self.total, self.count = total, count
+        self.of_micro_batch = False  # see `micro_batch`
+
+    @classmethod
+    def micro_batch(cls, value: torch.Tensor) -> Mean:
+        """A value that is already a mean over one micro-batch (the weighted loss): the trainer counts it as its
+        share of the optimizer step (`step_share`), so that a log interval averages steps, however they were split."""
+        mean = cls(value)
+        mean.of_micro_batch = True
+        return mean
+
+    def step_share(self, parts: int) -> Mean:
+        """This micro-batch's part of a step split into `parts` (micro-batches x ranks): a micro-batch mean weighs
+        1 / parts, so each step counts once in an interval whatever its accumulation and ranks; others unchanged."""
+        if not self.of_micro_batch or parts == 1:
+            return self
+        return Mean(self.total / parts, 1.0 / parts)
 
     def device_part(self) -> torch.Tensor:
         parts = [self.total.detach().float().reshape(1)]

@@ -106,7 +106,9 @@ class PretrainingModel(nn.Module):
             out = objective.loss(batch, forward, self, weights)
             total = total + objective.weight * out.loss.float()
             reported = {f"{objective.name}/{k}": v for k, v in out.metrics.items()}
-            metrics[f"{objective.name}/loss"] = reported.pop(f"{objective.name}/loss", Mean(out.loss.detach().float()))
+            metrics[f"{objective.name}/loss"] = reported.pop(
+                f"{objective.name}/loss", Mean.micro_batch(out.loss.detach().float())
+            )
             metrics.update(reported)
-        metrics["loss"] = Mean(total.detach())
+        metrics["loss"] = Mean.micro_batch(total.detach())
         return total, metrics

@@ -26,10 +26,15 @@ class MetricSums:
         self.host: dict[str, float] = {}
         self.kinds: dict[str, type] = {}
 
-    def add(self, metrics: dict) -> None:
+    def add(self, metrics: dict, parts: int = 1) -> None:
+        """A micro-batch's metrics, of an optimizer step split into `parts` micro-batches over all ranks: a
+        micro-batch mean (the loss) weighs 1 / parts, so that an interval's value is the mean of its steps' (the
+        same on any number of ranks and accumulation, also across a resume on another number of ranks)."""
         for name, stat in metrics.items():
             if isinstance(stat, torch.Tensor):
-                stat = Mean(stat)  # a micro-batch mean
+                stat = Mean.micro_batch(stat)
+            if isinstance(stat, Mean):
+                stat = stat.step_share(parts)
             part = stat.device_part()
             # the first part copied: it may be a view of a compiled function's output, which a CUDA graph
             # (compile_mode=reduce-overhead) overwrites at its next replay

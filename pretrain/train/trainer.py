@@ -367,7 +367,7 @@ class Trainer:
                 loss, metrics = engine.ds(micro_batch.to(engine.device), weights)
             engine.backward(loss)
             engine.step()
-            self.metrics.add(metrics)
+            self.metrics.add(metrics, len(micro_batches) * self.world)
         if self.ema is not None:
             self.ema.update(self.state.step)
         tokens = sum(b.tokens for b in micro_batches)
