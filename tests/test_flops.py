@@ -1,5 +1,6 @@
 """FLOP counting (`pretrain.train.flops`): what the MFU in metrics.jsonl and an ablation's FLOPs budget rest on."""
 
+import pytest
 import torch
 import torch.nn.functional as F
 from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
@@ -49,3 +50,45 @@ def test_mfu_counts_the_model_once_under_activation_checkpointing():
         for on in ("false", "true")
     }
     assert per_sample["true"] == per_sample["false"] > 0
+
+
+SLOW_PROBE = """
+import time
+
+from pretrain.train import flops
+
+counted = flops.count_step_flops
+
+
+def slow(fn):  # a big model's FLOPs probe: a whole CPU copy, a forward and a backward
+    time.sleep(4.0)
+    return counted(fn)
+
+
+flops.count_step_flops = slow  # imported with the objectives, before the trainer takes the name
+"""
+
+
+@pytest.mark.slow
+def test_throughput_leaves_out_the_flops_probe(tmp_path, monkeypatch):
+    """tokens/s, TFLOP/s and MFU are the training's: the set-up of a phase (its data, the FLOPs probe on a CPU copy
+    of the model, 5 s for BERT-base on a small CPU) used to fall inside the first log interval, and a schedule's
+    later phase inside the interval it starts in."""
+    from helpers import run_cli, small_corpus
+
+    from objectives.base import PLUGINS_ENV
+    from pretrain.train.metrics import read_metrics
+
+    (tmp_path / "slow_probe.py").write_text(SLOW_PROBE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(PLUGINS_ENV, "slow_probe")  # imported in the run's process, before it trains
+    corpus = small_corpus(tmp_path)
+    args = [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=512"]
+    args += ["model.num_layers=1", "train.max_steps=4", "train.log_every=2", "train.save_every=0"]
+    run_cli("run", "tiny", "--no-demo", *args, "schedule.phases=[{start: 2, max_seq_len: 32}]", cwd=tmp_path)
+    records = read_metrics(tmp_path / "r")
+    assert [r["step"] for r in records] == [2, 4]
+    previous = 0
+    for record in records:  # each interval's seconds, as its tokens/s says: two tiny steps, not the probe's 4 s
+        assert (record["tokens"] - previous) / record["tokens_per_s"] < 2.0, record
+        previous = record["tokens"]

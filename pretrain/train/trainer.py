@@ -312,7 +312,10 @@ class Trainer:
                 step = self.state.step
                 if phase is None or step == self.schedule.phase_end(phase):
                     batches, phase = None, self.schedule.phase(step)  # the last phase's loader goes first
+                    opened = time.time()
                     batches = self.enter_phase(phase)
+                    # set-up, not throughput: tokens/s, TFLOP/s and MFU leave out the phase's data and FLOPs probe
+                    self.interval.started += time.time() - opened
                 size = self.schedule.global_batch(step, self.world)
                 accumulation = self.engine.split_batch(
                     phase.micro_batch_size, size // (phase.micro_batch_size * self.world)
