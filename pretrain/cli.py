@@ -332,6 +332,8 @@ def cmd_finetune(args) -> int:
         args.random_init,
         args.lrs,
         args.heldout_fraction,
+        args.heldout_seed,
+        args.sweep_seeds,
     )
     print(format_finetune(result))
     write_json(json_path, result)

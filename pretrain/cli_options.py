@@ -423,6 +423,8 @@ def finetune_args(p):
         "the best is trained on all of train and scored on dev",
     )
     add_field_option(p, "--heldout-fraction", FINETUNE, "heldout_fraction", type=float, help="with --lrs")
+    add_field_option(p, "--heldout-seed", FINETUNE, "heldout_seed", type=non_negative_int)
+    add_field_option(p, "--sweep-seeds", FINETUNE, "sweep_seeds", type=positive_int)
     p.add_argument("--json", help="also write the result to this JSON file (missing directories are created)")
 
 

@@ -40,6 +40,8 @@ MIRRORED = {
     ("finetune", "--max-train"): ("pretrain.evaluation.configs:FinetuneConfig", "max_train"),
     ("finetune", "--random-init"): ("pretrain.evaluation.configs:FinetuneConfig", "random_init"),
     ("finetune", "--heldout-fraction"): ("pretrain.evaluation.configs:FinetuneConfig", "heldout_fraction"),
+    ("finetune", "--heldout-seed"): ("pretrain.evaluation.configs:FinetuneConfig", "heldout_seed"),
+    ("finetune", "--sweep-seeds"): ("pretrain.evaluation.configs:FinetuneConfig", "sweep_seeds"),
     ("export", "--pooling"): ("pretrain.hf.sentence_transformers:export_sentence_transformers", "pooling"),
 }
 

@@ -171,3 +171,21 @@ def test_fine_tuning_decays_matrices_not_biases_or_layer_norms():
     fit(model, lambda idx: sum(p.sum() for p in model.parameters()) * 0, 8, 0, 2, 0.1, 4, 0.0, "decay")
     moved = sorted(name for name, p in model.named_parameters() if not torch.equal(p, before[name]))
     assert moved == ["0.weight"]  # was every parameter: the bias and the LayerNorm's weight and bias shrank too
+
+
+def test_the_sweeps_seeds_are_options_of_pretrain_finetune(monkeypatch):
+    """--heldout-seed and --sweep-seeds reach the fine-tuning (an ablation's eval: set them; the CLI could not)."""
+    import pretrain.evaluation.finetune as finetune_module
+    from pretrain.cli import main
+
+    got = {}
+
+    def finetune(model_dir, task_dir, seeds, *options):
+        got.update(seeds=seeds, heldout_seed=options[-2], sweep_seeds=options[-1])
+        return {}
+
+    monkeypatch.setattr(finetune_module, "finetune", finetune)
+    monkeypatch.setattr(finetune_module, "format_finetune", lambda result: "")
+    argv = ["finetune", "model", "task", "--lrs", "1e-4", "3e-4", "--heldout-seed", "7", "--sweep-seeds", "2"]
+    assert main(argv) == 0
+    assert got == {"seeds": [1, 2, 3], "heldout_seed": 7, "sweep_seeds": 2}
