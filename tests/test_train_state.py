@@ -2,6 +2,7 @@
 stop reason keeps the strings summaries and logs always had; a run's derived values are decided once."""
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -141,6 +142,10 @@ class _Store:
     def get(self, key):
         return self.values[key]
 
+    def add(self, key, amount):
+        self.values[key] = self.values.get(key, 0) + amount
+        return self.values[key]
+
 
 def _world_of_two(monkeypatch, rank, store):
     import torch.distributed as dist
@@ -169,10 +174,65 @@ def test_rank0_alone_tells_the_other_ranks_how_rank_0s_work_ended(monkeypatch):
         raise UserError("the corpus is bad")
 
     with pytest.raises(UserError, match="the corpus is bad"):
-        rank0_alone(fails, "work")
+        rank0_alone(fails, "work", linger_seconds=0)  # no other rank here to read the outcome
     assert store.values == {"pretrain/rank0_alone/1": b"done", "pretrain/rank0_alone/2": b"failed"}
 
     _world_of_two(monkeypatch, 1, store)
     assert rank0_alone(lambda: pytest.fail("only rank 0 works"), "build the shards", poll_seconds=0) is None
     with pytest.raises(UserError, match="rank 0 could not build the shards"):
         rank0_alone(lambda: None, "build the shards", poll_seconds=0)
+
+
+RANK0_ALONE = """
+import os, sys, time
+import torch.distributed as dist
+from pretrain.core.errors import UserError
+from pretrain.train.distributed import rank0_alone
+
+rank = int(sys.argv[1])
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[2], rank=rank, world_size=2)
+
+def work():
+    time.sleep(1.5)  # rank 1 is polling meanwhile
+    raise UserError("the corpus is bad")
+
+try:
+    rank0_alone(work, "prepare the tokenizer and shards", poll_seconds=1.0)
+except UserError as err:
+    print(f"rank {rank}: {err}", flush=True)
+    sys.exit(1)  # at once, as `pretrain run` does: rank 0's store goes with it
+"""
+
+
+def test_rank0_alone_failure_reaches_the_other_ranks_of_a_real_group(tmp_path):
+    """Two gloo ranks, the store in rank 0's process (as under the DeepSpeed launcher): rank 0's work fails and it
+    exits at once. Rank 1, between two polls, met the store gone (DistNetworkError: 'Connection was likely closed')
+    rather than the outcome; rank 0 now waits until the others have read it."""
+    import socket
+    import subprocess
+    import sys
+
+    from helpers import ROOT
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    script = tmp_path / "rank0_alone.py"
+    script.write_text(RANK0_ALONE)
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "DS_ACCELERATOR": "cpu"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(r), port],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for r in (0, 1)
+    ]
+    out = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [1, 1], out
+    assert out[0][0].strip() == "rank 0: the corpus is bad", out[0]
+    assert out[1][0].strip() == "rank 1: rank 0 could not prepare the tokenizer and shards (its message says why)", out[
+        1
+    ]

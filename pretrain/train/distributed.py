@@ -176,13 +176,18 @@ def any_rank(*flags: bool) -> bool | list[bool]:
 _waits = 0
 
 
-def rank0_alone(work, what: str, poll_seconds: float = 1.0, say_every_minutes: float = 5.0):
+def rank0_alone(
+    work, what: str, poll_seconds: float = 1.0, say_every_minutes: float = 5.0, linger_seconds: float = 60.0
+):
     """Collective: `work()` runs on rank 0 while the other ranks wait for it with no time limit (building a large
     corpus's tokenizer and shards can take longer than any collective timeout). Returns work's result on rank 0 and
     None elsewhere; where work raised on rank 0, the other ranks raise a UserError saying so.
 
-    The others poll a key in the process group's store, which lives in rank 0's process: while rank 0 works the wait
-    goes on; when rank 0 dies the store's connection fails and they stop with it."""
+    The others poll a key in the process group's store: while rank 0 works the wait goes on. Where the store lives in
+    rank 0's process (the DeepSpeed launcher, env://), rank 0's death fails their connection and they stop with it;
+    under torchrun the store is its agent's, which ends the other workers when one fails. A rank 0 whose work failed
+    waits (`linger_seconds` at most; not after a ^C) until each other rank has read that: exiting at once took its
+    store with it, and the others met a lost connection rather than the failure."""
     import time
 
     import torch.distributed as dist
@@ -196,19 +201,25 @@ def rank0_alone(work, what: str, poll_seconds: float = 1.0, say_every_minutes: f
     _waits += 1  # every rank calls this in the same order: the n-th call's key is the same on all of them
     store, key = c10d._get_default_store(), f"pretrain/rank0_alone/{_waits}"
     if dist.get_rank() == 0:
-        outcome = b"failed"
         try:
             result = work()
-            outcome = b"done"
-            return result
-        finally:
-            store.set(key, outcome)
+        except BaseException as err:
+            store.set(key, b"failed")
+            if isinstance(err, Exception):  # not a ^C: the others read it before this process (maybe the store) goes
+                deadline, others = time.monotonic() + linger_seconds, dist.get_world_size() - 1
+                while time.monotonic() < deadline and store.add(f"{key}/read", 0) < others:
+                    time.sleep(min(poll_seconds, 0.1))
+            raise
+        store.set(key, b"done")
+        return result
     started, said = time.monotonic(), time.monotonic()
     while not store.check([key]):
         time.sleep(poll_seconds)
         if time.monotonic() - said >= say_every_minutes * 60 and os.environ.get("LOCAL_RANK", "0") == "0":
             said = time.monotonic()
             print(f"rank {dist.get_rank()}: waiting for rank 0 to {what} ({(said - started) / 60:.0f} min)", flush=True)
-    if store.get(key) != b"done":
+    done = store.get(key) == b"done"
+    store.add(f"{key}/read", 1)
+    if not done:
         raise UserError(f"rank 0 could not {what} (its message says why)")
     return None
