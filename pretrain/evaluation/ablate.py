@@ -238,12 +238,13 @@ def terminated_with_parent(parent: int):
     import ctypes
     import signal
 
+    try:  # looked up here: the child between fork and exec should not load libraries (another thread may hold a lock)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
     def arm() -> None:
-        try:
-            libc = ctypes.CDLL(None, use_errno=True)
-            libc.prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        except (OSError, AttributeError):  # not Linux
-            return
+        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
         if os.getppid() != parent:  # it died before the line above
             os.kill(os.getpid(), signal.SIGTERM)
 
@@ -467,7 +468,7 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     started = time.monotonic()
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
-    check_settings(ab)  # before anything is written: a changed config never mixes into the runs done
+    check_settings(ab)  # before anything but the marker is written: a changed config never mixes into the runs done
     (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
     prepare_data(ab)
     check_shards(ab)  # a corpus changed in place: its shards were built again, and would not be what the runs had

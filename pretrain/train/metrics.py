@@ -69,8 +69,9 @@ class MetricSums:
 
     def snapshot(self, group=None) -> dict:
         """Collective. The interval's sums so far over all ranks as JSON, the interval going on: a checkpoint cut
-        inside a log interval carries them, so that the resumed run logs the line a run never stopped logs. Device
-        parts are float32 sums, exact in float64 and back; they are kept sparse (an AUC's histograms are mostly 0)."""
+        inside a log interval carries them, so that the resumed run logs the line a run never stopped logs (on one rank
+        bit for bit: a float32 sum is exact in float64 and back; summed over ranks in float64, then rounded to float32,
+        within an ulp). They are kept sparse (an AUC's histograms are mostly 0)."""
         if not self.device:
             return {}
         names, device, host = self._summed(group)
