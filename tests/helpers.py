@@ -295,3 +295,12 @@ def tiny_bert(directory: Path, words: list[str], positions: int = 64, head: str 
     model(config).save_pretrained(str(directory))
     tok.save_pretrained(str(directory))
     return Path(directory)
+
+
+def tsv_task(directory: Path, n: int) -> Path:
+    """A single-sentence task of n rows (labels alternating 0 and 1), the same rows in train.tsv and dev.tsv."""
+    directory.mkdir(parents=True)
+    rows = "".join(f"sentence {i}\t{i % 2}\n" for i in range(n))
+    for split in ("train.tsv", "dev.tsv"):
+        (directory / split).write_text("sentence\tlabel\n" + rows)
+    return directory

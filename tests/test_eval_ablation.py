@@ -8,11 +8,10 @@ without training in test_ablation_report.py.
 
 import json
 import math
-import os
 from pathlib import Path
 
 import pytest
-from helpers import PAIR_WORDS, make_pair_task, one_line_error, snapshot, tiny_bert
+from helpers import PAIR_WORDS, make_pair_task, one_line_error, snapshot, tiny_bert, tsv_task
 from helpers import run_cli as pretrain
 
 from pretrain.core.errors import UserError
@@ -354,14 +353,6 @@ def test_several_pretraining_seeds_make_one_run_per_arm_and_seed(tmp_path):
         load_ablation(cfg, [task, "eval.mode=fine"])
 
 
-def _tsv_task(directory: Path, n: int) -> Path:
-    directory.mkdir(parents=True)
-    rows = "".join(f"sentence {i}\t{i % 2}\n" for i in range(n))
-    for split in ("train.tsv", "dev.tsv"):
-        (directory / split).write_text("sentence\tlabel\n" + rows)
-    return directory
-
-
 def test_a_task_replaced_under_its_name_is_scored_again(tmp_path, monkeypatch, capsys):
     """Results are filed under a task's directory name: a full mr replacing a subset mr passed for it (the runs were
     finished, the report showed the subset's scores). Each result now carries its task files' sha256; a mismatch
@@ -373,7 +364,7 @@ def test_a_task_replaced_under_its_name_is_scored_again(tmp_path, monkeypatch, c
     from pretrain.evaluation.task_files import task_sha256
 
     tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    old, other = _tsv_task(tmp_path / "subset" / "mr", 20), _tsv_task(tmp_path / "trec", 20)
+    old, other = tsv_task(tmp_path / "subset" / "mr", 20), tsv_task(tmp_path / "trec", 20)
     ab = load_ablation(tiny, [f"eval.tasks=[{old},{other}]", f"output_dir={tmp_path / 'ab'}"])
 
     def result(task, n=20, sha=True):
@@ -385,7 +376,7 @@ def test_a_task_replaced_under_its_name_is_scored_again(tmp_path, monkeypatch, c
         write_state(arm, {"settings": arm_settings(ab, arm), "evaluated": True, "downstream": downstream})
     assert all(finished(ab, read_state(arm)) for arm in ab.arms)
 
-    new = _tsv_task(tmp_path / "full" / "mr", 50)  # another task under the same name
+    new = tsv_task(tmp_path / "full" / "mr", 50)  # another task under the same name
     ab2 = load_ablation(tiny, [f"eval.tasks=[{new},{other}]", f"output_dir={tmp_path / 'ab'}"])
     assert not any(finished(ab2, read_state(arm)) for arm in ab2.arms)
     states = {arm.name: read_state(arm) for arm in ab2.arms}
@@ -421,7 +412,7 @@ def test_a_copied_record_without_weights_says_so_when_a_task_is_added(tmp_path):
     from pretrain.evaluation.ablation_record import arm_settings, write_state
 
     tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    a, b = _tsv_task(tmp_path / "a", 20), _tsv_task(tmp_path / "b", 20)
+    a, b = tsv_task(tmp_path / "a", 20), tsv_task(tmp_path / "b", 20)
     origin = load_ablation(tiny, [f"eval.tasks=[{a}]", f"output_dir={tmp_path / 'origin'}"])
     arm = origin.arms[0]
     (arm.cfg.hf_dir).mkdir(parents=True)
@@ -436,313 +427,3 @@ def test_a_copied_record_without_weights_says_so_when_a_task_is_added(tmp_path):
     with pytest.raises(UserError, match="trained, but its weights are not in") as err:
         run_arm(ab, copied)
     assert str(tmp_path / "copy" / "arms" / copied.name) in str(err.value) and "Copy its hf/" in str(err.value)
-
-
-def test_a_second_ablate_in_the_same_directory_is_refused(tmp_path, monkeypatch):
-    """Two `pretrain ablate` in one directory evaluated the same run at once, interleaving its state.json, and each
-    marked as failed the arms whose trainer the other held (its report saying so of arms that finished). The second
-    is now refused at once, naming the holder, and writes nothing."""
-    import os
-    import subprocess
-    import sys
-
-    from pretrain.evaluation import ablate
-    from pretrain.evaluation.ablate import print_commands, run_ablation
-    from pretrain.evaluation.ablation_plan import load_ablation
-
-    def went_on(ab):
-        raise AssertionError("the second ablate went on")
-
-    monkeypatch.setattr(ablate, "prepare_data", went_on)
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    ab = load_ablation(tiny, [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"])
-    hold = (
-        "import time; from pretrain.core.outputs import exclusive, mark_output\n"
-        f"mark_output({str(ab.out)!r}, 'ablation')\n"
-        f"with exclusive({str(ab.out)!r}, 'running `pretrain ablate`'):\n"
-        "    print('held', flush=True); time.sleep(60)\n"
-    )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    other = subprocess.Popen([sys.executable, "-c", hold], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert other.stdout.readline().strip() == "held"
-        for run in (run_ablation, print_commands):
-            with pytest.raises(UserError, match=r"another process is running `pretrain ablate` in .*\(pid "):
-                run(ab)
-        assert sorted(p.name for p in ab.out.iterdir()) == [".bert-pretrain.json", ".lock"]
-    finally:
-        other.kill()
-        other.wait()
-
-
-def test_an_interrupted_ablation_lets_the_arms_trainer_save_its_checkpoint(tmp_path, monkeypatch):
-    """^C (or SIGTERM) to `pretrain ablate` while an arm trains: subprocess.run killed the trainer 0.25 s later,
-    before it could finish its step and save (no checkpoint of a 6-layer arm 11 steps in), and SIGTERM to the ablation
-    alone left the trainer training on, orphaned. The signal is now passed on and the trainer waited for; the
-    ablation stops there (the later arms wait for the next run)."""
-    import os
-    import signal
-    import sys
-    import threading
-    import time
-
-    from pretrain.evaluation import ablate
-    from pretrain.evaluation.ablation_plan import load_ablation
-
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    ab = load_ablation(tiny, [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"])
-    ready, saved = tmp_path / "ready", tmp_path / "saved"
-    trainer = tmp_path / "trainer"  # stands for `python -m pretrain.cli train`: a checkpoint takes a while to save
-    trainer.write_text(
-        f"#!{sys.executable}\nimport signal, sys, time\n"
-        "def stop(*_):\n"
-        f"    time.sleep(1); open({str(saved)!r}, 'w').write('step 11'); sys.exit(75)\n"
-        f"signal.signal(signal.SIGINT, stop); open({str(ready)!r}, 'w').close(); time.sleep(30)\n"
-    )
-    trainer.chmod(0o755)
-    monkeypatch.setattr(sys, "executable", str(trainer))
-
-    def interrupt():
-        while not ready.exists():
-            time.sleep(0.02)
-        os.kill(os.getpid(), signal.SIGINT)  # this process alone, as `kill -INT`; a terminal's ^C reaches both
-
-    threading.Thread(target=interrupt, daemon=True).start()
-    with pytest.raises(KeyboardInterrupt):
-        ablate.train_arm(ab, ab.arms[0], tmp_path / "arm.yaml")
-    assert saved.read_text() == "step 11"
-    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
-
-
-def test_print_commands_plans_record_the_flops_the_report_shows(tmp_path, monkeypatch):
-    """--print-commands measured a step's FLOPs only for a flops budget: under a tokens or time budget its plan said
-    0 FLOPs per step, and the report showed 0 FLOPs (and 0 per token) for every arm trained by those commands. They
-    are measured where the data exist, else when `pretrain ablate` takes the trained arm over (step 3)."""
-    from pretrain.evaluation import ablate, ablation_plan
-    from pretrain.evaluation.ablation_plan import load_ablation
-    from pretrain.evaluation.ablation_record import read_state
-
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    args = [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"]
-    for module in (ablate, ablation_plan):
-        monkeypatch.setattr(module, "measure_phase_flops", lambda cfg: [1000])  # a micro-batch of 8
-    ab = load_ablation(tiny, args)
-    mlm = ab.arms[0]
-    ablate.print_commands(ab)  # no data yet: nothing to measure a step on
-    assert read_state(mlm)["plan"]["flops_per_step"] == 0
-
-    trained = {"step": 6, "tokens_seen": 3000, "elapsed_s": 1.0}
-    monkeypatch.setattr(ablate, "train_arm", lambda ab, arm, cfg_path: trained)
-    monkeypatch.setattr(ablate, "_final_losses", lambda cfg: {})
-    monkeypatch.setattr(ablate, "_exported", lambda arm, state: True)
-    ab = load_ablation(tiny, args)  # step 3: `pretrain ablate` after the jobs
-    state = read_state(ab.arms[0])
-    ablate._pretrain_arm(ab, ab.arms[0], state, ab.arm_config_path(ab.arms[0]))
-    assert read_state(ab.arms[0])["plan"]["flops_per_step"] == 1000
-    assert read_state(ab.arms[0])["pretraining"]["flops"] == 6 * 1000
-
-    for name in ("tokenizer/tokenizer.json", "shards/manifest.json"):  # with the data there, measured at once
-        (ab.out / name).parent.mkdir(exist_ok=True)
-        (ab.out / name).write_text("{}")
-    (ab.out / "arms" / "mlm" / "state.json").unlink()
-    ablate.print_commands(load_ablation(tiny, args))
-    assert read_state(mlm)["plan"]["flops_per_step"] == 1000
-
-
-def test_seeds_added_afterwards_reuse_the_runs_done(tmp_path):
-    """A run is named <arm> with one pretraining seed and <arm>-seed<S> with several: adding seeds to a finished
-    ablation trained and evaluated every arm again at the seed it had (as mlm-seed1234 beside mlm), and taking them
-    away again did the same the other way. A run recorded under the other name at that seed keeps its name."""
-    from pretrain.evaluation.ablate import check_settings
-    from pretrain.evaluation.ablation_plan import load_ablation
-    from pretrain.evaluation.ablation_record import arm_settings, finished, read_state, write_state
-    from pretrain.evaluation.task_files import task_sha256
-
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    task = _tsv_task(tmp_path / "mr", 20)
-    arms = "arms={mlm: {objectives: {mlm: {}}}, none: {pretrain: false}}"
-    args = [f"eval.tasks=[{task}]", f"output_dir={tmp_path / 'ab'}", arms]
-    result = {"task": "mr", "task_sha256": task_sha256(task), "dev_labels": [0, 1] * 10, "dev_predictions": [[0] * 20]}
-
-    def run_all(ab):
-        for arm in ab.arms:
-            if not read_state(arm):
-                write_state(
-                    arm, {"settings": arm_settings(ab, arm), "evaluated": True, "downstream": {"probe": {"mr": result}}}
-                )
-
-    one = load_ablation(tiny, args)  # run.train.seed 1234 alone
-    run_all(one)
-    three = load_ablation(tiny, [*args, "seeds=[1234, 1235, 1236]"])
-    assert [a.name for a in three.arms if a.group == "mlm"] == ["mlm", "mlm-seed1235", "mlm-seed1236"]
-    assert [a.seed for a in three.arms if a.group == "mlm"] == [1234, 1235, 1236]
-    check_settings(three)
-    assert [finished(three, read_state(a)) for a in three.arms if a.group == "mlm"] == [True, False, False]
-    run_all(three)
-    back = load_ablation(tiny, [*args, "seeds=[1235]"])  # the other way: one seed, run before under its seed name
-    assert [a.name for a in back.arms] == ["mlm-seed1235", "none-seed1235"]
-    assert all(finished(back, read_state(a)) for a in back.arms)
-    assert [a.name for a in load_ablation(tiny, [*args, "seeds=[1236, 1237]"]).arms][:2] == [
-        "mlm-seed1236",
-        "mlm-seed1237",
-    ]
-
-
-def test_a_corpus_changed_in_place_is_refused_rather_than_mixed(tmp_path, monkeypatch):
-    """The corpus file changed in place (same path, other documents) between two invocations: `prepare_data` built the
-    shards again from it and the arms run from then on (one added since) trained on other data than the finished
-    ones, in one report. Each run records the content of the shards it trained on; other data now is refused, naming
-    the run. A rebuild of the same data (the file touched, or copied to another machine) is no change."""
-    from pretrain.core.outputs import mark_output
-    from pretrain.evaluation import ablate
-    from pretrain.evaluation.ablation_plan import load_ablation
-    from pretrain.evaluation.ablation_record import read_state
-
-    corpus = tmp_path / "corpus.jsonl"
-    lines = CORPUS.read_text().splitlines()
-    corpus.write_text("\n".join(lines[:12]) + "\n")
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    args = [
-        f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]",
-        f"output_dir={tmp_path / 'ab'}",
-        f"run.data.corpus=[{corpus}]",
-    ]
-    ab = load_ablation(tiny, args)
-    mark_output(ab.out, "ablation")
-    ablate.prepare_data(ab)
-    monkeypatch.setattr(ablate, "measure_phase_flops", lambda cfg: [1000])
-    monkeypatch.setattr(ablate, "train_arm", lambda ab, arm, cfg_path: {"step": 6, "tokens_seen": 3000})
-    monkeypatch.setattr(ablate, "_final_losses", lambda cfg: {})
-    monkeypatch.setattr(ablate, "_exported", lambda arm, state: True)
-    mlm = ab.arms[0]
-    ablate._pretrain_arm(ab, mlm, {}, ab.arm_config_path(mlm))
-    assert read_state(mlm)["shards"] == ablate.shards_hash(ab)
-
-    def went_on(ab, arm):
-        raise AssertionError(f"{arm.name} ran")
-
-    monkeypatch.setattr(ablate, "run_arm", went_on)
-    corpus.touch()  # built again, the same data
-    ablate.prepare_data(ab)
-    ablate.check_shards(ab)
-    corpus.write_text("\n".join(lines[:20]) + "\n")
-    with pytest.raises(UserError, match=f"run mlm in {tmp_path / 'ab'} trained on other data than .*{corpus}"):
-        ablate.run_ablation(load_ablation(tiny, args))
-
-
-def test_print_commands_build_the_data_the_config_gives(tmp_path):
-    """--print-commands' data commands gave the type and vocabulary size alone: a cased config (min_frequency 3, one
-    document per line) got a lowercased tokenizer from them, with the commands' defaults, which the arms then trained
-    on and the report described as cased. Each command now carries every setting of the config that it takes."""
-    import shlex
-
-    from pretrain.cli import build_parser
-    from pretrain.evaluation.ablate import print_commands
-    from pretrain.evaluation.ablation_plan import load_ablation
-
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    settings = {
-        "lowercase": False,
-        "strip_accents": False,
-        "min_frequency": 3,
-        "text_field": "body",
-        "text_documents": "lines",
-        "tokenizer_sample_docs": 50,
-        "docs_per_shard": 7,
-        "on_bad_document": "error",
-        "max_document_bytes": 4096,
-    }
-    task = f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]"
-    ab = load_ablation(
-        tiny, [task, f"output_dir={tmp_path / 'ab'}", *(f"run.data.{k}={v}" for k, v in settings.items())]
-    )
-    d = ab.base.data
-    parser = build_parser()
-    printed = [line for line in print_commands(ab) if line.startswith(("pretrain tokenizer", "pretrain shards"))]
-    tokenizer, shards = (parser.parse_args(shlex.split(line)[1:]) for line in printed)
-    assert (tokenizer.type, tokenizer.vocab_size, tokenizer.sample_docs) == (d.tokenizer_type, d.vocab_size, 50)
-    for args, keys in (
-        (tokenizer, settings.keys() - {"tokenizer_sample_docs", "docs_per_shard"}),
-        (shards, ["docs_per_shard"]),
-    ):
-        for key in keys:
-            assert getattr(args, {"on_bad_document": "on_bad"}.get(key, key)) == getattr(d, key) == settings[key], key
-    for key in ("text_field", "text_documents", "max_document_bytes"):
-        assert getattr(shards, key) == settings[key], key
-    assert (Path(tokenizer.out), Path(shards.tokenizer), Path(shards.out)) == (
-        ab.base.tokenizer_dir,
-        ab.base.tokenizer_dir,
-        ab.base.shards_dir,
-    )
-
-
-def test_a_tokenizer_trained_for_other_settings_is_refused(tmp_path):
-    """An ablation stopped after its data stage (hours of shards) and run again with data.lowercase=false kept its
-    lowercased tokenizer ('exists, skipped': the ablation names its tokenizer, used as it is), and every arm trained
-    on it while its settings said cased. The tokenizer's recorded settings are held to the config's."""
-    from pretrain.evaluation.ablate import prepare_data
-    from pretrain.evaluation.ablation_plan import load_ablation
-    from pretrain.evaluation.ablation_record import write_state
-
-    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
-    args = [f"eval.tasks=[{_tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"]
-    ab = load_ablation(tiny, [*args, "run.data.lowercase=false"])
-    tok = ab.base.tokenizer_dir
-    tok.mkdir(parents=True)
-    (tok / "tokenizer.json").write_text("{}")
-    (tok / "training_settings.json").write_text(json.dumps({"vocab_size": 512, "lowercase": True}))
-    with pytest.raises(UserError, match=rf"data.lowercase=True \(the config gives False\).* Remove {tok} to have it"):
-        prepare_data(ab)
-    write_state(ab.arms[0], {"plan": {}})
-    with pytest.raises(UserError, match=r"the arms mlm trained on it\. Put the config back"):
-        prepare_data(ab)
-
-
-PARENT = """
-import subprocess, sys
-from pretrain.evaluation.ablate import terminated_with_parent
-import os
-child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], preexec_fn=terminated_with_parent(os.getpid()))
-print(child.pid, flush=True)
-child.wait()
-"""
-
-TRAINER = """
-import signal, sys, time
-from pathlib import Path
-signal.signal(signal.SIGTERM, lambda *_: (Path(sys.argv[1]).write_text("saved"), sys.exit(75)))
-Path(sys.argv[1] + ".started").write_text("")
-time.sleep(60)
-"""
-
-
-def test_an_arms_trainer_is_terminated_when_the_ablation_is_killed(tmp_path):
-    """kill -9 of `pretrain ablate` left its trainer training on, orphaned, holding the arm's lock; it now gets
-    SIGTERM (its handler saves a checkpoint and exits)."""
-    import signal
-    import subprocess
-    import sys
-    import time
-
-    flag = tmp_path / "trainer"
-    trainer = TRAINER.replace("sys.argv[1]", repr(str(flag)))
-    parent = subprocess.Popen([sys.executable, "-c", PARENT, trainer], stdout=subprocess.PIPE, text=True)
-    child = int(parent.stdout.readline())
-    deadline = time.monotonic() + 30
-    while not (tmp_path / "trainer.started").exists() and time.monotonic() < deadline:
-        time.sleep(0.05)
-    parent.send_signal(signal.SIGKILL)
-    parent.wait()
-
-    def alive() -> bool:
-        try:
-            return "zombie" not in Path(f"/proc/{child}/status").read_text()
-        except OSError:  # reaped
-            return False
-
-    while (not flag.exists() or alive()) and time.monotonic() < deadline:  # its handler writes, then it exits
-        time.sleep(0.05)
-    running = alive()
-    if running:
-        os.kill(child, signal.SIGKILL)
-    assert flag.read_text() == "saved" and not running
