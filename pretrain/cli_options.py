@@ -31,26 +31,24 @@ def positive_float(text: str) -> float:
     return value
 
 
-def positive_int(text: str) -> int:
-    """argparse type: a whole number above 0, where 0 or less has no meaning (argparse names the option)."""
+def _whole_number(text: str, least: int, wanted: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be a whole number above 0, got {text!r}")
+        value = least - 1
+    if value < least:
+        raise argparse.ArgumentTypeError(f"must be {wanted}, got {text!r}")
     return value
+
+
+def positive_int(text: str) -> int:
+    """argparse type: a whole number above 0, where 0 or less has no meaning (argparse names the option)."""
+    return _whole_number(text, 1, "a whole number above 0")
 
 
 def non_negative_int(text: str) -> int:
     """argparse type: a whole number, 0 or more, for an option whose 0 says 'all' or 'the default'."""
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be a whole number, 0 or more, got {text!r}")
-    return value
+    return _whole_number(text, 0, "a whole number, 0 or more")
 
 
 class StoreGiven(argparse.Action):
