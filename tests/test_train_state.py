@@ -64,7 +64,7 @@ def test_a_state_that_is_not_one_is_a_message(tmp_path):
 
 def test_stop_reasons_are_the_strings_they_were():
     assert [r.value for r in StopReason] == ["max_steps", "signal", "max_minutes", "exit_after_steps", "nonfinite"]
-    assert StopReason.SIGNAL == "signal" and f"{StopReason.MAX_MINUTES}" == "max_minutes"
+    assert StopReason.SIGNAL == "signal" and f"{StopReason.MAX_MINUTES}" == "max_minutes" == str(StopReason.MAX_MINUTES)
     assert json.dumps({"reason": StopReason.NONFINITE}) == '{"reason": "nonfinite"}'
 
 

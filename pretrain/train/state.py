@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import dataclass, field, fields
-from enum import StrEnum
+from enum import Enum
 from pathlib import Path
 from typing import Any
 
@@ -20,14 +20,18 @@ from pretrain.core.files import write_atomic
 STATE_FILE = "trainer_state.json"
 
 
-class StopReason(StrEnum):
-    """Why an invocation stopped. String-valued: summaries, logs and metrics keep the strings they always had."""
+class StopReason(str, Enum):
+    """Why an invocation stopped. String-valued: summaries, logs and metrics keep the strings they always had.
+    (`str, Enum` with `__str__`, not 3.11's StrEnum: Python 3.10 is supported.)"""
 
     MAX_STEPS = "max_steps"
     SIGNAL = "signal"
     MAX_MINUTES = "max_minutes"
     EXIT_AFTER_STEPS = "exit_after_steps"
     NONFINITE = "nonfinite"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
