@@ -323,3 +323,30 @@ def test_an_arms_trainer_is_terminated_when_the_ablation_is_killed(tmp_path):
     if running:
         os.kill(child, signal.SIGKILL)
     assert flag.read_text() == "saved" and not running
+
+
+def test_an_arm_interrupted_mid_interval_reports_the_final_loss_of_one_never_stopped(tmp_path):
+    """An arm's final pretraining loss (results.json, the report) is the mean of its last few metrics lines. A trainer
+    stopped between two log steps (^C, SIGTERM, a preemption) logs the stop's step alone, and its resumed run keeps that
+    line beside the regular ones (test_distributed: the lines of whole intervals are those of a run never stopped):
+    the mean took it in, so the same arm reported another final loss for each interruption (log_every 2, stopped at
+    step 5 of 6: the mean of steps 4, 5, 6 for that of 2, 4, 6). Only whole intervals, and the run's last line,
+    count now."""
+    from pretrain.evaluation.ablate import _final_losses
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    args = [f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}", "run.train.log_every=2"]
+    cfg = load_ablation(tiny, args).arms[0].cfg
+    line = {2: 6.25, 4: 6.22, 5: 6.14, 6: 6.16, 7: 6.1}  # step 5: the stop's own line (step 5 alone)
+
+    def final(steps):
+        cfg.run_dir.mkdir(parents=True, exist_ok=True)
+        text = "".join(json.dumps({"step": s, "loss": line[s], "mlm/loss": line[s]}) + "\n" for s in steps)
+        (cfg.run_dir / "metrics.jsonl").write_text(text)
+        return _final_losses(cfg)
+
+    never_stopped = final([2, 4, 6])
+    assert never_stopped["loss"] == pytest.approx((6.25 + 6.22 + 6.16) / 3)
+    assert final([2, 4, 5, 6]) == never_stopped
+    assert final([2, 4, 6, 7])["loss"] == pytest.approx((6.22 + 6.16 + 6.1) / 3)  # a last line off the interval counts

@@ -306,10 +306,10 @@ def downstream(ab: Ablation, model_dir: Path, done: dict | None = None, save=Non
 
 def _final_losses(cfg: RunConfig) -> dict[str, float]:
     """Pretraining loss per objective, and the discriminator's AUC for rtd: mean of the last few logged intervals
-    (one is noisy)."""
-    from pretrain.train.metrics import read_metrics
+    (one is noisy), whether or not the arm's training was interrupted."""
+    from pretrain.train.metrics import last_intervals, read_metrics
 
-    records = read_metrics(cfg.run_dir)[-3:]
+    records = last_intervals(read_metrics(cfg.run_dir), cfg.train.log_every)
     keys = [k for k in (records[-1] if records else {}) if k == "loss" or k.endswith(("/loss", "_auc"))]
     values = {k: [r[k] for r in records if r.get(k) is not None] for k in keys}
     return {k: sum(v) / len(v) for k, v in values.items() if v}

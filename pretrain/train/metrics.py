@@ -206,3 +206,14 @@ def read_metrics(run_dir: Path) -> list[dict]:
         elif number < len(lines):
             print(f"warning: {path}:{number}: not a metrics record, skipped", file=sys.stderr)
     return records
+
+
+def last_intervals(records: list[dict], log_every: int, count: int = 3) -> list[dict]:
+    """The last `count` records of whole log intervals: those at a multiple of `log_every`, and the last record (the
+    run's end). A run stopped by a signal, `train.exit_after_steps` or a preemption logs the stop's step alone, and
+    the resumed run keeps that line: a mean over the last few records counted it, so the same run gave another
+    final loss for every interruption."""
+    if not records:
+        return []
+    whole = [r for r in records[:-1] if log_every <= 1 or r["step"] % log_every == 0]
+    return [*whole, records[-1]][-count:]
