@@ -581,12 +581,13 @@ def plateau_note(cfg: RunConfig) -> str:
     masked token from word frequencies alone, it shows whether the model has started to use context."""
     from data_pipeline.shards import ShardSet, unigram_entropy
     from data_pipeline.tokenizer import load_tokenizer, special_tokens
-    from pretrain.train.metrics import read_metrics
+    from pretrain.train.metrics import last_intervals, read_metrics
 
     records = [r for r in read_metrics(cfg.run_dir) if "mlm/loss" in r]
     if not records:
         return "run finished"
-    loss = sum(r["mlm/loss"] for r in records[-3:]) / len(records[-3:])
+    last = last_intervals(records, cfg.train.log_every)  # an interruption's own line does not count
+    loss = sum(r["mlm/loss"] for r in last) / len(last)
     tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
     plateau = unigram_entropy(ShardSet(cfg.shards_dir, verify=False), tokens.special_ids)
     more = "that takes more than a few CPU minutes (on a GPU, `make demo` trains long enough)"

@@ -166,3 +166,28 @@ def test_a_failed_atomic_write_leaves_no_temporary_file(tmp_path):
     with pytest.raises(TypeError):
         write_json_atomic(tmp_path / "state.json", {"a": object()})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_plateau_note_of_an_interrupted_run_is_that_of_one_never_stopped(run):
+    """`pretrain run`'s closing note gives the masked-LM loss of the last few metrics lines: a run interrupted between
+    two log steps keeps the stop's own line after its resume, and the note gave another loss for it (log_every 2,
+    stopped at step 5 of 6: the mean of steps 4, 5 and 6). It takes whole intervals and the last line now."""
+    from dataclasses import replace
+
+    from pretrain.core.config import load_yaml
+    from pretrain.pipeline import plateau_note
+    from pretrain.train.setup import config_from_dict
+
+    cfg = config_from_dict(load_yaml(run / "config.yaml"), apply_init_from=False)
+    cfg = replace(cfg, output_dir=str(run.parent), train=replace(cfg.train, log_every=2, max_steps=6))
+    loss = {2: 6.25, 4: 6.22, 5: 5.0, 6: 6.16}  # step 5: the stop's own line
+
+    def note(steps):
+        text = "".join(
+            json.dumps({"step": s, "loss": loss[s], "mlm/loss": loss[s], "tokens": 8 * s}) + "\n" for s in steps
+        )
+        (run / "metrics.jsonl").write_text(text)
+        return plateau_note(cfg)
+
+    assert note([2, 4, 6]).startswith("masked-LM loss 6.21 after 48 tokens")
+    assert note([2, 4, 5, 6]) == note([2, 4, 6])
