@@ -22,6 +22,35 @@ from pretrain.core.errors import DataError
 from pretrain.core.files import sha256_file
 
 
+def mappable_shards() -> int:
+    """How many shards a ShardSet keeps memory-mapped (the first it reads): an eighth of what this process may open.
+    Each map holds a file descriptor (Python's mmap keeps a duplicate) and a memory map, two of each per shard, and
+    mapping every shard of a large corpus ran out of open files (ulimit -n, 1024 on many systems: about 500 shards, a
+    million documents at the default data.docs_per_shard) or of memory maps (vm.max_map_count, 65530 by default). The
+    other shards are read with pread, holding nothing open: a few times a mapped read's cost, a fraction of a map's."""
+    import resource
+
+    files = resource.getrlimit(resource.RLIMIT_NOFILE)[0]
+    try:
+        maps = int(Path("/proc/sys/vm/max_map_count").read_text())
+    except (OSError, ValueError):
+        maps = 65530
+    return max(1, min(maps, files if files != resource.RLIM_INFINITY else maps) // 16)
+
+
+def _pread(path: str, dtype, lo: int, hi: int) -> np.ndarray:
+    """Items lo:hi [hi - lo] of a file of `dtype`, read into a new array without keeping the file open."""
+    out = np.empty(hi - lo, dtype)
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        read = os.preadv(fd, [out], lo * out.itemsize)
+    finally:
+        os.close(fd)
+    if read != out.nbytes:
+        raise DataError(f"{path} is shorter than its manifest says (file changed or truncated); rebuild the shards")
+    return out
+
+
 class ShardSet:
     """A verified shard directory, memory-mapped, addressed by global document and token index.
 
@@ -65,7 +94,8 @@ class ShardSet:
         end = [self._shard_tok_start[-1:]]
         self._doc_offsets = np.concatenate(docs + end).astype(np.int64)  # [D+1]
         self._sent_offsets = np.concatenate(sents + end).astype(np.int64)  # [S+1]
-        self._maps: list | None = None
+        self._maps: dict[int, tuple[np.ndarray, np.ndarray]] = {}  # shard -> (tokens, packed word starts)
+        self._mappable = mappable_shards()
 
     def _load_offsets(self, filename: str) -> np.ndarray:
         try:
@@ -90,18 +120,25 @@ class ShardSet:
 
     # Memory maps open lazily and are not pickled, so a ShardSet travels cheaply to DataLoader workers.
     def __getstate__(self) -> dict:
-        return {**self.__dict__, "_maps": None}
+        return {**self.__dict__, "_maps": {}}
 
-    def _mapped(self) -> list[tuple[np.ndarray, np.ndarray]]:
-        if self._maps is None:
-            self._maps = [
-                (
-                    self._map(f"{s['name']}.tokens.bin", self.dtype, s["tokens"]),
-                    self._map(f"{s['name']}.words.bin", np.uint8, (s["tokens"] + 7) // 8),
-                )
-                for s in self.manifest["shards"]
-            ]
-        return self._maps
+    def _read_shard(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens lo:hi of shard k [hi - lo] (a copy), and the packed word-start bytes that hold them: from its memory
+        maps, or from its files once `mappable_shards` are mapped."""
+        maps = self._maps.get(k)
+        s = self.manifest["shards"][k]
+        if maps is None and len(self._maps) < self._mappable:
+            maps = self._maps[k] = (
+                self._map(f"{s['name']}.tokens.bin", self.dtype, s["tokens"]),
+                self._map(f"{s['name']}.words.bin", np.uint8, (s["tokens"] + 7) // 8),
+            )
+        if maps is not None:
+            ids, packed = maps
+            return ids[lo:hi].copy(), packed[lo // 8 : (hi + 7) // 8]
+        return (
+            _pread(f"{self.dir}/{s['name']}.tokens.bin", self.dtype, lo, hi),
+            _pread(f"{self.dir}/{s['name']}.words.bin", np.uint8, lo // 8, (hi + 7) // 8),
+        )
 
     def _map(self, filename: str, dtype, count: int) -> np.ndarray:
         # A plain ndarray view of the map (it keeps the map open): a slice of a np.memmap is a memmap, whose
@@ -177,13 +214,12 @@ class ShardSet:
         first = int(bounds.searchsorted(start, "right")) - 1
         last = int(bounds.searchsorted(end, "left"))  # exclusive shard bound
         tokens, words = [], []
-        maps = self._mapped()
         for k in range(first, max(first + 1, last)):
             base = int(bounds[k])
             lo, hi = max(start, base) - base, min(end, int(bounds[k + 1])) - base
-            ids, packed = maps[k]
-            tokens.append(ids[lo:hi].copy())
-            bits = np.unpackbits(packed[lo // 8 : (hi + 7) // 8])  # [8*bytes] uint8 0/1, a new array
+            ids, packed = self._read_shard(k, lo, hi)
+            tokens.append(ids)
+            bits = np.unpackbits(packed)  # [8*bytes] uint8 0/1, a new array
             words.append(bits[lo % 8 : lo % 8 + (hi - lo)].view(bool))
         if len(tokens) == 1:
             return tokens[0], words[0]

@@ -302,6 +302,38 @@ def test_damaged_done_shard_is_redone_and_bit_flip_named(tmp_path, corpus, tok_d
         ShardSet(out, verify=True, expected_tokenizer_hash=tokenizer_hash(tok_dir))
 
 
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts this process's open files in /proc")
+def test_a_corpus_of_more_shards_than_the_process_may_open_is_read_whole(tmp_path, tok_dir):
+    """Every shard memory-mapped at the first read held two file descriptors per shard: 120 shards under a limit of 200
+    more open files (a million documents under ulimit -n 1024, at the default docs_per_shard) failed with 'Too many
+    open files'. A few are mapped, the rest read with pread; what is read is the same."""
+    import resource
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", make_docs(120, seed=5))
+    build_shards([str(corpus)], tok_dir, tmp_path / "s", num_workers=0, docs_per_shard=1, show_progress=False)
+    names = [s["name"] for s in json.loads((tmp_path / "s" / "manifest.json").read_text())["shards"]]
+    files = [np.fromfile(tmp_path / "s" / f"{n}.tokens.bin", np.uint16) for n in names]
+    bits = [
+        np.unpackbits(np.fromfile(tmp_path / "s" / f"{n}.words.bin", np.uint8))[: len(f)] for n, f in zip(names, files)
+    ]
+    want_ids, want_words = np.concatenate(files), np.concatenate(bits).astype(bool)
+    open_files = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_files + 200, hard))
+    try:
+        shards = ShardSet(tmp_path / "s")
+        assert len(names) == 120
+        spans = [(int(a), int(b - a)) for a, b in zip(shards.doc_offsets()[:-1], shards.doc_offsets()[1:])]
+        spans += [(0, shards.num_tokens), (3, 61), (shards.num_tokens - 50, 50)]  # across shards, unaligned bits
+        for start, length in spans:
+            ids, words = shards.read_span(start, length)
+            assert ids.tolist() == want_ids[start : start + length].tolist()
+            assert words.tolist() == want_words[start : start + length].tolist()
+        assert len(os.listdir("/proc/self/fd")) - open_files <= 2 * ((open_files + 200) // 16)  # an eighth of them
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
+
+
 # ---------------------------------------------------------------------------------------------- samples
 
 
