@@ -122,3 +122,20 @@ def test_a_rank_without_a_saved_rng_state_does_not_replay_step_0(tmp_path):
         return torch.initial_seed()
 
     assert len({resumed_at(2), resumed_at(3)}) == 2 and 1234 * 1000 + 1 not in {resumed_at(4)}
+
+
+def test_checkpoints_past_step_99999999_are_found_and_rotated_in_step_order(tmp_path):
+    """At step 100,000,000 a checkpoint is step_100000000 (nine digits). Tags were matched as exactly eight digits
+    and ordered by name: `latest` naming it read as unreadable, so the next save (and a resume) stopped with 'latest
+    is empty or unreadable', or with no older checkpoint left a resume started afresh; rotation never deleted it."""
+    import shutil
+
+    from pretrain.train.checkpoint import all_checkpoints, latest_checkpoint, save_checkpoint
+    from pretrain.train.state import TrainState
+
+    for step in (99_999_998, 99_999_999, 100_000_000, 100_000_001):
+        save_checkpoint(FakeEngine(), tmp_path, TrainState(step=step), "model: {}\n", None, keep=2)
+    assert [p.name for p in all_checkpoints(tmp_path)] == ["step_100000000", "step_100000001"]
+    assert latest_checkpoint(tmp_path).name == "step_100000001"
+    shutil.rmtree(tmp_path / "step_100000001")  # moved away by the user: the newest complete one before it
+    assert latest_checkpoint(tmp_path).name == "step_100000000"

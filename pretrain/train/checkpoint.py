@@ -28,7 +28,7 @@ from pretrain.train.state import STATE_FILE, TrainState
 LATEST = "latest"
 INTEGRITY = "integrity.json"
 UNIVERSAL = "universal"  # <checkpoint>/universal: DeepSpeed's world-size-free layout, made on a resize
-_TAG = re.compile(r"^step_(\d{8})$")
+_TAG = re.compile(r"^step_(\d{8,})$")  # tag_for's: 8 digits, more from step 100,000,000
 
 
 def _safe_globals() -> list:
@@ -142,7 +142,7 @@ def latest_checkpoint(root: Path) -> Path | None:
     path = root / tag
     if (path / STATE_FILE).is_file():
         return path
-    earlier = [c for c in all_checkpoints(root) if c.name < tag and _complete(c)]
+    earlier = [c for c in all_checkpoints(root) if step_of_tag(c.name) < step_of_tag(tag) and _complete(c)]
     if not path.exists() and earlier:
         print(
             f"{path} is gone: continuing from {earlier[-1].name}, the newest complete checkpoint before it",
@@ -155,8 +155,11 @@ def latest_checkpoint(root: Path) -> Path | None:
 
 def _intact_before(path: Path) -> Path | None:
     """The newest checkpoint before `path` (same run) whose files verify."""
+    step = step_of_tag(path.name)
+    if step is None:  # a checkpoint directory named otherwise has no place among the steps beside it
+        return None
     for candidate in reversed(all_checkpoints(path.parent)):
-        if candidate.name < path.name:
+        if step_of_tag(candidate.name) < step:
             try:
                 verify_integrity(candidate)
                 return candidate
@@ -179,7 +182,9 @@ def damaged(path: Path, err: UserError, then: str = "run the same command again"
 
 
 def all_checkpoints(root: Path) -> list[Path]:
-    return sorted(p for p in Path(root).glob("step_*") if _TAG.match(p.name) and p.is_dir())
+    """The checkpoint directories in `root`, by step (not by name: step_100000000 comes after step_99999999)."""
+    found = [p for p in Path(root).glob("step_*") if _TAG.match(p.name) and p.is_dir()]
+    return sorted(found, key=lambda p: step_of_tag(p.name))
 
 
 def _barrier() -> None:
@@ -273,8 +278,7 @@ def rotate(root: Path, keep: int, current: Path) -> None:
 
     if keep <= 0:
         return
-    # tags are zero-padded: name order is step order
-    upto = [c for c in all_checkpoints(root) if c.name <= current.name]
+    upto = [c for c in all_checkpoints(root) if step_of_tag(c.name) <= step_of_tag(current.name)]
     kept = {current, *[c for c in upto if _complete(c)][-keep:]}
     old = [c for c in upto if c not in kept]
     if not old:
