@@ -214,3 +214,25 @@ def test_rope_tables_made_in_an_evaluation_pass_serve_training():
     x = torch.randn(11, 8, requires_grad=True)
     rotate(x, cos, sin).sum().backward()
     assert x.grad is not None
+
+
+@torch.no_grad()
+def test_one_rope_table_serves_every_batch_width():
+    """Each batch width (rows padded to their longest: doc-bounded packing, segment pairs) cached a table of its own,
+    without bound: every width up to 8192 held ~17 GB per theta. One table of the longest width serves them all, with
+    the numbers a table of each width gives."""
+    from pretrain.model import encoder
+
+    model = randomize(build(position_embedding="rope")).eval()
+    batches = [make_batch(lengths=(w, w - 4)) for w in (12, 40, 9, 25, 33)]
+
+    def hidden(batch):
+        return model.encoder(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
+    encoder._ROPE_CACHE.clear()
+    cached = [hidden(b) for b in batches]
+    head = BASE.hidden_size // BASE.num_heads
+    assert [tuple(cos.shape) for cos, _ in encoder._ROPE_CACHE.values()] == [(40, head)]
+    for batch, h in zip(batches, cached):
+        encoder._ROPE_CACHE.clear()  # a table of this width alone
+        assert torch.equal(hidden(batch), h)

@@ -12,7 +12,7 @@ compose freely, because each lives in one place:
                         first layer's attn_norm is an Identity (ModernBERT's too) except where its input is not
                         that LN's output: shared layers (one module for every depth) and E != H (projected).
 - position_embedding=rope  SelfAttention rotates q and k per head (HF's rotate-half convention, as ModernBERT);
-                        no position table. cos/sin come from a cache keyed by length, device and dtype.
+                        no position table. cos/sin come from a cache of the longest length asked (`rope_tables`).
 - activation=geglu      EncoderLayer: ffn_in projects to 2I; gelu(first half) * second half (ModernBERT's order,
                         so its Wi maps unchanged).
 - use_bias=False        every Linear and LayerNorm of the encoder (and of the objectives' LM heads) without bias.
@@ -83,19 +83,23 @@ def _embedding_size(cfg: ModelConfig) -> int:
 # ----------------------------------------------------------------------------------------------
 # Rotary position embeddings
 
-_ROPE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}
+_ROPE_CACHE: dict[tuple, tuple[torch.Tensor, torch.Tensor]] = {}  # (D, theta, device, dtype) -> the longest cos, sin
 
 
 def rope_tables(
     length: int, head_dim: int, theta: float, device: torch.device, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """cos, sin [length, D] of positions 0..length-1 (computed in fp32, then cast, as HF does). Cached: every
-    layer of every step asks for the same table. Under torch.compile they are computed in the graph instead
-    (a dict of tensors would be a guard per entry; inductor folds the arithmetic)."""
-    key = (length, head_dim, theta, device, dtype)
+    layer of every step asks for the same table. One table per head size, theta, device and dtype, of the longest
+    length asked: a shorter length's is its first rows, bit for bit (each row is its position's alone). A table per
+    length grew without bound where batches vary in width (doc-bounded packing, segment pairs): to gigabytes of device
+    memory at 8192 positions. Under torch.compile they are computed in the graph instead (a dict of tensors would be
+    a guard per entry; inductor folds the arithmetic)."""
+    key = (head_dim, theta, device, dtype)
     caching = not torch.compiler.is_compiling()
-    if caching and key in _ROPE_CACHE:
-        return _ROPE_CACHE[key]
+    cached = _ROPE_CACHE.get(key) if caching else None
+    if cached is not None and cached[0].shape[0] >= length:
+        return cached[0][:length], cached[1][:length]
     # A cached table made under torch.inference_mode (an evaluation pass) would be an inference tensor, which no
     # later training step could save for backward: cached tables are made outside it.
     with torch.inference_mode(False) if caching else contextlib.nullcontext():
