@@ -24,6 +24,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from pretrain.core.errors import UserError
+from pretrain.core.files import write_atomic
 
 MARKER = ".bert-pretrain.json"
 LOCK = ".lock"
@@ -157,9 +158,9 @@ def mark_output(path: Path, kind: str) -> None:
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     if marked_kind(path) != kind:
-        tmp = path / f"{MARKER}.tmp-{os.getpid()}"
-        tmp.write_text(json.dumps({"kind": kind, "by": "bert-pretrain"}) + "\n")
-        os.replace(tmp, path / MARKER)
+        # through a temporary file that a failed write (a full disk) removes: one left behind is not ours by name,
+        # so the same command again, once there is space, would refuse the directory it had just created
+        write_atomic(path / MARKER, json.dumps({"kind": kind, "by": "bert-pretrain"}) + "\n", sync=False)
 
 
 def _describe(names: list[str]) -> str:
