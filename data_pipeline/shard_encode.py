@@ -8,6 +8,7 @@ corpus.
 
 from __future__ import annotations
 
+import io
 import itertools
 import json
 import multiprocessing as mp
@@ -21,7 +22,7 @@ import numpy as np
 
 from data_pipeline.sentences import split_sentences
 from data_pipeline.shard_format import shard_name
-from pretrain.core.files import sha256_file
+from pretrain.core.files import sha256_file, writing
 
 _worker: dict = {}
 _ENCODE_DOCS = 256
@@ -164,6 +165,13 @@ def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     return ids, starts, sent_lens, doc_sents
 
 
+def _npy(array: np.ndarray) -> bytes:
+    """`array` as np.save writes it to a file."""
+    buffer = io.BytesIO()
+    np.save(buffer, array)
+    return buffer.getvalue()
+
+
 def _encode_shard(task: tuple[int, list[str]]) -> dict:
     """Tokenize one chunk of documents and write it as shard files in the tmp dir; return its counts."""
     index, texts = task
@@ -182,18 +190,20 @@ def _encode_shard(task: tuple[int, list[str]]) -> dict:
     name = shard_name(index)
     prefix = f"{name}.{os.getpid()}"  # a worker orphaned by a killed build never collides with a new one
     tmp = _worker["tmp"]
+    # The bytes of each file, written by Python's file object: numpy's tofile (np.save's too) reports a full disk as
+    # an OSError with no errno ('N requested and M written'), which the CLI cannot tell from a bug
     files = {
-        ".tokens.bin": lambda f: ids.tofile(f),
-        ".docs.npy": lambda f: np.save(f, doc_offsets),
-        ".sents.npy": lambda f: np.save(f, sent_offsets),
-        ".words.bin": lambda f: np.packbits(starts).tofile(f),
+        ".tokens.bin": lambda: ids,
+        ".docs.npy": lambda: _npy(doc_offsets),
+        ".sents.npy": lambda: _npy(sent_offsets),
+        ".words.bin": lambda: np.packbits(starts),
     }
     sha = {}
     if kept_docs.any():  # a shard of no tokens gets no files (an empty file cannot be memory-mapped)
-        for suffix, write in files.items():
+        for suffix, data in files.items():
             path = tmp / (prefix + suffix)
-            with open(path, "wb") as f:
-                write(f)
+            with writing(path), open(path, "wb") as f:
+                f.write(data())
             sha[name + suffix] = sha256_file(path)
     return {
         "index": index,

@@ -3,14 +3,38 @@ leaves what was done before as it was, and the same command again, once there is
 
 from __future__ import annotations
 
+import builtins
 import errno
 import os
+from pathlib import Path
 
 import pytest
+from helpers import small_corpus
 
+from pretrain.cli import main
 from pretrain.core.outputs import claim_output, mark_output
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    return small_corpus(tmp_path_factory.mktemp("corpus"), slice(0, 8))
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory, corpus) -> Path:
+    out = tmp_path_factory.mktemp("tok") / "tok"
+    assert main(["tokenizer", str(corpus), "--out", str(out), "--vocab-size", "512"]) == 0
+    return out
+
+
+def one_error_line(capsys, *needles: str) -> str:
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err and err[-1].startswith("error:"), err[-5:]
+    for needle in needles:
+        assert needle in err[-1], (needle, err[-1])
+    return err[-1]
 
 
 def test_a_marker_that_could_not_be_written_leaves_the_directory_claimable(tmp_path, monkeypatch):
@@ -29,3 +53,30 @@ def test_a_marker_that_could_not_be_written_leaves_the_directory_claimable(tmp_p
     claim_output(out, "shards")  # the same command again may write there
     mark_output(out, "shards")
     assert [p.name for p in out.iterdir()] == [".bert-pretrain.json"]
+
+
+def test_shard_files_that_do_not_fit_are_one_line_and_the_build_resumes(
+    corpus, tokenizer, tmp_path, capsys, monkeypatch
+):
+    """numpy's tofile reports a full disk as an OSError with no errno ('N requested and M written'), which the CLI
+    let through as a traceback; the shard files are now written through Python's file object, which says ENOSPC."""
+    import data_pipeline.shard_encode as encode
+
+    out = tmp_path / "shards"
+    args = ["shards", str(corpus), "--tokenizer", str(tokenizer), "--out", str(out), "--workers", "0"]
+    args += ["--docs-per-shard", "3"]
+
+    def full_after_first_shard(path, mode="r", *rest, **kwargs):
+        if "w" in mode and Path(path).name.startswith("shard_00001."):
+            return builtins.open("/dev/full", mode, *rest, **kwargs)  # every write fails with ENOSPC
+        return builtins.open(path, mode, *rest, **kwargs)
+
+    monkeypatch.setattr(encode, "open", full_after_first_shard, raising=False)
+    assert main(args) == 2
+    one_error_line(capsys, "no space left on device", "shard_00001")
+    assert (out / "shard_00000.done.json").is_file() and not (out / "manifest.json").exists()
+    monkeypatch.undo()
+    assert main(args) == 0
+    from data_pipeline.shard_read import ShardSet
+
+    assert len(ShardSet(out, verify=True).manifest["shards"]) == 3

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 
@@ -17,6 +19,18 @@ def sha256_file(path: str | os.PathLike, block: int = 1 << 20, sync: bool = Fals
         if sync:
             os.fsync(f.fileno())
     return h.hexdigest()
+
+
+@contextlib.contextmanager
+def writing(path: str | os.PathLike) -> Iterator[None]:
+    """An OSError inside names `path`: a write or close that fails (a full disk) says no file, and the CLI's one line
+    should say what did not fit."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is not None or err.errno is None:
+            raise
+        raise OSError(err.errno, err.strerror, str(path)) from err
 
 
 def _replace_from_tmp(path: Path, tmp: Path, write) -> None:
