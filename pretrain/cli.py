@@ -10,6 +10,7 @@ import argparse
 import contextlib
 import errno
 import os
+import re
 import sys
 import textwrap
 from collections.abc import Callable
@@ -563,6 +564,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+# What a write that did not fit says, by errno, and what the user can do about it
+NO_ROOM = {errno.ENOSPC: ("no space left on device", "free some space")}
+
+
+def io_errno(err: BaseException) -> int | None:
+    """The errno of a failed read or write: an OSError's, or the one a Rust library (tokenizers' save, safetensors)
+    leaves in the message of the plain exception it raises ('... (os error 28)', 'Os { code: 28, ...')."""
+    if isinstance(err, OSError):
+        return err.errno
+    found = re.search(r"\(os error (\d+)\)|Os \{ code: (\d+)", str(err))
+    return int(found.group(1) or found.group(2)) if found else None
+
+
+def no_room(err: BaseException) -> str | None:
+    """The one line for `err` where it says a write did not fit (NO_ROOM), else None."""
+    code = io_errno(err)
+    if code not in NO_ROOM:
+        return None
+    what, remedy = NO_ROOM[code]
+    where = f" while writing {err.filename}" if getattr(err, "filename", None) else ""
+    return f"{what}{where}; {remedy} and run the same command again (finished work is kept)"
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("WANDB_MODE", "offline")
@@ -579,15 +603,11 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
-    except OSError as err:
-        if err.errno != errno.ENOSPC:
+    except Exception as err:
+        message = no_room(err)
+        if message is None:
             raise
-        where = f" while writing {err.filename}" if err.filename else ""
-        print(
-            f"error: no space left on device{where}; free some space and run the same command again (finished "
-            "work is kept)",
-            file=sys.stderr,
-        )
+        print(f"error: {message}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

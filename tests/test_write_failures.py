@@ -80,3 +80,27 @@ def test_shard_files_that_do_not_fit_are_one_line_and_the_build_resumes(
     from data_pipeline.shard_read import ShardSet
 
     assert len(ShardSet(out, verify=True).manifest["shards"]) == 3
+
+
+def test_a_tokenizer_that_does_not_fit_is_one_line_and_keeps_the_previous_one(corpus, tmp_path, capsys, monkeypatch):
+    """tokenizers (Rust) reports a full disk as a plain Exception ('No space left on device (os error 28)'), which the
+    CLI let through as a traceback. The previous tokenizer stays, and the same command again replaces it."""
+    from transformers import PreTrainedTokenizerFast
+
+    out = tmp_path / "tok"
+    args = ["tokenizer", str(corpus), "--out", str(out), "--vocab-size", "512"]
+    assert main(args) == 0
+    before = (out / "tokenizer.json").read_bytes()
+    save = PreTrainedTokenizerFast.save_pretrained
+
+    def onto_a_full_disk(self, directory, *rest, **kwargs):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        (Path(directory) / "tokenizer.json").symlink_to("/dev/full")  # Rust's write of it fails with ENOSPC
+        return save(self, directory, *rest, **kwargs)
+
+    monkeypatch.setattr(PreTrainedTokenizerFast, "save_pretrained", onto_a_full_disk)
+    assert main([*args[:-1], "576"]) == 2
+    one_error_line(capsys, "no space left on device", "free some space")
+    assert (out / "tokenizer.json").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["tok"]
+    monkeypatch.undo()
+    assert main([*args[:-1], "576"]) == 0
