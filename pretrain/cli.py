@@ -583,7 +583,9 @@ def no_room(err: BaseException) -> str | None:
     if code not in NO_ROOM:
         return None
     what, remedy = NO_ROOM[code]
-    where = f" while writing {err.filename}" if getattr(err, "filename", None) else ""
+    # a copy or a rename names its source first, and the file being written second (shutil.copy2's full disk)
+    written = getattr(err, "filename2", None) or getattr(err, "filename", None)
+    where = f" while writing {written}" if written else ""
     return f"{what}{where}; {remedy} and run the same command again (finished work is kept)"
 
 

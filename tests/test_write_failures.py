@@ -104,3 +104,24 @@ def test_a_tokenizer_that_does_not_fit_is_one_line_and_keeps_the_previous_one(co
     assert (out / "tokenizer.json").read_bytes() == before and sorted(p.name for p in tmp_path.iterdir()) == ["tok"]
     monkeypatch.undo()
     assert main([*args[:-1], "576"]) == 0
+
+
+def test_a_copy_that_does_not_fit_names_the_file_written_not_the_one_read(tmp_path, monkeypatch):
+    """shutil's copy reports a full disk naming its source first: `pretrain export` out of space while copying the
+    tokenizer said 'while writing <checkpoint>/tokenizer/tokenizer.json', as if it were writing into the checkpoint."""
+    import shutil
+
+    from pretrain.cli import no_room
+
+    source, copy = tmp_path / "checkpoint-tokenizer.json", tmp_path / "export" / "tokenizer.json"
+    source.write_text("{}")
+    copy.parent.mkdir()
+
+    def no_room_left(*args):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "sendfile", no_room_left)
+    with pytest.raises(OSError) as caught:
+        shutil.copy2(source, copy)
+    message = no_room(caught.value)
+    assert f"while writing {copy};" in message and str(source) not in message, message
