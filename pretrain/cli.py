@@ -565,7 +565,14 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 # What a write that did not fit says, by errno, and what the user can do about it
-NO_ROOM = {errno.ENOSPC: ("no space left on device", "free some space")}
+NO_ROOM = {
+    errno.ENOSPC: ("no space left on device", "free some space"),
+    errno.EDQUOT: ("disk quota exceeded", "free some space (or have the quota raised)"),
+    errno.EFBIG: (
+        "file too large for the file system or the file-size limit (ulimit -f)",
+        "raise the limit or write to another file system",
+    ),
+}
 
 
 def io_errno(err: BaseException) -> int | None:

@@ -125,3 +125,36 @@ def test_a_copy_that_does_not_fit_names_the_file_written_not_the_one_read(tmp_pa
         shutil.copy2(source, copy)
     message = no_room(caught.value)
     assert f"while writing {copy};" in message and str(source) not in message, message
+
+
+def test_a_file_size_limit_or_a_quota_is_one_line(corpus, tokenizer, tmp_path):
+    """EFBIG (a file past `ulimit -f`, or FAT32's 4 GiB) and EDQUOT (a cluster's quota) went through as tracebacks; only
+    ENOSPC had its line. Here a real limit: the shard build runs with RLIMIT_FSIZE below its token file's size."""
+    import resource
+    import subprocess
+    import sys
+
+    from pretrain.cli import no_room
+    from pretrain.train.distributed import single_process_env
+
+    quota = no_room(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/scratch/me/run/metrics.jsonl"))
+    assert quota.startswith("disk quota exceeded while writing /scratch/me/run/metrics.jsonl;"), quota
+
+    out = tmp_path / "shards"
+    args = ["shards", str(corpus), "--tokenizer", str(tokenizer), "--out", str(out), "--workers", "0"]
+
+    def limited():  # Python ignores SIGXFSZ: a write past the limit fails with EFBIG
+        resource.setrlimit(resource.RLIMIT_FSIZE, (16 << 10, 16 << 10))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "pretrain.cli", *args],
+        env=single_process_env(DS_ACCELERATOR="cpu"),
+        capture_output=True,
+        text=True,
+        preexec_fn=limited,
+        timeout=300,
+    )
+    err = proc.stderr.strip().splitlines()
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert err[-1].startswith("error: file too large") and "shard_00000" in err[-1] and "ulimit -f" in err[-1], err[-1]
+    assert main(args) == 0  # without the limit, the same command finishes
