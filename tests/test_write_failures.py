@@ -158,3 +158,25 @@ def test_a_file_size_limit_or_a_quota_is_one_line(corpus, tokenizer, tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert err[-1].startswith("error: file too large") and "shard_00000" in err[-1] and "ulimit -f" in err[-1], err[-1]
     assert main(args) == 0  # without the limit, the same command finishes
+
+
+def test_the_run_files_that_do_not_fit_are_named(tmp_path, capsys):
+    """config.yaml, trainer_state.json, the integrity record, `latest` (write_atomic) and metrics.jsonl: a full disk
+    while writing one said 'no space left on device' and not where; the line now names the file."""
+    from pretrain.cli import no_room
+    from pretrain.core.files import write_atomic
+    from pretrain.train.metrics import MetricsLogger
+
+    (tmp_path / "metrics.jsonl").symlink_to("/dev/full")  # every write to it fails with ENOSPC
+    logger = MetricsLogger(tmp_path, {}, 10, 0, "disabled", "p")
+    with pytest.raises(OSError) as caught:
+        logger.log({"step": 1, "loss": 6.0})
+    logger.close()
+    assert no_room(caught.value).startswith(f"no space left on device while writing {tmp_path / 'metrics.jsonl'};")
+
+    (tmp_path / "config.yaml").write_text("before")
+    os.symlink("/dev/full", tmp_path / f".config.yaml.tmp-{os.getpid()}")  # where write_atomic writes first
+    with pytest.raises(OSError) as caught:
+        write_atomic(tmp_path / "config.yaml", "after")
+    assert no_room(caught.value).startswith(f"no space left on device while writing {tmp_path / 'config.yaml'};")
+    assert (tmp_path / "config.yaml").read_text() == "before"

@@ -34,9 +34,10 @@ def writing(path: str | os.PathLike) -> Iterator[None]:
 
 
 def _replace_from_tmp(path: Path, tmp: Path, write) -> None:
-    """`write(file)` into `tmp`, then rename it over `path`; a failed write (a full disk) leaves no `tmp` behind."""
+    """`write(file)` into `tmp`, then rename it over `path`; a failed write (a full disk) leaves no `tmp` behind, and
+    its error names `path`."""
     try:
-        with open(tmp, "w") as f:
+        with writing(path), open(tmp, "w") as f:
             write(f)
         os.replace(tmp, path)
     except BaseException:

@@ -13,6 +13,7 @@ import torch
 from tqdm import tqdm
 
 from pretrain.core.config import require_tensorboard
+from pretrain.core.files import writing
 from pretrain.core.measures import BinaryAUC, Mean
 
 
@@ -139,7 +140,7 @@ class MetricsLogger:
     def log(self, record: dict) -> None:
         if not self.enabled:
             return
-        with open(self.path, "a") as f:
+        with writing(self.path), open(self.path, "a") as f:
             f.write(json.dumps(record) + "\n")
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if k != "step"}, step=record["step"])
