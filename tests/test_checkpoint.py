@@ -139,3 +139,28 @@ def test_checkpoints_past_step_99999999_are_found_and_rotated_in_step_order(tmp_
     assert latest_checkpoint(tmp_path).name == "step_100000001"
     shutil.rmtree(tmp_path / "step_100000001")  # moved away by the user: the newest complete one before it
     assert latest_checkpoint(tmp_path).name == "step_100000000"
+
+
+@pytest.mark.parametrize("last", ["integrity.json", "latest"])
+def test_a_checkpoint_whose_record_or_pointer_does_not_fit_is_removed(tmp_path, last):
+    """The integrity record and `latest` are written after every rank's files, outside the save's failure handling: a
+    full disk there was a bare 'no space left on device', and the checkpoint without a record stayed, holding its
+    space until a later save at the same step. Now it goes, as a failed save's files do, and the line says so."""
+    from pretrain.train.checkpoint import INTEGRITY, LATEST, latest_checkpoint, save_checkpoint
+    from pretrain.train.state import TrainState
+
+    save_checkpoint(FakeEngine(), tmp_path, TrainState(step=3), "model: {}\n", None, keep=5)
+    full = tmp_path / (
+        f"step_00000004/.{INTEGRITY}.tmp-{os.getpid()}" if last != LATEST else f".latest.tmp-{os.getpid()}"
+    )
+
+    class FullAtTheEnd(FakeEngine):  # the model file fits; what comes after it does not
+        def save_checkpoint(self, root, tag, save_latest):
+            super().save_checkpoint(root, tag, save_latest)
+            full.symlink_to("/dev/full")
+
+    with pytest.raises(UserError, match="no space left on device.*step_00000003 stays the latest checkpoint"):
+        save_checkpoint(FullAtTheEnd(), tmp_path, TrainState(step=4), "model: {}\n", None, keep=5)
+    assert (tmp_path / LATEST).read_text().strip() == "step_00000003" and latest_checkpoint(tmp_path).name.endswith("3")
+    assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, "step_00000003"]
+    verify_integrity(tmp_path / "step_00000003")

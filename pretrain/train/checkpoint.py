@@ -17,6 +17,7 @@ import shutil
 import sys
 from contextlib import contextmanager, redirect_stdout
 from pathlib import Path
+from typing import NoReturn
 
 import torch
 import torch.distributed as dist
@@ -250,22 +251,34 @@ def save_checkpoint(
     except (OSError, RuntimeError) as err:
         failure = err
     if any_rank(failure is not None):  # also the barrier after every rank's writes
-        full = _disk_full(failure, root, previous) if failure is not None else None
-        if rank == 0:
-            shutil.rmtree(path, ignore_errors=True)
-        kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
-        if full:
-            raise UserError(f"{full}; {kept}. Free some space and run the same command again") from failure
-        if failure is not None:
-            raise failure
-        raise UserError(f"another rank failed to write checkpoint {tag} (its message says why); {kept}")
+        _abandon(path, failure, previous, rank)
     if rank == 0:
-        write_integrity(path)  # every rank's files on the disk, then the record of them
-        write_atomic(root / LATEST, tag)
+        try:  # every rank's files on the disk, then the record of them, then the pointer: either may not fit
+            write_integrity(path)
+            write_atomic(root / LATEST, tag)
+        except OSError as err:
+            failure = err
+    if any_rank(failure is not None):
+        _abandon(path, failure, previous, rank)
+    if rank == 0:
         fsync_path(root)  # the pointer's rename
         rotate(root, keep, path)
     _barrier()
     return path
+
+
+def _abandon(path: Path, failure: BaseException | None, previous: Path | None, rank: int) -> NoReturn:
+    """Collective, after a rank (this one where `failure`) failed to write checkpoint `path`: rank 0 removes what
+    was written (`latest` still names `previous`), and every rank raises, a full disk as one line saying so."""
+    full = _disk_full(failure, path.parent, previous) if failure is not None else None
+    if rank == 0:
+        shutil.rmtree(path, ignore_errors=True)
+    kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
+    if full:
+        raise UserError(f"{full}; {kept}. Free some space and run the same command again") from failure
+    if failure is not None:
+        raise failure
+    raise UserError(f"another rank failed to write checkpoint {path.name} (its message says why); {kept}")
 
 
 def rotate(root: Path, keep: int, current: Path) -> None:
