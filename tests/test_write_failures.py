@@ -180,3 +180,33 @@ def test_the_run_files_that_do_not_fit_are_named(tmp_path, capsys):
         write_atomic(tmp_path / "config.yaml", "after")
     assert no_room(caught.value).startswith(f"no space left on device while writing {tmp_path / 'config.yaml'};")
     assert (tmp_path / "config.yaml").read_text() == "before"
+
+
+def test_a_plot_that_does_not_fit_keeps_the_previous_one(tmp_path, monkeypatch):
+    """`data inspect`'s histogram and an ablation report's plots were saved in place: a full disk left a truncated PNG
+    where the previous plot was, a file that looks finished. Now each goes through a temporary file."""
+    import numpy as np
+    from matplotlib.figure import Figure
+
+    from pretrain.evaluation.inspect import length_histogram
+    from pretrain.evaluation.report_plots import plot_significance
+
+    lengths = np.arange(1, 200)
+    plots = [tmp_path / "doc_lengths.png", tmp_path / "significance.png"]
+    length_histogram(lengths, plots[0], 64, "before")
+    plot_significance([], plots[1])
+    before = {p: p.read_bytes() for p in plots}
+    save = Figure.savefig
+
+    def cut_short(self, fname, *args, **kwargs):
+        save(self, fname, *args, **kwargs)
+        Path(fname).write_bytes(Path(fname).read_bytes()[:100])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(Figure, "savefig", cut_short)
+    with pytest.raises(OSError) as caught:
+        length_histogram(lengths[:50], plots[0], 32, "after")
+    assert caught.value.filename == str(plots[0])
+    with pytest.raises(OSError):
+        plot_significance([], plots[1])
+    assert {p: p.read_bytes() for p in plots} == before and sorted(tmp_path.iterdir()) == sorted(plots)

@@ -6,7 +6,7 @@ import contextlib
 import hashlib
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
@@ -55,6 +55,20 @@ def _synced(write, sync: bool):
             os.fsync(f.fileno())
 
     return run
+
+
+def replace_file(path: str | os.PathLike, write: Callable[[Path], object]) -> None:
+    """`write(tmp)` a file beside `path`, then rename it over `path`: a failed write (a full disk) leaves the previous
+    file whole, never a truncated one in its place, and no temporary file; its error names `path`. `tmp` keeps the
+    suffix, which says the format to a writer that reads it there (matplotlib's savefig)."""
+    path = Path(path)
+    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
+    try:
+        with writing(path):
+            write(tmp)
+        os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def write_atomic(path: Path, text: str, sync: bool = True) -> None:

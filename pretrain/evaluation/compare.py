@@ -23,7 +23,7 @@ from pathlib import Path
 import yaml
 
 from pretrain.core.errors import UserError
-from pretrain.core.files import write_atomic
+from pretrain.core.files import replace_file, write_atomic
 from pretrain.core.outputs import check_not_input, claim_output, mark_output
 from pretrain.train.metrics import read_metrics
 
@@ -309,12 +309,9 @@ def plot(runs: list[Run], keys: list[str], axis: str, path: Path) -> None:
     labels = [r.label + (" (wall time not known)" if axis == "time" and r.seconds is None else "") for r in runs]
     fig.legend(handles, labels, loc="upper center", ncol=min(len(runs), 4), fontsize=9)
     fig.tight_layout(rect=(0, 0, 1, 1 - 0.5 / fig.get_figheight()))
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
     try:
-        fig.savefig(tmp, dpi=110)
-        os.replace(tmp, path)
+        replace_file(path, lambda tmp: fig.savefig(tmp, dpi=110))
     finally:
-        tmp.unlink(missing_ok=True)
         plt.close(fig)
 
 

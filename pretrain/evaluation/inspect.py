@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from pretrain.core.errors import UserError
+from pretrain.core.files import replace_file
 from pretrain.core.tokens import IGNORE_INDEX
 
 LEGEND = "[MASK](x): x replaced by [MASK];  ~y~(x): x replaced by y;  x(=): x chosen for prediction but unchanged"
@@ -119,7 +120,7 @@ def length_histogram(lengths: np.ndarray, path: Path, max_seq_len: int, title: s
     os.environ.setdefault("SOURCE_DATE_EPOCH", "0")
     try:
         with matplotlib.rc_context({"svg.hashsalt": SIGNATURE}):
-            fig.savefig(path, dpi=100, metadata={key: SIGNATURE} if key else None)
+            replace_file(path, lambda tmp: fig.savefig(tmp, dpi=100, metadata={key: SIGNATURE} if key else None))
     finally:
         if ours:
             os.environ.pop("SOURCE_DATE_EPOCH", None)

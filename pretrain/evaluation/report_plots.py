@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 
+from pretrain.core.files import replace_file
 from pretrain.evaluation.report_numbers import BASELINE, Comparison
 
 
@@ -44,7 +45,7 @@ def plot_losses(ab, path: Path) -> None:
     if ax.get_legend_handles_labels()[0]:
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    replace_file(path, lambda tmp: fig.savefig(tmp, dpi=120))  # a failed write keeps the previous plot
     plt.close(fig)
 
 
@@ -65,7 +66,7 @@ def plot_downstream(ab, table: dict, path: Path) -> None:
     ax.grid(axis="y", alpha=0.3)
     ax.legend(fontsize=8, ncol=min(len(arms), 4))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    replace_file(path, lambda tmp: fig.savefig(tmp, dpi=120))  # a failed write keeps the previous plot
     plt.close(fig)
 
 
@@ -90,5 +91,5 @@ def plot_significance(found: list[Comparison], path: Path) -> None:
     ax.invert_yaxis()
     ax.grid(axis="x", alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    replace_file(path, lambda tmp: fig.savefig(tmp, dpi=120))  # a failed write keeps the previous plot
     plt.close(fig)
