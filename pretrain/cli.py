@@ -291,11 +291,14 @@ def json_output(option: str | None) -> Path | None:
 
 
 def write_json(path: Path | None, result: dict) -> None:
+    """The --json file, whole or not at all: a full disk keeps the results a previous command wrote there."""
     import json
+
+    from pretrain.core.files import write_atomic
 
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(json.dumps(result, indent=1))
+        write_atomic(path, json.dumps(result, indent=1), sync=False)
 
 
 def cmd_eval(args) -> int:

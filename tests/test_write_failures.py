@@ -29,6 +29,44 @@ def tokenizer(tmp_path_factory, corpus) -> Path:
     return out
 
 
+class _FillingFile:
+    """A file on a disk with `room` bytes left: a write past them writes what fits, then fails with ENOSPC."""
+
+    def __init__(self, file, room: int):
+        self.file, self.room = file, room
+
+    def write(self, data):
+        if len(data) > self.room:
+            self.file.write(data[: self.room])
+            self.file.flush()
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        self.room -= len(data)
+        return self.file.write(data)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.file.close()
+
+    def __getattr__(self, name):
+        return getattr(self.file, name)
+
+
+def disk_fills_after(monkeypatch, room: int) -> None:
+    """Every file opened for writing from now on (builtin open, pathlib's) meets a full disk after `room` bytes."""
+    import io
+
+    real = io.open
+
+    def opened(file, mode="r", *args, **kwargs):
+        f = real(file, mode, *args, **kwargs)
+        return _FillingFile(f, room) if any(m in mode for m in "wax") else f
+
+    monkeypatch.setattr(io, "open", opened)
+    monkeypatch.setattr(builtins, "open", opened)
+
+
 def one_error_line(capsys, *needles: str) -> str:
     err = capsys.readouterr().err.strip().splitlines()
     assert err and err[-1].startswith("error:"), err[-5:]
@@ -210,3 +248,20 @@ def test_a_plot_that_does_not_fit_keeps_the_previous_one(tmp_path, monkeypatch):
     with pytest.raises(OSError):
         plot_significance([], plots[1])
     assert {p: p.read_bytes() for p in plots} == before and sorted(tmp_path.iterdir()) == sorted(plots)
+
+
+def test_a_json_result_that_does_not_fit_keeps_the_previous_one(tmp_path, monkeypatch):
+    """`pretrain eval/finetune --json FILE` wrote the user's file in place: a full disk left it cut short, the previous
+    results lost and the file no longer JSON."""
+    import json
+
+    from pretrain.cli import write_json
+
+    path = tmp_path / "results" / "mlm.json"
+    write_json(path, {"accuracy": 0.5})
+    with monkeypatch.context() as patched:
+        disk_fills_after(patched, 5)
+        with pytest.raises(OSError) as caught:
+            write_json(path, {"accuracy": 0.625, "perplexity": 12.5})
+    assert caught.value.filename == str(path)
+    assert json.loads(path.read_text()) == {"accuracy": 0.5} and [p.name for p in path.parent.iterdir()] == [path.name]
