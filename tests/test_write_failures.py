@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import small_corpus
+from helpers import small_corpus, tsv_task
 
 from pretrain.cli import main
 from pretrain.core.outputs import claim_output, mark_output
@@ -265,3 +265,30 @@ def test_a_json_result_that_does_not_fit_keeps_the_previous_one(tmp_path, monkey
             write_json(path, {"accuracy": 0.625, "perplexity": 12.5})
     assert caught.value.filename == str(path)
     assert json.loads(path.read_text()) == {"accuracy": 0.5} and [p.name for p in path.parent.iterdir()] == [path.name]
+
+
+def test_an_ablation_config_that_does_not_fit_is_kept(tmp_path, monkeypatch):
+    """`pretrain ablate` rewrites <output_dir>/ablation.yaml in place at every invocation, and that file is the config
+    its printed commands (and the user after them) run from: a full disk left the user's config cut short."""
+    from pretrain.evaluation import ablate
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    class Stop(Exception):
+        pass
+
+    def stop(ab):
+        raise Stop
+
+    monkeypatch.setattr(ablate, "prepare_data", stop)  # what comes after the config is written: not needed here
+    tiny = str(Path(__file__).resolve().parent.parent / "configs" / "ablation-tiny.yaml")
+    ab = load_ablation(tiny, [f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"])
+    with pytest.raises(Stop):
+        ablate.run_ablation(ab)
+    config = tmp_path / "ab" / "ablation.yaml"
+    before = config.read_text()
+    assert len(before) > 200
+    with monkeypatch.context() as patched:
+        disk_fills_after(patched, 100)  # room for the lock file's line, not for the config
+        with pytest.raises(OSError):
+            ablate.run_ablation(load_ablation(str(config), []))
+    assert config.read_text() == before and not list(config.parent.glob(".*tmp*"))

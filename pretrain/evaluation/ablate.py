@@ -52,6 +52,7 @@ import yaml
 
 from pretrain.core.config import RunConfig, load_yaml, save_config
 from pretrain.core.errors import UserError
+from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Schedule
@@ -469,7 +470,8 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
     check_settings(ab)  # before anything but the marker is written: a changed config never mixes into the runs done
-    (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))  # what was run, overrides in
+    # what was run, overrides in; whole or not at all: the printed commands, and the user after them, run from it
+    write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     prepare_data(ab)
     check_shards(ab)  # a corpus changed in place: its shards were built again, and would not be what the runs had
     timed = recorded_seconds(ab)
@@ -589,7 +591,7 @@ def _print_commands(ab: Ablation) -> list[str]:
             lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
         else:
             lines.append(f"launch/single_node.sh {procs} {cfg_path}")
-    (ab.out / "ablation.yaml").write_text(yaml.safe_dump(ab.raw, sort_keys=False))
+    write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     lines += [
         "# 3. when the jobs are done: export, downstream evaluation and the report (trained arms are not retrained)",
         f"pretrain ablate {ab.out / 'ablation.yaml'}",
