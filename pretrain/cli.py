@@ -599,6 +599,26 @@ def no_room(err: BaseException) -> str | None:
     return f"{what}{where}; {remedy} and run the same command again (finished work is kept)"
 
 
+# What a file the user's system does not let us write (or read) says, by errno: only where the error names the path
+NO_ACCESS = {
+    errno.EROFS: "read-only file system",
+    errno.EACCES: "permission denied",
+    errno.EPERM: "operation not permitted",
+}
+
+
+def no_access(err: BaseException) -> str | None:
+    """The one line for `err` where it says a path may not be written or read (an output on a read-only mount, a
+    directory of another user), else None."""
+    path = getattr(err, "filename2", None) or getattr(err, "filename", None)
+    if not isinstance(err, OSError) or err.errno not in NO_ACCESS or not path:
+        return None
+    return (
+        f"{NO_ACCESS[err.errno]}: {path}; check its permissions or choose another path, and run the same command "
+        "again (finished work is kept)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ.setdefault("WANDB_MODE", "offline")
@@ -616,7 +636,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except Exception as err:
-        message = no_room(err)
+        message = no_room(err) or no_access(err)
         if message is None:
             raise
         print(f"error: {message}", file=sys.stderr)

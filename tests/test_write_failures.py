@@ -292,3 +292,35 @@ def test_an_ablation_config_that_does_not_fit_is_kept(tmp_path, monkeypatch):
         with pytest.raises(OSError):
             ablate.run_ablation(load_ablation(str(config), []))
     assert config.read_text() == before and not list(config.parent.glob(".*tmp*"))
+
+
+@pytest.mark.parametrize("command", ["tokenizer", "shards"])
+def test_an_output_on_a_read_only_file_system_is_one_line(command, corpus, tokenizer, tmp_path, capsys, monkeypatch):
+    """EROFS or EACCES creating an output (a read-only mount, another user's directory) went through as a traceback
+    from os.mkdir; `pretrain export` alone said it in one line. (Simulated: root may write anywhere.)"""
+    readonly = tmp_path / "ro"
+    make = os.mkdir
+
+    def refused(path, *args, **kwargs):
+        if Path(path).is_relative_to(readonly) and Path(path) != readonly:
+            raise OSError(errno.EROFS, os.strerror(errno.EROFS), str(path))
+        return make(path, *args, **kwargs)
+
+    monkeypatch.setattr(os, "mkdir", refused)
+    readonly.mkdir()
+    args = {
+        "tokenizer": ["tokenizer", str(corpus), "--out", str(readonly / "tok"), "--vocab-size", "512"],
+        "shards": [
+            "shards",
+            str(corpus),
+            "--tokenizer",
+            str(tokenizer),
+            "--out",
+            str(readonly / "sh"),
+            "--workers",
+            "0",
+        ],
+    }[command]
+    assert main(args) == 2
+    one_error_line(capsys, "read-only file system: ", str(readonly), "choose another path")
+    assert list(readonly.iterdir()) == []
