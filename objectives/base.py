@@ -261,8 +261,13 @@ def validate_objectives(spec: dict[str, Any]) -> dict[str, Any]:
         cls = REGISTRY[name]
         if dataclasses.is_dataclass(options) and isinstance(options, cls.Options):
             typed[name] = options
-        else:
+        elif options is None or isinstance(options, dict):  # `mlm:` with nothing after it: the defaults
             typed[name] = from_dict(cls.Options, options or {}, f"objectives.{name}")
+        else:  # `objectives.nsp=false` (or 0) trained nsp at weight 1: `options or {}` read it as no options
+            raise ConfigError(
+                f"objectives.{name}: expected a mapping of its options (e.g. {{weight: 1.0}}), got {options!r}; to "
+                f"train without {name}, name the objectives that train: objectives={{...}} without it"
+            )
     for flag, what in (("rewrites_inputs", "rewrite the input tokens"), ("sentence_level", "build segment pairs")):
         clash = [n for n in typed if getattr(REGISTRY[n], flag)]
         if len(clash) > 1:

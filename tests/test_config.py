@@ -273,3 +273,12 @@ def test_cuda_graphs_are_left_out_where_a_step_accumulates_micro_batches(capsys)
     assert compile_for_this_machine(autotune).model.compile_mode == "max-autotune-no-cudagraphs"
     eager = load_config("tiny", ["model.compile=false", *graphs[1:], "train.grad_accum_steps=2"])
     assert compile_for_this_machine(eager).model.compile_mode == "reduce-overhead"  # not compiled: nothing to say
+
+
+@pytest.mark.parametrize("value", ["false", "no", "0", "[]", "''"])
+def test_an_objective_given_false_or_zero_is_refused_not_trained_at_its_defaults(value):
+    """`objectives.nsp=false` on bert (meant: without nsp) trained nsp at weight 1: a falsy value read as no options."""
+    with pytest.raises(ConfigError, match=r"objectives\.nsp: expected a mapping of its options .* train without nsp"):
+        load_config("bert", [f"objectives.nsp={value}"])
+    # `nsp:` with nothing after it, as YAML writes an empty entry, is nsp at its defaults
+    assert load_config("bert", ["objectives.nsp=null"]).objectives["nsp"].weight == 1.0
