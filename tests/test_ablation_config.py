@@ -279,3 +279,16 @@ def test_preset_seed_comments_say_what_their_seeds_can_show(preset):
     assert n < seeds_needed(m1) <= seeds_needed(m2)
     assert f"{seeds_needed(m1)} seeds for the primary family's {m1} comparisons" in comment
     assert f"{seeds_needed(m2)} for the secondary's {m2}" in comment
+
+
+def test_an_override_of_a_section_merges_and_one_of_the_arms_replaces_them(monkeypatch):
+    """`eval={seeds: [3]}` dropped the preset's tasks, mode and epochs (back to their defaults); `arms={...}` is what
+    the ablation compares, as a file's arms replace its base's."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    ab = load_ablation(TINY, ["eval={seeds: [3]}", "arms={mlm: {objectives: {mlm: {}}}}"])
+    assert (ab.eval.seeds, ab.eval.tasks, ab.eval.epochs, ab.eval.max_seq_len) == ([3], ["data/tasks/mr"], 5, 64)
+    assert [arm.name for arm in ab.arms] == ["mlm"]
+    ab = load_ablation(TINY, ["arms.mlm={objectives: {span: {}}}"])  # an arm's overrides, whole: span, not mlm + span
+    assert set(ab.arms[0].cfg.objectives) == {"span"}

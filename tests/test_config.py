@@ -282,3 +282,14 @@ def test_an_objective_given_false_or_zero_is_refused_not_trained_at_its_defaults
         load_config("bert", [f"objectives.nsp={value}"])
     # `nsp:` with nothing after it, as YAML writes an empty entry, is nsp at its defaults
     assert load_config("bert", ["objectives.nsp=null"]).objectives["nsp"].weight == 1.0
+
+
+def test_a_section_given_as_a_mapping_is_merged_over_the_presets_as_a_base_is():
+    """`train={lr: 0.5}` put every other train setting back at the code's default (tiny's 20 steps of 8 sequences
+    became 1000 of 32), with no word; the objectives mapping is the one a preset, and an override, gives whole."""
+    cfg = load_config("tiny", ["train={lr: 0.5, warmup_steps: 1}"])
+    assert (cfg.train.lr, cfg.train.warmup_steps, cfg.train.max_steps, cfg.train.micro_batch_size) == (0.5, 1, 20, 8)
+    assert load_config("tiny", ["model={num_layers: 1}"]).model.hidden_size == 64  # tiny's, not the default 256
+    assert set(load_config("albert-style", ["objectives={mlm: {}}"]).objectives) == {"mlm"}
+    albert = load_config("albert-style", ["objectives.mlm={mask_prob: 0.2}"])  # those options: max_ngram's default
+    assert (albert.objectives["mlm"].mask_prob, albert.objectives["mlm"].max_ngram) == (0.2, 1)

@@ -93,7 +93,7 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     data = load_yaml(path) if path else {}
     _refuse_objectives_added_by_an_option(data, overrides or [])
     try:
-        cfg = build_config(apply_overrides(data, overrides or []))
+        cfg = build_config(apply_overrides(data, overrides or [], REPLACED_BY_PRESET))
     except ConfigError as err:
         if path is None or path.parent.resolve() == CONFIG_DIR.resolve() or not _written_in(path, err, overrides):
             raise  # a preset's name says where already; a value from an override or a base file is not this file's

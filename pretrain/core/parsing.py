@@ -293,8 +293,11 @@ def merge_base(block: dict, path: Path, replace: tuple[str, ...] = (), _chain: t
     return deep_merge(load_yaml_with_base(base_path, replace, _chain), block, replace=replace)
 
 
-def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
-    """`data` with dotted `a.b.c=value` overrides applied (a new dict); values are YAML: `0.1`, `true`, `[a, b]`."""
+def apply_overrides(data: dict, overrides: typing.Iterable[str], replace: tuple[str, ...] = ()) -> dict:
+    """`data` with dotted `a.b.c=value` overrides applied (a new dict); values are YAML: `0.1`, `true`, `[a, b]`. A
+    mapping is merged over the one it overrides, as a file's over its base's (`train={lr: 0.1}` is train.lr=0.1, not
+    every other train setting back at its default); at or under a key in `replace` it is taken whole, as a file
+    takes it (`objectives={...}`, `objectives.mlm={...}`: those options, no others)."""
     data = deep_merge({}, data)
     for item in overrides:
         if "=" not in item:
@@ -306,14 +309,18 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str]) -> dict:
             if not isinstance(node.get(part), dict):
                 node[part] = {}
             node = node[part]
-        node[parts[-1]] = _parse_scalar(raw)
+        value = _parse_scalar(raw)
+        whole = any(parts[: len(r.split("."))] == r.split(".") for r in replace)
+        if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict) and not whole:
+            value = deep_merge(node[parts[-1]], value)
+        node[parts[-1]] = value
     return data
 
 
 def load_typed(cls: type, path: Path | None, overrides: typing.Iterable[str] = (), replace: tuple[str, ...] = ()):
     """The whole API in one call: file (with `base:`) + dotted overrides -> a typed `cls`, errors naming the file."""
     data = load_yaml_with_base(Path(path), replace) if path else {}
-    return from_dict(cls, apply_overrides(data, overrides), source=path)
+    return from_dict(cls, apply_overrides(data, overrides, replace), source=path)
 
 
 def describe_fields(cls: type, prefix: str = "") -> list[tuple[str, str, str]]:

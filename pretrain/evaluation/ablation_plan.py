@@ -89,7 +89,7 @@ def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig
     path = Path(config)
     if not path.is_file():
         path = resolve_preset(config)
-    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides)
+    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides, ("arms",))
     if isinstance(raw.get("seeds"), int):  # `seeds: 7` for one seed
         raw["seeds"] = [raw["seeds"]]
     return path, raw, from_dict(AblationConfig, raw, source=path).check(str(path))

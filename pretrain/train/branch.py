@@ -20,7 +20,7 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.core.config import RunConfig, build_config, load_yaml
+from pretrain.core.config import REPLACED_BY_PRESET, RunConfig, build_config, load_yaml
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, mark_output, marked_kind
@@ -77,7 +77,7 @@ def decay_config(
     saved = load_yaml(checkpoint / "config.yaml")
     step = state.step
     source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
-    data = apply_overrides(saved, overrides)
+    data = apply_overrides(saved, overrides, REPLACED_BY_PRESET)
     data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
     data["output_dir"] = str(source_run.parent if source_run else Path(saved.get("output_dir", "runs")))
     data["train"] = {**data.get("train", {}), "max_steps": step + steps, "lr_schedule": "wsd", "decay_steps": steps}
@@ -106,7 +106,7 @@ def _branch_without_its_source(source: Path, steps: int, name: str | None, overr
     run_dir = source_run.parent / (name or f"{run_name}-decay{step}")
     if _read_branch(run_dir) != {"source": str(source_run.resolve()), "step": step, "decay_steps": steps}:
         return None
-    data = apply_overrides(load_yaml(run_dir / "config.yaml"), overrides)
+    data = apply_overrides(load_yaml(run_dir / "config.yaml"), overrides, REPLACED_BY_PRESET)
     _drop_limits(data, overrides)
     cfg = resolve_config(build_config(data), apply_init_from=False)
     return cfg, f"{run_dir} exists and is this decay (its source checkpoint {source} is gone since): resuming it"
