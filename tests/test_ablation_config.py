@@ -292,3 +292,19 @@ def test_an_override_of_a_section_merges_and_one_of_the_arms_replaces_them(monke
     assert [arm.name for arm in ab.arms] == ["mlm"]
     ab = load_ablation(TINY, ["arms.mlm={objectives: {span: {}}}"])  # an arm's overrides, whole: span, not mlm + span
     assert set(ab.arms[0].cfg.objectives) == {"span"}
+
+
+@pytest.mark.parametrize(
+    "arm_data, key",
+    [("{vocab_size: 1000}", "data.vocab_size=1000"), ("{tokenizer_type: bpe}", "data.tokenizer_type='bpe'")],
+)
+def test_an_arm_that_changes_the_shared_data_is_refused_not_run_on_the_shared(arm_data, key, monkeypatch):
+    """An arm's data.vocab_size (or tokenizer type, corpus) was dropped for the shared run's, with no word: the arm
+    trained on the one tokenizer and shards every arm shares, not on what it said. How samples are cut may differ."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match=rf"arms\.mlm: {key} \(run: .*an arm may change only data\.packing"):
+        load_ablation(TINY, [f"arms.mlm={{objectives: {{mlm: {{}}}}, data: {arm_data}}}"])
+    ab = load_ablation(TINY, ["arms.mlm={objectives: {mlm: {}}, data: {packing: doc_bounded, vocab_size: 512}}"])
+    assert [arm.cfg.data.packing for arm in ab.arms] == ["doc_bounded", "full_sentences", "full_sentences"]

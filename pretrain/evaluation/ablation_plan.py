@@ -157,11 +157,12 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
     runs = []
     for seed in seeds:
         run_name = _run_name(str(name), seed, len(seeds) > 1, Path(shared["output_dir"]))
-        seeded = deep_merge(data, {"train": {"seed": seed}, "data": shared["data"]})
+        seeded = deep_merge(data, {"train": {"seed": seed}})
         try:
             cfg = config_from_dict({**seeded, "name": run_name, "output_dir": shared["output_dir"]})
         except ConfigError as err:
             raise ConfigError(f"{path}: arms.{name}: {err}") from None
+        _check_arm_data(cfg, base, f"{path}: arms.{name}")
         if (
             cfg.model != base.model
             or cfg.data.max_seq_len != base.data.max_seq_len
@@ -174,6 +175,24 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
             )
         runs.append(Arm(run_name, cfg, pretrain, str(name), seed, overrides))
     return runs
+
+
+# What an arm's `data:` may change: how samples are cut from the shared shards, and the loader's processes.
+ARM_DATA = ("packing", "loader_workers")
+
+
+def _check_arm_data(cfg: RunConfig, base: RunConfig, where: str) -> None:
+    """The tokenizer and shards are built once, from the shared run's data settings: an arm's other data setting
+    was dropped for the shared one (data.vocab_size, data.corpus) with no word, so the arm trained on what it did not
+    say. Refused, naming it."""
+    ours = replace(cfg.data, **{k: getattr(base.data, k) for k in ARM_DATA})
+    changed = [k for k in vars(base.data) if getattr(ours, k) != getattr(base.data, k)]
+    if changed:
+        said = ", ".join(f"data.{k}={getattr(cfg.data, k)!r} (run: {getattr(base.data, k)!r})" for k in changed)
+        raise ConfigError(
+            f"{where}: {said}: every arm trains on the one tokenizer and the shards built from run.data; an arm may "
+            f"change only {', '.join(f'data.{k}' for k in ARM_DATA)} (set the others in run.data)"
+        )
 
 
 def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
