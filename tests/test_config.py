@@ -293,3 +293,23 @@ def test_a_section_given_as_a_mapping_is_merged_over_the_presets_as_a_base_is():
     assert set(load_config("albert-style", ["objectives={mlm: {}}"]).objectives) == {"mlm"}
     albert = load_config("albert-style", ["objectives.mlm={mask_prob: 0.2}"])  # those options: max_ngram's default
     assert (albert.objectives["mlm"].mask_prob, albert.objectives["mlm"].max_ngram) == (0.2, 1)
+
+
+def test_text_yaml_1_1_reads_as_a_number_stays_the_text_written(tmp_path):
+    """YAML 1.1 reads `010` as 8, `0x1F` as 31, `1_000` as 1000 and `2024-01-01` as a date: a run named 007 ran in
+    runs/7, a source named 01 was '1', a dated name was refused as 'datetime.date(...) is not a valid str'."""
+    path = tmp_path / "run.yaml"
+    path.write_text(
+        "base: tiny\nname: '007'\nwandb: {project: 2024-01-01}\n"
+        "data: {corpus: [], sources: [{name: 01, corpus: [a.jsonl]}, {name: 0x1F, corpus: [b.jsonl]}]}\n"
+        "train: {max_steps: 010, save_every: 1_0, warmup_steps: 0x2}\n"
+    )
+    cfg = load_config(str(path), ["name=007", "data.text_field=1_000"])
+    assert (cfg.name, cfg.wandb.project, cfg.data.text_field) == ("007", "2024-01-01", "1_000")
+    assert [s.name for s in cfg.data.sources] == ["01", "0x1F"]
+    # a number setting reads the text as a number: 010 is ten (YAML 1.2, and what a reader sees), not octal 8
+    assert (cfg.train.max_steps, cfg.train.save_every, cfg.train.warmup_steps) == (10, 10, 2)
+    with pytest.raises(ConfigError, match=r"train\.max_steps: value '1:30' is not a valid int"):  # not 90
+        load_config("tiny", ["train.max_steps=1:30"])
+    save_config(cfg, tmp_path / "config.yaml")
+    assert load_config(str(tmp_path / "config.yaml")) == cfg

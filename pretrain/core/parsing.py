@@ -11,6 +11,7 @@ import dataclasses
 import difflib
 import math
 import os
+import re
 import types
 import typing
 from dataclasses import field
@@ -114,10 +115,11 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
         if isinstance(value, float) and value.is_integer():
             return int(value)
         if isinstance(value, str):
-            try:
-                return int(value.replace("_", ""))
-            except ValueError:
-                pass
+            for base in (10, 0):  # "1_000", "010" (ten); then "0x40", "0o17", "0b101" as Python writes them
+                try:
+                    return int(value, base)
+                except ValueError:
+                    pass
     elif tp is float:
         number = None
         if isinstance(value, (int, float)) and not isinstance(value, bool):
@@ -206,10 +208,37 @@ def to_dict(obj: Any) -> Any:
 # YAML presets and overrides
 
 
+class _Loader(yaml.SafeLoader):
+    """YAML as `yaml.safe_load` reads it, but for the numbers YAML 1.1 reads where a person sees text: `010` (octal,
+    8), `0x1F` (31), `1_000`, `1:30` (sexagesimal, 90) and `2024-01-01` (a date) stay the text written. A string
+    setting given one (a run's name `007`, a source named `01`) took the number's digits (`7`, `1`), with no word; a
+    number setting parses the text itself (`_coerce_scalar`), where `010` is 10, as YAML 1.2 and a reader say."""
+
+
+def _int_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    return int(text) if re.fullmatch(r"[-+]?(0|[1-9][0-9]*)", text) else text
+
+
+def _float_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
+    text = loader.construct_scalar(node)
+    return text if ("_" in text or ":" in text) else loader.construct_yaml_float(node)
+
+
+_Loader.add_constructor("tag:yaml.org,2002:int", _int_or_text)
+_Loader.add_constructor("tag:yaml.org,2002:float", _float_or_text)
+_Loader.add_constructor("tag:yaml.org,2002:timestamp", lambda loader, node: loader.construct_scalar(node))
+
+
+def read_yaml(text: str) -> Any:
+    """A config's YAML (a file's, or an override's value), numbers read as `_Loader` says."""
+    return yaml.load(text, Loader=_Loader)
+
+
 def _parse_scalar(text: str) -> Any:
     """Override values are YAML scalars/lists: `0.1`, `true`, `[a, b]`, `bf16`."""
     try:
-        return yaml.safe_load(text)
+        return read_yaml(text)
     except yaml.YAMLError:
         return text
 
@@ -267,7 +296,7 @@ def load_yaml_with_base(path: Path, replace: tuple[str, ...] = (), _chain: tuple
         loop = " -> ".join(str(p) for p in (*_chain, path.resolve()))
         raise ConfigError(f"{path}: base: presets inherit from each other in a loop ({loop})")
     try:
-        data = yaml.safe_load(_read_text(path)) or {}
+        data = read_yaml(_read_text(path)) or {}
     except yaml.YAMLError as err:
         mark = getattr(err, "problem_mark", None)
         line = f":{mark.line + 1}" if mark else ""
