@@ -308,3 +308,16 @@ def test_an_arm_that_changes_the_shared_data_is_refused_not_run_on_the_shared(ar
         load_ablation(TINY, [f"arms.mlm={{objectives: {{mlm: {{}}}}, data: {arm_data}}}"])
     ab = load_ablation(TINY, ["arms.mlm={objectives: {mlm: {}}, data: {packing: doc_bounded, vocab_size: 512}}"])
     assert [arm.cfg.data.packing for arm in ab.arms] == ["doc_bounded", "full_sentences", "full_sentences"]
+
+
+def test_an_arms_pretrain_is_typed_as_a_bool_setting(monkeypatch):
+    """`pretrain: "false"` (quoted) or `pretrain: nope` was bool() of a non-empty text: true, so the random-encoder
+    baseline an arm meant to be was pretrained."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    arm = "arms={{x: {{pretrain: {}, objectives: {{mlm: {{}}}}}}}}"
+    assert [a.pretrain for a in load_ablation(TINY, [arm.format('"false"')]).arms] == [False]
+    assert [a.pretrain for a in load_ablation(TINY, [arm.format("yes")]).arms] == [True]
+    with pytest.raises(ConfigError, match=r"ablation-tiny\.yaml: arms\.x\.pretrain: value 'nope' is not a valid bool"):
+        load_ablation(TINY, [arm.format("nope")])

@@ -63,6 +63,12 @@ def _type_name(tp: Any) -> str:
     return getattr(tp, "__name__", str(tp))
 
 
+def coerce(value: Any, tp: Any, where: str) -> Any:
+    """One value checked against the annotation `tp` as a field of that type is (a setting kept in a mapping, e.g.
+    an ablation arm's `pretrain:`); a ConfigError names `where`."""
+    return _coerce(value, tp, where)
+
+
 def _coerce(value: Any, tp: Any, where: str) -> Any:
     """Check `value` against the annotation `tp` (containers here, scalars in `_coerce_scalar`)."""
     origin = typing.get_origin(tp)

@@ -15,6 +15,7 @@ from pretrain.core.config import REPLACED_BY_PRESET, RunConfig, check_config
 from pretrain.core.errors import ConfigError
 from pretrain.core.parsing import (
     apply_overrides,
+    coerce,
     deep_merge,
     from_dict,
     load_yaml_with_base,
@@ -146,7 +147,8 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
     """One Arm per pretraining seed: the shared run with the arm's overrides (its objectives replace the shared
     ones; train options such as its learning rate may differ; the encoder, sequence length and seed may not)."""
     spec = dict(spec or {})
-    pretrain = bool(spec.pop("pretrain", name != "none"))
+    # typed as a bool setting is: bool() took the text "false" (quoted) or "nope" as true, and trained the baseline
+    pretrain = coerce(spec.pop("pretrain", name != "none"), bool, f"{path}: arms.{name}.pretrain")
     overrides = deep_merge({}, spec)  # as written, for the results: what this arm changes
     data = dict(shared)
     if "objectives" in spec:
