@@ -313,3 +313,20 @@ def test_text_yaml_1_1_reads_as_a_number_stays_the_text_written(tmp_path):
         load_config("tiny", ["train.max_steps=1:30"])
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(str(tmp_path / "config.yaml")) == cfg
+
+
+def test_a_key_written_twice_in_a_file_is_refused_with_both_lines(tmp_path):
+    """YAML keeps the last of two equal keys: a second `train:` block further down dropped the first's settings."""
+    path = tmp_path / "run.yaml"
+    path.write_text("base: tiny\ntrain:\n  lr: 1.0e-3\n  max_steps: 5\nmodel: {num_layers: 1}\ntrain:\n  seed: 3\n")
+    with pytest.raises(ConfigError, match=rf"^{path}:6: invalid YAML \(key 'train' is given twice, at lines 2 and 6"):
+        load_config(str(path))
+    with pytest.raises(ConfigError, match=r"override value '\{lr: 1, lr: 2\}': key 'lr' is given twice"):
+        load_config("tiny", ["train={lr: 1, lr: 2}"])
+    # a merge key's entries are there to be overridden; an override given twice on the command line: the last
+    path.write_text("base: tiny\nshared: &t {lr: 0.5, max_steps: 5}\ntrain:\n  <<: *t\n  lr: 0.1\n")
+    from pretrain.core.parsing import load_yaml_with_base
+
+    train = load_yaml_with_base(path)["train"]
+    assert (train["lr"], train["max_steps"]) == (0.1, 5)
+    assert load_config("tiny", ["train.lr=1", "train.lr=2"]).train.lr == 2.0

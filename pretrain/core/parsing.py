@@ -214,11 +214,32 @@ def to_dict(obj: Any) -> Any:
 # YAML presets and overrides
 
 
+class _KeyTwice(yaml.constructor.ConstructorError):
+    pass
+
+
 class _Loader(yaml.SafeLoader):
     """YAML as `yaml.safe_load` reads it, but for the numbers YAML 1.1 reads where a person sees text: `010` (octal,
     8), `0x1F` (31), `1_000`, `1:30` (sexagesimal, 90) and `2024-01-01` (a date) stay the text written. A string
     setting given one (a run's name `007`, a source named `01`) took the number's digits (`7`, `1`), with no word; a
-    number setting parses the text itself (`_coerce_scalar`), where `010` is 10, as YAML 1.2 and a reader say."""
+    number setting parses the text itself (`_coerce_scalar`), where `010` is 10, as YAML 1.2 and a reader say.
+
+    A key written twice in one mapping is an error naming both lines: YAML kept the last, so a second `train:` block
+    further down a file dropped every setting of the first, with no word."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict:
+        seen: dict[Any, int] = {}
+        for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":  # `<<: *defaults`: its keys are meant to be overridden
+                continue
+            key = self.construct_object(key_node, deep=True)
+            if isinstance(key, typing.Hashable) and key in seen:
+                line = key_node.start_mark.line + 1
+                problem = f"key '{key}' is given twice, at lines {seen[key]} and {line}; YAML would keep the last"
+                raise _KeyTwice(None, None, problem, key_node.start_mark)
+            if isinstance(key, typing.Hashable):
+                seen[key] = key_node.start_mark.line + 1
+        return super().construct_mapping(node, deep)
 
 
 def _int_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
@@ -245,6 +266,8 @@ def _parse_scalar(text: str) -> Any:
     """Override values are YAML scalars/lists: `0.1`, `true`, `[a, b]`, `bf16`."""
     try:
         return read_yaml(text)
+    except _KeyTwice as err:  # `{lr: 1, lr: 2}`
+        raise ConfigError(f"override value '{text}': {err.problem}") from None
     except yaml.YAMLError:
         return text
 
