@@ -321,3 +321,12 @@ def test_an_arms_pretrain_is_typed_as_a_bool_setting(monkeypatch):
     assert [a.pretrain for a in load_ablation(TINY, [arm.format("yes")]).arms] == [True]
     with pytest.raises(ConfigError, match=r"ablation-tiny\.yaml: arms\.x\.pretrain: value 'nope' is not a valid bool"):
         load_ablation(TINY, [arm.format("nope")])
+
+
+@pytest.mark.parametrize("spec", ["3", "true", "[mlm]", "mlm"])
+def test_an_arm_that_is_not_a_mapping_is_named_not_a_traceback(spec, monkeypatch):
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match=r"ablation-tiny\.yaml: arms\.x: expected a mapping of the arm's overrides"):
+        load_ablation(TINY, [f"arms={{x: {spec}}}"])

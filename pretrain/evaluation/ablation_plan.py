@@ -146,6 +146,11 @@ def _recorded_seed(run_dir: Path) -> int | None:
 def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[int], path: Path) -> list[Arm]:
     """One Arm per pretraining seed: the shared run with the arm's overrides (its objectives replace the shared
     ones; train options such as its learning rate may differ; the encoder, sequence length and seed may not)."""
+    if spec is not None and not isinstance(spec, dict):  # dict(3) was a TypeError's traceback
+        raise ConfigError(
+            f"{path}: arms.{name}: expected a mapping of the arm's overrides of run "
+            f"(e.g. {{objectives: {{mlm: {{}}}}}}), got {spec!r}"
+        )
     spec = dict(spec or {})
     # typed as a bool setting is: bool() took the text "false" (quoted) or "nope" as true, and trained the baseline
     pretrain = coerce(spec.pop("pretrain", name != "none"), bool, f"{path}: arms.{name}.pretrain")
