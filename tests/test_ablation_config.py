@@ -330,3 +330,18 @@ def test_an_arm_that_is_not_a_mapping_is_named_not_a_traceback(spec, monkeypatch
     monkeypatch.chdir(ROOT)
     with pytest.raises(ConfigError, match=r"ablation-tiny\.yaml: arms\.x: expected a mapping of the arm's overrides"):
         load_ablation(TINY, [f"arms={{x: {spec}}}"])
+
+
+def test_an_arms_own_length_is_refused_where_the_budget_sets_it(monkeypatch):
+    """apply_budget replaced an arm's train.max_steps (tokens, FLOPs) or max_minutes (time) with the budget's, so an
+    arm meant to train longer trained as long as the others, with no word."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    longer = "arms.mlm={objectives: {mlm: {}}, train: {max_steps: 40}}"
+    with pytest.raises(ConfigError, match=r"arms\.mlm: train\.max_steps=40: the tokens budget sets every arm's"):
+        load_ablation(TINY, [longer])
+    timed = load_ablation(TINY, [longer, "budget={kind: time, amount: 1}"])  # steps: a time budget's upper bound
+    assert timed.arms[0].cfg.train.max_steps == 40
+    with pytest.raises(ConfigError, match=r"arms\.mlm: train\.max_minutes=5: the time budget sets every arm's"):
+        load_ablation(TINY, ["arms.mlm={train: {max_minutes: 5}}", "budget={kind: time, amount: 1}"])

@@ -202,6 +202,20 @@ def _check_arm_data(cfg: RunConfig, base: RunConfig, where: str) -> None:
         )
 
 
+def _refuse_what_the_budget_sets(cfg: AblationConfig, path: Path) -> None:
+    """`apply_budget` gives every arm its length: the steps that spend a tokens or FLOPs budget, the minutes of a time
+    budget. An arm's own train.max_steps (or max_minutes) was replaced by it with no word, so the arm meant to train
+    longer trained as long as the others."""
+    key = "max_minutes" if cfg.budget.kind == "time" else "max_steps"
+    for name, spec in cfg.arms.items():
+        train = spec.get("train") if isinstance(spec, dict) else None
+        if isinstance(train, dict) and key in train:
+            raise ConfigError(
+                f"{path}: arms.{name}: train.{key}={train[key]}: the {cfg.budget.kind} budget sets every arm's "
+                f"{key} (budget.amount={cfg.budget.amount:g}), the same for each; leave it out of the arm"
+            )
+
+
 def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
     """An ablation config (a file or preset name, with dotted overrides), typed and checked, its arms resolved."""
     path, raw, cfg = _read(config, overrides or [])
@@ -219,6 +233,7 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
         )
     if "full" in cfg.eval.modes and len(cfg.eval.seeds) < 5:
         say(f"note: {len(cfg.eval.seeds)} fine-tuning seed(s): a median over seeds, as GLUE papers report, wants 5+")
+    _refuse_what_the_budget_sets(cfg, path)
     arms = [arm for name, spec in cfg.arms.items() for arm in _arm_runs(str(name), spec, shared, base, seeds, path)]
     # saved as <dir>/ablation.yaml: self-contained (the `run.base` preset merged in, overrides applied)
     resolved = {**raw, "run": run}
