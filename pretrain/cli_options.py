@@ -8,6 +8,7 @@ import argparse
 import dataclasses
 import importlib
 import inspect
+import math
 import typing
 from typing import Any
 
@@ -21,13 +22,14 @@ OVERRIDE_HELP = "dotted overrides of config keys, e.g. model.hidden_size=128 tra
 
 
 def positive_float(text: str) -> float:
-    """argparse type: a number above 0 (argparse names the option in its error)."""
+    """argparse type: a finite number above 0 (argparse names the option in its error); `inf` passed `> 0` and
+    fine-tuned at an infinite learning rate, as a config's value would not (`parsing._coerce_scalar`)."""
     try:
         value = float(text)
     except ValueError:
         value = float("nan")
-    if not value > 0:
-        raise argparse.ArgumentTypeError(f"must be a number above 0, got {text!r}")
+    if not 0 < value < math.inf:
+        raise argparse.ArgumentTypeError(f"must be a finite number above 0, got {text!r}")
     return value
 
 
@@ -415,7 +417,7 @@ def finetune_args(p):
     add_field_option(p, "--random-init", FINETUNE, "random_init")
     p.add_argument(
         "--lrs",
-        type=float,
+        type=positive_float,
         nargs="+",
         help="learning rates to sweep: each trained on train minus a held-out part and scored there (never on dev); "
         "the best is trained on all of train and scored on dev",

@@ -64,6 +64,8 @@ def test_export_refuses_sentence_transformers_options_with_format_transformers(t
         (["finetune", "M", "T", "--batch-size", "-8"], "--batch-size", "0 or more"),
         (["finetune", "M", "T", "--seeds", "0"], "--seeds", "above 0"),
         (["finetune", "M", "T", "--lr", "-0.001"], "--lr", "above 0"),
+        (["finetune", "M", "T", "--lr", "inf"], "--lr", "finite number above 0"),  # passed `> 0`
+        (["finetune", "M", "T", "--lrs", "1e-4", "inf"], "--lrs", "finite number above 0"),
         (["finetune", "M", "T", "--max-train", "-3"], "--max-train", "0 or more"),
     ],
 )
