@@ -311,6 +311,10 @@ def test_text_yaml_1_1_reads_as_a_number_stays_the_text_written(tmp_path):
     assert (cfg.train.max_steps, cfg.train.save_every, cfg.train.warmup_steps) == (10, 10, 2)
     with pytest.raises(ConfigError, match=r"train\.max_steps: value '1:30' is not a valid int"):  # not 90
         load_config("tiny", ["train.max_steps=1:30"])
+    # and where it reads a boolean, the message says so
+    with pytest.raises(ConfigError, match=r"wandb\.mode: value False is not a valid str: YAML reads an unquoted .*off"):
+        load_config("tiny", ["wandb.mode=off"])
+    assert load_config("tiny", ["wandb.mode='offline'", "name='no'"]).name == "no"
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(str(tmp_path / "config.yaml")) == cfg
 

@@ -144,6 +144,11 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
             return value
         if isinstance(value, (int, float)) and not isinstance(value, bool):
             return str(value)
+        if isinstance(value, bool):  # `mode: off`, a tokenizer named `no`: "value False" did not say why
+            raise ConfigError(
+                f"{where}: value {value!r} is not a valid str: YAML reads an unquoted yes, no, on, off, true or "
+                f"false as a boolean; quote the text (e.g. '{'on' if value else 'off'}')"
+            )
     else:
         return value
     raise ConfigError(f"{where}: value {value!r} is not a valid {_type_name(tp)}")
