@@ -304,8 +304,8 @@ def test_text_yaml_1_1_reads_as_a_number_stays_the_text_written(tmp_path):
         "data: {corpus: [], sources: [{name: 01, corpus: [a.jsonl]}, {name: 0x1F, corpus: [b.jsonl]}]}\n"
         "train: {max_steps: 010, save_every: 1_0, warmup_steps: 0x2}\n"
     )
-    cfg = load_config(str(path), ["name=007", "data.text_field=1_000"])
-    assert (cfg.name, cfg.wandb.project, cfg.data.text_field) == ("007", "2024-01-01", "1_000")
+    cfg = load_config(str(path), ["name=007", "data.text_field=1_000", "export_dir=+1"])
+    assert (cfg.name, cfg.wandb.project, cfg.data.text_field, cfg.export_dir) == ("007", "2024-01-01", "1_000", "+1")
     assert [s.name for s in cfg.data.sources] == ["01", "0x1F"]
     # a number setting reads the text as a number: 010 is ten (YAML 1.2, and what a reader sees), not octal 8
     assert (cfg.train.max_steps, cfg.train.save_every, cfg.train.warmup_steps) == (10, 10, 2)

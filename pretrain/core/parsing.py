@@ -249,7 +249,7 @@ class _Loader(yaml.SafeLoader):
 
 def _int_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
     text = loader.construct_scalar(node)
-    return int(text) if re.fullmatch(r"[-+]?(0|[1-9][0-9]*)", text) else text
+    return int(text) if re.fullmatch(r"0|-?[1-9][0-9]*", text) else text  # the number's own text: str(int) == text
 
 
 def _float_or_text(loader: yaml.SafeLoader, node: yaml.ScalarNode) -> Any:
