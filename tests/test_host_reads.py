@@ -9,7 +9,8 @@ accumulation and the unpadded encoder, under ZeRO-0 and ZeRO-2, on one rank and 
 visible to a TorchFunctionMode; synchronizations are counted by patching DeepSpeed's accelerator and torch.cuda.
 Before asserting, each counter is shown to see what it counts: planted reads and copies in our files, DeepSpeed's
 throughput timer and its single-rank all-reduce turned back on. Where CUDA is present, the steps also run under
-torch.cuda.set_sync_debug_mode("error").
+torch.cuda.set_sync_debug_mode("error"). Nor does the optimizer step walk the module tree on the host
+(`test_the_optimizer_step_walks_no_module_tree`).
 """
 
 import json
@@ -107,3 +108,55 @@ def test_no_synchronizing_cuda_operation_between_logging_steps(work):
     (result,) = _tool(work, [n for n in ONE_RANK if n != "zero2"], cpu=False)
     assert result["cuda"] and result["probes"]["cuda_sync_debug_raises"], result["probes"]
     _check_steps(result, zero0_all_reduces=0)
+
+
+WALKS = """
+import torch
+from torch import nn
+from pretrain.core.batch import Batch
+from pretrain.train.distributed import init_distributed
+from pretrain.train.engine import build_engine
+from pretrain.train.setup import build_model, load_config, resolve_run
+from pretrain.core.tokens import SpecialTokens
+
+init_distributed()
+tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=64)
+cfg = load_config("tiny", ["objectives={mlm: {}}", "train.precision=PRECISION", "model.num_layers=1",
+                           "model.max_position_embeddings=16", "data.max_seq_len=16", "train.micro_batch_size=2"])
+engine = build_engine(resolve_run(cfg, tokens), build_model(cfg, tokens), fresh=True, load_universal=False)
+ids = torch.randint(5, 64, (2, 16))
+batch = Batch.of({"input_ids": ids, "mlm_labels": torch.where(torch.rand(2, 16) < 0.3, ids, -100)},
+                 engine.ds.module.objectives)
+walks = [0]
+walk = nn.Module.named_modules
+def counting(self, *args, **kwargs):
+    walks[0] += 1
+    return walk(self, *args, **kwargs)
+for step in range(2):
+    with engine.autocast():
+        loss, _ = engine.ds(batch)
+    engine.backward(loss)
+    nn.Module.named_modules = counting if step == 1 else walk
+    engine.step()
+    nn.Module.named_modules = walk
+assert all(p.grad is None for p in engine.ds.module.parameters())
+print("WALKS", walks[0])
+"""
+
+
+@pytest.mark.parametrize("precision", ["fp32", "bf16"])  # bf16 on one rank: autocast, DeepSpeed wraps no optimizer
+def test_the_optimizer_step_walks_no_module_tree(precision):
+    """After each optimizer step DeepSpeed clears the gradients; where it wraps no optimizer it walked every module's
+    parameters to do so (`engine.zero_grad_over_a_list`), host work per step that grows with the model. Counted as
+    calls of `nn.Module.named_modules` (what every parameter walk goes through) in the second step; the gradients
+    are cleared all the same."""
+    proc = subprocess.run(
+        [sys.executable, "-c", WALKS.replace("PRECISION", precision)],
+        env=_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "WALKS 0" in proc.stdout, proc.stdout[-2000:]
