@@ -94,6 +94,28 @@ def test_at_gives_each_scheduled_setting_of_a_step():
 # ---------------------------------------------------------------------------------------------- phases
 
 
+def test_without_a_batch_schedule_each_steps_global_batch_is_found_without_the_schedules_arrays(monkeypatch):
+    """The trainer and its batch sampler ask for the global batch at every step; without a train.global_batch
+    schedule the answer (the run's batch in the phase's whole micro-batches) is the arrays' and is found without
+    building them (numpy arrays and a TrainConfig per call, host work at every step)."""
+    s = Schedule.of(
+        config(
+            "train.grad_accum_steps=4",
+            phases("{start: 300, micro_batch_size: 4}", "{start: 600, micro_batch_size: 64}"),
+        )
+    )
+    steps = np.array([0, 1, 299, 300, 301, 599, 600, 999])
+    expected = {world: s.arrays(steps, world)["global_batch"].tolist() for world in (1, 2, 3)}
+
+    def arrays(*args):
+        raise AssertionError("Schedule.arrays evaluated for one step's global batch")
+
+    monkeypatch.setattr(Schedule, "arrays", arrays)
+    for world in (1, 2, 3):
+        assert [s.global_batch(int(step), world) for step in steps] == expected[world]
+        assert all(type(s.global_batch(int(step), world)) is int for step in steps)
+
+
 def test_phase_boundaries_and_each_phases_settings():
     s = schedule(
         *ROPE,

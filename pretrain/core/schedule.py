@@ -106,6 +106,7 @@ class Schedule:
         self.phases = phases
         self.starts = np.array([p.start for p in phases], np.int64)  # [P] increasing, starts[0] == 0
         self.values = {v.key: v for v in spec.values}
+        self._constant_batches: dict[int, int] = {}  # world -> constant_batch(world), asked at every step
 
     @classmethod
     def of(cls, cfg: RunConfig) -> Schedule:
@@ -153,7 +154,15 @@ class Schedule:
         return out
 
     def global_batch(self, step: int, world: int) -> int:
-        return int(self.arrays(np.array([step]), world)["global_batch"][0])
+        """Sequences over `world` ranks in optimizer step `step`, as `arrays` gives it. The trainer and its batch
+        sampler ask at every step: without a train.global_batch schedule it is the run's batch in the phase's whole
+        micro-batches, worked out here without `arrays`, which built numpy arrays and a TrainConfig at each call."""
+        if GLOBAL_BATCH in self.values:
+            return int(self.arrays(np.array([step]), world)["global_batch"][0])
+        if world not in self._constant_batches:
+            self._constant_batches[world] = self.constant_batch(world)
+        quantum = self.phase(step).micro_batch_size * world
+        return max(self._constant_batches[world] // quantum, 1) * quantum
 
     def accumulation(self, step: int, world: int) -> int:
         """Micro-batches per rank in optimizer step `step`."""
