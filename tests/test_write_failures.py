@@ -149,7 +149,7 @@ def test_a_copy_that_does_not_fit_names_the_file_written_not_the_one_read(tmp_pa
     tokenizer said 'while writing <checkpoint>/tokenizer/tokenizer.json', as if it were writing into the checkpoint."""
     import shutil
 
-    from pretrain.cli import no_room
+    from pretrain.core.errors import no_room
 
     source, copy = tmp_path / "checkpoint-tokenizer.json", tmp_path / "export" / "tokenizer.json"
     source.write_text("{}")
@@ -172,7 +172,7 @@ def test_a_file_size_limit_or_a_quota_is_one_line(corpus, tokenizer, tmp_path):
     import subprocess
     import sys
 
-    from pretrain.cli import no_room
+    from pretrain.core.errors import no_room
     from pretrain.train.distributed import single_process_env
 
     quota = no_room(OSError(errno.EDQUOT, os.strerror(errno.EDQUOT), "/scratch/me/run/metrics.jsonl"))
@@ -201,7 +201,7 @@ def test_a_file_size_limit_or_a_quota_is_one_line(corpus, tokenizer, tmp_path):
 def test_the_run_files_that_do_not_fit_are_named(tmp_path, capsys):
     """config.yaml, trainer_state.json, the integrity record, `latest` (write_atomic) and metrics.jsonl: a full disk
     while writing one said 'no space left on device' and not where; the line now names the file."""
-    from pretrain.cli import no_room
+    from pretrain.core.errors import no_room
     from pretrain.core.files import write_atomic
     from pretrain.train.metrics import MetricsLogger
 
