@@ -324,3 +324,23 @@ def test_an_output_on_a_read_only_file_system_is_one_line(command, corpus, token
     assert main(args) == 2
     one_error_line(capsys, "read-only file system: ", str(readonly), "choose another path")
     assert list(readonly.iterdir()) == []
+
+
+def test_the_wandb_run_id_is_kept_written_whole_and_an_empty_one_replaced(tmp_path, monkeypatch):
+    """One wandb run per run directory across resumes: the id is written once, atomically (a kill while it was
+    rewritten in place at every start left an empty file), and an empty file from such a kill gets a new id rather
+    than wandb.init(id='')."""
+    import sys
+    import types
+
+    from pretrain.train import metrics
+
+    ids = []
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: ids.append(kw["id"])))
+    (tmp_path / "wandb_run_id").write_text("")
+    metrics._init_wandb(tmp_path, {}, "offline", "p")
+    first = (tmp_path / "wandb_run_id").read_text()
+    assert len(first) == 8 and ids == [first]
+    before = (tmp_path / "wandb_run_id").stat().st_mtime_ns
+    metrics._init_wandb(tmp_path, {}, "offline", "p")
+    assert ids == [first, first] and (tmp_path / "wandb_run_id").stat().st_mtime_ns == before

@@ -13,7 +13,7 @@ import torch
 from tqdm import tqdm
 
 from pretrain.core.config import require_tensorboard
-from pretrain.core.files import writing
+from pretrain.core.files import write_atomic, writing
 from pretrain.core.measures import BinaryAUC, Mean
 
 
@@ -169,8 +169,10 @@ def _init_wandb(run_dir: Path, config: dict, mode: str, project: str):
     import wandb
 
     id_file = run_dir / "wandb_run_id"
-    run_id = id_file.read_text().strip() if id_file.is_file() else secrets.token_hex(4)
-    id_file.write_text(run_id)
+    run_id = id_file.read_text().strip() if id_file.is_file() else ""
+    if not run_id:  # first invocation, or a file a kill left empty: written whole, once
+        run_id = secrets.token_hex(4)
+        write_atomic(id_file, run_id)
     os.environ.setdefault("WANDB_SILENT", "true")
     return wandb.init(
         project=project, name=run_dir.name, id=run_id, resume="allow", dir=str(run_dir), mode=mode, config=config
