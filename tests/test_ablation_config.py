@@ -294,6 +294,29 @@ def test_an_override_of_a_section_merges_and_one_of_the_arms_replaces_them(monke
     assert set(ab.arms[0].cfg.objectives) == {"span"}
 
 
+def test_an_override_of_the_runs_objectives_replaces_them_as_the_file_does(tmp_path, monkeypatch):
+    """run.objectives={mlm: {}} over a file whose run: names mlm and sop was merged into both (since overrides of a
+    mapping merge), so an arm without objectives of its own trained sop too; as a file's run: replaces its preset's
+    objectives, the override's are the run's, as they were before overrides merged."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    text = (
+        Path(TINY)
+        .read_text()
+        .replace("  wandb: {mode: disabled}\n", "  wandb: {mode: disabled}\n  objectives: {mlm: {}, sop: {}}\n")
+    )
+    (tmp_path / "ablation.yaml").write_text(text)
+    arm = "arms={lr: {train: {lr: 0.001}}}"
+    assert [set(a.cfg.objectives) for a in load_ablation(str(tmp_path / "ablation.yaml"), [arm]).arms] == [
+        {"mlm", "sop"}
+    ]
+    ab = load_ablation(str(tmp_path / "ablation.yaml"), [arm, "run.objectives={mlm: {}}"])
+    assert [set(a.cfg.objectives) for a in ab.arms] == [{"mlm"}]
+    ab = load_ablation(str(tmp_path / "ablation.yaml"), [arm, "run={train: {lr: 0.002}}"])  # a section still merges
+    assert [(set(a.cfg.objectives), a.cfg.data.vocab_size) for a in ab.arms] == [({"mlm", "sop"}, 512)]
+
+
 @pytest.mark.parametrize(
     "arm_data, key",
     [("{vocab_size: 1000}", "data.vocab_size=1000"), ("{tokenizer_type: bpe}", "data.tokenizer_type='bpe'")],

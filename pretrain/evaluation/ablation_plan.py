@@ -85,12 +85,17 @@ class Ablation:
 # Config
 
 
+# What an override takes whole rather than merged: the arms (as a file's replace its base's), and the shared run's
+# objectives (as `run:` replaces its preset's in `load_ablation`): run.objectives={mlm: {}} means mlm alone.
+OVERRIDDEN_WHOLE = ("arms", *(f"run.{key}" for key in REPLACED_BY_PRESET))
+
+
 def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig]:
     """The file (a path or a preset; its own `base:` followed, whose arms it replaces), overrides applied, typed."""
     path = Path(config)
     if not path.is_file():
         path = resolve_preset(config)
-    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides, ("arms",))
+    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides, OVERRIDDEN_WHOLE)
     if isinstance(raw.get("seeds"), int):  # `seeds: 7` for one seed
         raw["seeds"] = [raw["seeds"]]
     return path, raw, from_dict(AblationConfig, raw, source=path).check(str(path))
