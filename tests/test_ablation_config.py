@@ -313,6 +313,8 @@ def test_an_override_of_the_runs_objectives_replaces_them_as_the_file_does(tmp_p
     ]
     ab = load_ablation(str(tmp_path / "ablation.yaml"), [arm, "run.objectives={mlm: {}}"])
     assert [set(a.cfg.objectives) for a in ab.arms] == [{"mlm"}]
+    ab = load_ablation(str(tmp_path / "ablation.yaml"), [arm, "run={objectives: {mlm: {}}}"])  # within a section too
+    assert [set(a.cfg.objectives) for a in ab.arms] == [{"mlm"}]
     ab = load_ablation(str(tmp_path / "ablation.yaml"), [arm, "run={train: {lr: 0.002}}"])  # a section still merges
     assert [(set(a.cfg.objectives), a.cfg.data.vocab_size) for a in ab.arms] == [({"mlm", "sop"}, 512)]
 

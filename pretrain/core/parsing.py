@@ -360,7 +360,8 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str], replace: tuple[
     """`data` with dotted `a.b.c=value` overrides applied (a new dict); values are YAML: `0.1`, `true`, `[a, b]`. A
     mapping is merged over the one it overrides, as a file's over its base's (`train={lr: 0.1}` is train.lr=0.1, not
     every other train setting back at its default); at or under a key in `replace` it is taken whole, as a file
-    takes it (`objectives={...}`, `objectives.mlm={...}`: those options, no others)."""
+    takes it (`objectives={...}`, `objectives.mlm={...}`: those options, no others), as is such a key within a
+    merged mapping (an ablation's `run={objectives: {...}}`, where `replace` holds run.objectives)."""
     data = deep_merge({}, data)
     for item in overrides:
         if "=" not in item:
@@ -375,7 +376,10 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str], replace: tuple[
         value = _parse_scalar(raw)
         whole = any(parts[: len(r.split("."))] == r.split(".") for r in replace)
         if isinstance(value, dict) and isinstance(node.get(parts[-1]), dict) and not whole:
-            value = deep_merge(node[parts[-1]], value)
+            # a key in `replace` inside the mapping is still taken whole: an ablation's run={objectives: {...}}
+            prefix = ".".join(parts) + "."
+            inside = tuple(r[len(prefix) :] for r in replace if r.startswith(prefix))
+            value = deep_merge(node[parts[-1]], value, replace=inside)
         node[parts[-1]] = value
     return data
 
