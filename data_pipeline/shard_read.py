@@ -23,7 +23,8 @@ from pretrain.core.files import sha256_file
 
 
 def mappable_shards() -> int:
-    """How many shards a ShardSet keeps memory-mapped (the first it reads): an eighth of what this process may open.
+    """How many shards the ShardSets of this process together keep memory-mapped (the first they read): an eighth
+    of what it may open.
     Each map holds a file descriptor (Python's mmap keeps a duplicate) and a memory map, two of each per shard, and
     mapping every shard of a large corpus ran out of open files (ulimit -n, 1024 on many systems: about 500 shards, a
     million documents at the default data.docs_per_shard) or of memory maps (vm.max_map_count, 65530 by default). The
@@ -57,6 +58,10 @@ class ShardSet:
     Global token space = the tokens of all documents concatenated in shard order; `doc_offsets()` [D+1]
     gives each document's span in it.
     """
+
+    # Shards mapped by every ShardSet of this process: `mappable_shards` is the process's share, and a mixture's
+    # sources (one set each, as training reads them) mapped a share each, 8 sources x 2 x an eighth of the limit.
+    _mapped_in_process = 0
 
     def __init__(self, directory: str | os.PathLike, verify: bool = True, expected_tokenizer_hash: str | None = None):
         self.dir = Path(directory)
@@ -122,16 +127,20 @@ class ShardSet:
     def __getstate__(self) -> dict:
         return {**self.__dict__, "_maps": {}}
 
+    def __del__(self) -> None:
+        ShardSet._mapped_in_process -= len(self.__dict__.get("_maps", ()))  # its maps close with it
+
     def _read_shard(self, k: int, lo: int, hi: int) -> tuple[np.ndarray, np.ndarray]:
         """Tokens lo:hi of shard k [hi - lo] (a copy), and the packed word-start bytes that hold them: from its memory
         maps, or from its files once `mappable_shards` are mapped."""
         maps = self._maps.get(k)
         s = self.manifest["shards"][k]
-        if maps is None and len(self._maps) < self._mappable:
+        if maps is None and ShardSet._mapped_in_process < self._mappable:
             maps = self._maps[k] = (
                 self._map(f"{s['name']}.tokens.bin", self.dtype, s["tokens"]),
                 self._map(f"{s['name']}.words.bin", np.uint8, (s["tokens"] + 7) // 8),
             )
+            ShardSet._mapped_in_process += 1
         if maps is not None:
             ids, packed = maps
             return ids[lo:hi].copy(), packed[lo // 8 : (hi + 7) // 8]

@@ -449,3 +449,38 @@ def test_data_inspect_cli(tmp_path, shard_dir, tok_dir, capsys):
     assert out.count("position ") == 2 and "[MASK](" in out
     rc = main(["data", "inspect", str(tmp_path)])
     assert rc == 2 and "not a shard directory" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not Path("/proc/self/fd").is_dir(), reason="counts this process's open files in /proc")
+def test_a_mixtures_sources_together_map_at_most_the_process_share(tmp_path, tok_dir):
+    """Each ShardSet mapped up to an eighth of the process's open-file limit: a mixture's sources are one set each
+    (`sources()`, as training reads them), so 8 sources of 30 shards under a limit of 200 more open files mapped
+    8 x 2 x 12 and failed with 'Too many open files'. The share is the process's, whichever sets hold the maps."""
+    import resource
+
+    from data_pipeline.shard_build import write_mixture
+    from pretrain.core.outputs import mark_output
+
+    mark_output(tmp_path / "m", "shards")  # as `pretrain shards` does before it builds the sources inside
+    built = []
+    for i in range(8):
+        corpus = write_jsonl(tmp_path / f"c{i}.jsonl", make_docs(30, seed=i))
+        manifest = build_shards(
+            [str(corpus)], tok_dir, tmp_path / "m" / f"s{i}", num_workers=0, docs_per_shard=1, show_progress=False
+        )
+        built.append((f"s{i}", 1.0, manifest))
+    write_mixture(tmp_path / "m", built)
+    want = [
+        np.concatenate([np.fromfile(f, np.uint16) for f in sorted((tmp_path / "m" / name).glob("*.tokens.bin"))])
+        for name, _, _ in built
+    ]
+    open_files = len(os.listdir("/proc/self/fd"))
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (open_files + 200, hard))
+    try:
+        parts = [part for _, _, part in ShardSet(tmp_path / "m").sources()]
+        for part, tokens in zip(parts, want):
+            assert part.read_span(0, part.num_tokens)[0].tolist() == tokens.tolist()
+        assert len(os.listdir("/proc/self/fd")) - open_files <= 2 * ((open_files + 200) // 16)
+    finally:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (soft, hard))
