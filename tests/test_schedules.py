@@ -152,3 +152,22 @@ def test_decay_from_a_stable_checkpoint_equals_an_uninterrupted_decay(tmp_path):
     (tmp_path / "mine" / "notes.txt").write_text("mine")
     proc = pretrain("decay", source, "--steps", "2", "--name", "mine", cwd=tmp_path, rc=2)
     assert "not a run of ours" in proc.stderr and (tmp_path / "mine" / "notes.txt").read_text() == "mine"
+
+
+@pytest.mark.parametrize("override", ["train={lr: 1.0e-3}", "train.lr=1.0e-3"])
+def test_a_decay_branch_stops_where_its_command_says_not_where_its_source_did(tmp_path, override):
+    """The source's train.max_minutes and exit_after_steps said when the source stopped, not the branch: an override
+    of the train mapping merges over the saved one, so a decay given train={lr: ...} kept them (and a branch of a
+    source cut by exit_after_steps=3 stopped after 3 steps). A limit holds only where the command gives it."""
+    from pretrain.core.config import read_config, save_config
+    from pretrain.train.branch import decay_config
+    from pretrain.train.state import TrainState
+
+    checkpoint = tmp_path / "r" / "checkpoints" / "step_00000004"
+    checkpoint.mkdir(parents=True)
+    save_config(read_config("tiny", ["train.max_minutes=5", "train.exit_after_steps=3"]), checkpoint / "config.yaml")
+    TrainState(step=4).save(checkpoint)
+    cfg = decay_config(checkpoint, 2, None, [override])[0]
+    assert (cfg.train.lr, cfg.train.max_minutes, cfg.train.exit_after_steps, cfg.train.max_steps) == (1e-3, 0, 0, 6)
+    cfg = decay_config(checkpoint, 2, None, [override, "train.exit_after_steps=1"])[0]
+    assert cfg.train.exit_after_steps == 1

@@ -55,12 +55,15 @@ def _link_tree(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, copy_function=link)
 
 
-def _drop_limits(data: dict, overrides: list[str]) -> None:
-    """When the source (or the branch's last invocation) stopped, by its clock or a step count, is not when this
-    invocation does: those settings hold only where this command gives them."""
-    for key in _SOURCE_LIMITS:
-        if not any(o.partition("=")[0].strip() in (f"train.{key}", "train") for o in overrides):
-            data.get("train", {}).pop(key, None)
+def _with_overrides(saved: dict, overrides: list[str]) -> dict:
+    """`saved` (the source's config, or the branch's last) without the limits of when it stopped, by its clock or a
+    step count, which are not when this invocation does, then this command's overrides: a limit holds only where the
+    command gives it (train.max_minutes=..., or inside train={...}). Dropped before the overrides, since an override
+    of the train mapping merges over the saved one: dropped after, train={lr: ...} kept the source's limits."""
+    data = dict(saved)
+    if isinstance(data.get("train"), dict):
+        data["train"] = {k: v for k, v in data["train"].items() if k not in _SOURCE_LIMITS}
+    return apply_overrides(data, overrides, REPLACED_BY_PRESET)
 
 
 def decay_config(
@@ -77,11 +80,10 @@ def decay_config(
     saved = load_yaml(checkpoint / "config.yaml")
     step = state.step
     source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
-    data = apply_overrides(saved, overrides, REPLACED_BY_PRESET)
+    data = _with_overrides(saved, overrides)
     data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
     data["output_dir"] = str(source_run.parent if source_run else Path(saved.get("output_dir", "runs")))
     data["train"] = {**data.get("train", {}), "max_steps": step + steps, "lr_schedule": "wsd", "decay_steps": steps}
-    _drop_limits(data, overrides)
     if data.get("schedule"):  # the source's phases and ramps, to the branch's end (a later phase would be refused)
         data["schedule"] = schedule_until(data["schedule"], step + steps)
     data["export_dir"] = ""  # the branch exports into its own directory, never the source's
@@ -106,8 +108,7 @@ def _branch_without_its_source(source: Path, steps: int, name: str | None, overr
     run_dir = source_run.parent / (name or f"{run_name}-decay{step}")
     if _read_branch(run_dir) != {"source": str(source_run.resolve()), "step": step, "decay_steps": steps}:
         return None
-    data = apply_overrides(load_yaml(run_dir / "config.yaml"), overrides, REPLACED_BY_PRESET)
-    _drop_limits(data, overrides)
+    data = _with_overrides(load_yaml(run_dir / "config.yaml"), overrides)
     cfg = resolve_config(build_config(data), apply_init_from=False)
     return cfg, f"{run_dir} exists and is this decay (its source checkpoint {source} is gone since): resuming it"
 
