@@ -294,9 +294,14 @@ def write_json(path: Path | None, result: dict) -> None:
 
     from pretrain.core.files import write_atomic
 
-    if path is not None:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_atomic(path, json.dumps(result, indent=1), sync=False)
+    if path is None:
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    text = json.dumps(result, indent=1)
+    if path.exists() and not path.is_file():  # a pipe or a terminal (--json /dev/stdout): written, not replaced
+        path.write_text(text)
+    else:  # through a link, its target: the link stays, as when the file was written in place
+        write_atomic(path.resolve(), text, sync=False)
 
 
 def cmd_eval(args) -> int:

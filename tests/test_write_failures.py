@@ -344,3 +344,27 @@ def test_the_wandb_run_id_is_kept_written_whole_and_an_empty_one_replaced(tmp_pa
     before = (tmp_path / "wandb_run_id").stat().st_mtime_ns
     metrics._init_wandb(tmp_path, {}, "offline", "p")
     assert ids == [first, first] and (tmp_path / "wandb_run_id").stat().st_mtime_ns == before
+
+
+def test_a_json_result_goes_through_a_link_and_into_a_pipe(tmp_path):
+    """Written whole by a rename, --json replaced a link to the results (a shared file kept its old results, the
+    link became a file) and a pipe or /dev/stdout (as root, /dev's link itself), where it was written in place."""
+    import json
+    import threading
+
+    from pretrain.cli import write_json
+
+    (tmp_path / "shared").mkdir()
+    (tmp_path / "shared" / "r.json").write_text("{}")
+    (tmp_path / "link.json").symlink_to("shared/r.json")
+    write_json(tmp_path / "link.json", {"a": 1})
+    assert (tmp_path / "link.json").is_symlink() and json.loads((tmp_path / "shared" / "r.json").read_text()) == {
+        "a": 1
+    }
+    os.mkfifo(tmp_path / "fifo")
+    read = []
+    reader = threading.Thread(target=lambda: read.append((tmp_path / "fifo").read_text()), daemon=True)
+    reader.start()
+    write_json(tmp_path / "fifo", {"b": 2})
+    reader.join(10)
+    assert read and json.loads(read[0]) == {"b": 2} and not (tmp_path / "fifo").is_file()
