@@ -83,6 +83,12 @@ def test_bad_yaml_names_file_and_line(tmp_path):
     five.write_text("base: tiny\ntrain: {max_steps: 5}\n")
     with pytest.raises(ConfigError, match=r"^train.max_steps: must be >= 1, got 0"):
         load_config(str(five), ["train.max_steps=0"])
+    # a section's mapping merges over the file's: a setting it does not name is still the file's, named
+    (tmp_path / "minus.yaml").write_text("base: tiny\ntrain: {max_steps: -5}\n")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'minus.yaml'}: train.max_steps: must be >= 1, got -5"):
+        load_config(str(tmp_path / "minus.yaml"), ["train={lr: 0.001}"])
+    with pytest.raises(ConfigError, match=r"^train.max_steps: must be >= 1, got -3"):
+        load_config(str(tmp_path / "minus.yaml"), ["train={max_steps: -3}"])
     (tmp_path / "top.yaml").write_text("base: typo.yaml\n")
     with pytest.raises(ConfigError, match=r"^unknown config key 'model.hiden_size'"):
         load_config(str(tmp_path / "top.yaml"))

@@ -36,6 +36,7 @@ from pretrain.core.parsing import (
     apply_overrides,
     from_dict,
     load_yaml_with_base,
+    read_yaml,
     resolve_preset,
     to_dict,
 )
@@ -113,9 +114,7 @@ def _written_in(path: Path, err: ConfigError, overrides: list[str] | None) -> bo
     if found is None:
         return False
     key = found.group(1)
-    if any(
-        key == o.partition("=")[0].strip() or key.startswith(o.partition("=")[0].strip() + ".") for o in overrides or []
-    ):
+    if any(_given_by(override, key) for override in overrides or []):
         return False
     try:
         node = yaml.safe_load(path.read_text())
@@ -123,6 +122,31 @@ def _written_in(path: Path, err: ConfigError, overrides: list[str] | None) -> bo
         return False
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
+            return False
+        node = node[part]
+    return True
+
+
+def _given_by(override: str, key: str) -> bool:
+    """Whether the dotted `override` sets `key`: it names the key, or a section above it whose value replaces the
+    file's, or a mapping that holds the key (a mapping is merged over the file's: train={lr: 0.1} leaves the file's
+    train.max_steps, whose error is the file's to name)."""
+    name, _, raw = override.partition("=")
+    name = name.strip()
+    if key == name:
+        return True
+    if not key.startswith(name + "."):
+        return False
+    try:
+        node = read_yaml(raw)
+    except yaml.YAMLError:
+        return True
+    if name.split(".")[0] in REPLACED_BY_PRESET:  # taken whole: what it leaves out is a default, not the file's
+        return True
+    for part in key[len(name) + 1 :].split("."):
+        if not isinstance(node, dict):
+            return True
+        if part not in node:
             return False
         node = node[part]
     return True
