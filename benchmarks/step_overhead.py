@@ -32,6 +32,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 BATCHES = 16
 
 
+def deepspeed_loop(self, batches):
+    """A bare DeepSpeed-engine loop over `batches` (what the trainer's step is, less the trainer)."""
+    ds = self.engine.ds
+    for batch in batches:
+        with self.engine.autocast():
+            loss, _ = ds(batch)
+        ds.backward(loss)
+        ds.step()
+
+
+def torch_loop(self, batches):
+    """A bare torch loop over `batches`: forward, backward, optimizer and lr steps, zero_grad."""
+    ds = self.engine.ds
+    model, optimizer, schedule = ds.module, ds.optimizer, ds.lr_scheduler
+    for batch in batches:
+        with self.engine.autocast():
+            loss, _ = model(batch)
+        loss.backward()
+        optimizer.step()
+        schedule.step()
+        optimizer.zero_grad(set_to_none=True)
+
+
+def train_args(a, out: Path) -> list[str]:
+    """`pretrain train` on the tiny preset, made as small as its math allows but for --layers."""
+    args = ["train", "tiny", f"output_dir={out}", "name=r", f"data.tokenizer={a.work / 'tok'}"]
+    args += [f"data.shards={a.work / 'shards'}", f"model.num_layers={a.layers}", "model.hidden_size=32"]
+    args += ["model.num_heads=2", "model.intermediate_size=64", "data.max_seq_len=32", "train.micro_batch_size=8"]
+    args += [f"train.max_steps={a.seg * (a.repeats + 1)}", f"train.log_every={a.seg}", "train.save_every=0"]
+    return args + ["data.num_workers=0", "wandb.mode=disabled", f"train.precision={a.precision}", *a.overrides]
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work", type=Path, required=True)
@@ -73,25 +105,6 @@ def main() -> None:
         ds.optimizer.step = timed(ds.optimizer.step)  # the instance's, inside the lr scheduler's wrapper
         return itertools.cycle(self.bench_batches)
 
-    def deepspeed_loop(self, batches):
-        ds = self.engine.ds
-        for batch in batches:
-            with self.engine.autocast():
-                loss, _ = ds(batch)
-            ds.backward(loss)
-            ds.step()
-
-    def torch_loop(self, batches):
-        ds = self.engine.ds
-        model, optimizer, schedule = ds.module, ds.optimizer, ds.lr_scheduler
-        for batch in batches:
-            with self.engine.autocast():
-                loss, _ = model(batch)
-            loss.backward()
-            optimizer.step()
-            schedule.step()
-            optimizer.zero_grad(set_to_none=True)
-
     def segment(name, fn, self):
         batches = [b.to(self.engine.device) for b in itertools.islice(itertools.cycle(self.bench_batches), a.seg)]
         inside[0], start = 0.0, time.thread_time()
@@ -115,13 +128,8 @@ def main() -> None:
     T.Trainer.enter_phase, T.Trainer.after_step = prepared, timed_after_step
     out = a.work / "overhead-runs"
     shutil.rmtree(out, ignore_errors=True)
-    args = ["train", "tiny", f"output_dir={out}", "name=r", f"data.tokenizer={a.work / 'tok'}"]
-    args += [f"data.shards={a.work / 'shards'}", f"model.num_layers={a.layers}", "model.hidden_size=32"]
-    args += ["model.num_heads=2", "model.intermediate_size=64", "data.max_seq_len=32", "train.micro_batch_size=8"]
-    args += [f"train.max_steps={a.seg * (a.repeats + 1)}", f"train.log_every={a.seg}", "train.save_every=0"]
-    args += ["data.num_workers=0", "wandb.mode=disabled", f"train.precision={a.precision}", *a.overrides]
     with contextlib.redirect_stderr(io.StringIO()):
-        cli(args)
+        cli(train_args(a, out))
     result = {k: round(statistics.median(v), 1) for k, v in outside.items()}
     print("RESULT " + json.dumps({"us_per_step_outside_the_model": result, "layers": a.layers}), flush=True)
 
