@@ -218,7 +218,9 @@ def test_public_api_types_any_dataclass_tree(tmp_path):
     (tmp_path / "base.yaml").write_text("out: here\nprobe: {mode: full}\n")
     (tmp_path / "s.yaml").write_text("base: base.yaml\nprobe: {seeds: [7]}\n")
     assert load_typed(Study, tmp_path / "s.yaml", ["probe.seeds=[8, 9]"]) == Study("here", Probe("full", [8, 9]))
-    assert apply_overrides({"a": {"b": 1}}, ["a.c=x"]) == {"a": {"b": 1, "c": "x"}}
+    given = {"a": {"b": 1}}
+    assert apply_overrides(given, ["a.c=x", "a.b=2"]) == {"a": {"b": 2, "c": "x"}}
+    assert given == {"a": {"b": 1}}  # a new dict: the caller's nested mappings as they were
     assert field_default(Probe, "seeds") == [1, 2, 3] and field_doc(Probe, "mode") == "What to train."
     with pytest.raises(KeyError, match="did you mean 'seeds'"):
         field_default(Probe, "seed")

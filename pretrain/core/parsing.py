@@ -7,6 +7,7 @@ file (and, for bad YAML or bytes, the line). `pretrain.core.config` is the run's
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import difflib
 import math
@@ -362,7 +363,7 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str], replace: tuple[
     every other train setting back at its default); at or under a key in `replace` it is taken whole, as a file
     takes it (`objectives={...}`, `objectives.mlm={...}`: those options, no others), as is such a key within a
     merged mapping (an ablation's `run={objectives: {...}}`, where `replace` holds run.objectives)."""
-    data = deep_merge({}, data)
+    data = copy.deepcopy(data)  # deep_merge({}, data) shared the nested mappings, which the overrides then changed
     for item in overrides:
         if "=" not in item:
             raise ConfigError(f"override '{item}' is not of the form key=value (e.g. model.hidden_size=128)")
