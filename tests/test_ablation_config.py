@@ -319,6 +319,22 @@ def test_an_override_of_the_runs_objectives_replaces_them_as_the_file_does(tmp_p
     assert [(set(a.cfg.objectives), a.cfg.data.vocab_size) for a in ab.arms] == [({"mlm", "sop"}, 512)]
 
 
+def test_an_ablation_based_on_another_replaces_its_runs_objectives_as_a_preset_does(tmp_path, monkeypatch):
+    """A run preset that names objectives replaces its base's; an ablation file whose run: named them over a `base:`
+    ablation's merged the two (mlm over mlm + sop: both), so an arm without objectives of its own trained sop too."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    text = Path(TINY).read_text().replace("base: tiny.yaml", f"base: {ROOT / 'configs' / 'tiny.yaml'}")
+    (tmp_path / "parent.yaml").write_text(
+        text.replace("  wandb: {mode: disabled}\n", "  wandb: {mode: disabled}\n  objectives: {mlm: {}, sop: {}}\n")
+    )
+    child = tmp_path / "child.yaml"
+    child.write_text("base: parent.yaml\nrun: {objectives: {mlm: {}}}\narms: {lr: {train: {lr: 0.001}}}\n")
+    ab = load_ablation(str(child))
+    assert [set(a.cfg.objectives) for a in ab.arms] == [{"mlm"}] and ab.base.data.vocab_size == 512  # run merged
+
+
 @pytest.mark.parametrize(
     "arm_data, key",
     [("{vocab_size: 1000}", "data.vocab_size=1000"), ("{tokenizer_type: bpe}", "data.tokenizer_type='bpe'")],

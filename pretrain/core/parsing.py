@@ -280,11 +280,12 @@ def _parse_scalar(text: str) -> Any:
 
 def deep_merge(base: dict, extra: dict, replace: tuple[str, ...] = ()) -> dict:
     """`extra` over `base`, mappings merged key by key (new dicts; the inputs are not changed). A key in `replace`
-    takes `extra`'s mapping whole, e.g. a preset's objectives."""
+    takes `extra`'s mapping whole, e.g. a preset's objectives; a dotted one, a key inside: an ablation's
+    run.objectives."""
     out = dict(base)
     for key, value in extra.items():
         if isinstance(value, dict) and isinstance(out.get(key), dict) and key not in replace:
-            out[key] = deep_merge(out[key], value)
+            out[key] = deep_merge(out[key], value, tuple(r[len(key) + 1 :] for r in replace if r.startswith(f"{key}.")))
         else:
             out[key] = value
     return out

@@ -85,7 +85,7 @@ class Ablation:
 # Config
 
 
-# What an override takes whole rather than merged: the arms (as a file's replace its base's), and the shared run's
+# What a file (over its `base:`) and an override take whole rather than merged: the arms, and the shared run's
 # objectives (as `run:` replaces its preset's in `load_ablation`): run.objectives={mlm: {}} means mlm alone.
 OVERRIDDEN_WHOLE = ("arms", *(f"run.{key}" for key in REPLACED_BY_PRESET))
 
@@ -95,7 +95,7 @@ def _read(config: str, overrides: list[str]) -> tuple[Path, dict, AblationConfig
     path = Path(config)
     if not path.is_file():
         path = resolve_preset(config)
-    raw = apply_overrides(load_yaml_with_base(path, ("arms",)), overrides, OVERRIDDEN_WHOLE)
+    raw = apply_overrides(load_yaml_with_base(path, OVERRIDDEN_WHOLE), overrides, OVERRIDDEN_WHOLE)
     if isinstance(raw.get("seeds"), int):  # `seeds: 7` for one seed
         raw["seeds"] = [raw["seeds"]]
     return path, raw, from_dict(AblationConfig, raw, source=path).check(str(path))
