@@ -2,6 +2,7 @@
 short allowlist of DeepSpeed records is ever unpickled (DeepSpeed's own loads included)."""
 
 import os
+import shutil
 from pathlib import Path
 
 import pytest
@@ -164,3 +165,25 @@ def test_a_checkpoint_whose_record_or_pointer_does_not_fit_is_removed(tmp_path, 
     assert (tmp_path / LATEST).read_text().strip() == "step_00000003" and latest_checkpoint(tmp_path).name.endswith("3")
     assert sorted(p.name for p in tmp_path.iterdir()) == [LATEST, "step_00000003"]
     verify_integrity(tmp_path / "step_00000003")
+
+
+def test_a_checkpoint_write_that_fails_otherwise_is_not_called_a_full_disk(tmp_path, monkeypatch):
+    """Where the disk held less than a checkpoint's size free, any failed write was 'no space left on device' (the
+    guess meant for torch.save's zip writer, which gives no errno): a `latest` that could not be written for another
+    reason (an I/O error of a network file system, EIO) was reported as a full disk, and the EIO was lost."""
+    import errno
+
+    from pretrain.train import checkpoint
+    from pretrain.train.checkpoint import LATEST, save_checkpoint
+    from pretrain.train.state import TrainState
+
+    save_checkpoint(FakeEngine(), tmp_path, TrainState(step=3), "model: {}\n", None, keep=5)
+    monkeypatch.setattr(checkpoint.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(1 << 30, 1 << 30, 1))
+
+    def failing(path, text, sync=True):
+        raise OSError(errno.EIO, "Input/output error", str(path))
+
+    monkeypatch.setattr(checkpoint, "write_atomic", failing)
+    with pytest.raises(OSError, match="Input/output error"):
+        save_checkpoint(FakeEngine(), tmp_path, TrainState(step=4), "model: {}\n", None, keep=5)
+    assert (tmp_path / LATEST).read_text().strip() == "step_00000003" and not (tmp_path / "step_00000004").exists()

@@ -199,9 +199,13 @@ def _size(path: Path) -> int:
 
 def _disk_full(err: BaseException, root: Path, previous: Path | None) -> str | None:
     """A message when `err`, raised while writing a checkpoint into `root`, means the disk is full. torch.save
-    reports a full disk as a RuntimeError from its zip writer ("unexpected pos ..."), not as ENOSPC."""
+    reports a full disk as a RuntimeError from its zip writer ("unexpected pos ..."), not as ENOSPC: without an
+    errno, little space left says it. An error with another errno (EIO, EACCES) is that error, whatever the space."""
+    code = getattr(err, "errno", None)
+    if code is not None and code != errno.ENOSPC:
+        return None
     free = shutil.disk_usage(root).free
-    if getattr(err, "errno", None) != errno.ENOSPC and free >= max(64 << 20, _size(previous)):
+    if code != errno.ENOSPC and free >= max(64 << 20, _size(previous)):
         return None
     return (
         f"no space left on device on {root} while writing a checkpoint ({free >> 20} MiB free"
