@@ -3,6 +3,7 @@ rate chosen on a part of train held out (never dev), then re-trained on all of t
 median over seeds beside mean and std."""
 
 import random
+import re
 from pathlib import Path
 
 import numpy as np
@@ -386,3 +387,24 @@ def test_an_arms_own_length_is_refused_where_the_budget_sets_it(monkeypatch):
     assert timed.arms[0].cfg.train.max_steps == 40
     with pytest.raises(ConfigError, match=r"arms\.mlm: train\.max_minutes=5: the time budget sets every arm's"):
         load_ablation(TINY, ["arms.mlm={train: {max_minutes: 5}}", "budget={kind: time, amount: 1}"])
+
+
+@pytest.mark.parametrize(
+    "override, where",
+    [
+        ("arms.mlm={objectives: {mlm: {}}, output_dir: elsewhere}", "arms.mlm: output_dir"),
+        ("arms.mlm={objectives: {mlm: {}}, name: mine}", "arms.mlm: name"),
+        ("run.data.tokenizer=my-tokenizer", "run: data.tokenizer"),
+        ("run.data.shards=my-shards", "run: data.shards"),
+    ],
+)
+def test_what_the_ablation_sets_is_refused_not_overridden(override, where, monkeypatch):
+    """Each arm's run directory and name, and the tokenizer and shards, are the ablation's: an arm's output_dir or
+    a run.data.tokenizer was replaced with no word, so the user looked for the arm, or reused a tokenizer, where it
+    was not."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match=rf"{re.escape(where)}: set by the ablation .*own output_dir instead"):
+        load_ablation(TINY, [override])
+    assert len(load_ablation(TINY, []).arms) == 3

@@ -119,9 +119,30 @@ def _check_tasks(tasks: list[str], path: Path) -> None:
             )
 
 
+# Where an ablation puts its runs, tokenizer and shards, and how it names runs: an arm (or run:, for the tokenizer and
+# shards; its name and output_dir come from its preset) that set them was overridden with no word, so a user looked
+# for an arm (or reused a tokenizer) where it was not.
+SET_BY_THE_ABLATION = ("name", "output_dir", "data.tokenizer", "data.shards")
+
+
+def _refuse_what_the_ablation_sets(spec: dict, where: str, keys: tuple[str, ...] = SET_BY_THE_ABLATION) -> None:
+    def given_in(mapping: Any, key: str) -> bool:
+        head, _, rest = key.partition(".")
+        inner = mapping.get(head) if isinstance(mapping, dict) else None
+        return given_in(inner, rest) if rest else inner is not None
+
+    given = [k for k in keys if given_in(spec, k)]
+    if given:
+        raise ConfigError(
+            f"{where}: {', '.join(given)}: set by the ablation (runs <output_dir>/arms/<arm>[-seed<N>], the tokenizer "
+            "and shards built once in <output_dir>); set the ablation's own output_dir instead"
+        )
+
+
 def _shared_run(run: dict, out: Path, path: Path) -> tuple[dict, RunConfig]:
     """The run config every arm starts from (as a mapping, and typed): the tokenizer and shards are built once, in the
     ablation directory."""
+    _refuse_what_the_ablation_sets(run, f"{path}: run", ("data.tokenizer", "data.shards"))
     data = deep_merge(
         run,
         {"output_dir": str(out / "arms"), "data": {"tokenizer": str(out / "tokenizer"), "shards": str(out / "shards")}},
@@ -157,6 +178,7 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
             f"(e.g. {{objectives: {{mlm: {{}}}}}}), got {spec!r}"
         )
     spec = dict(spec or {})
+    _refuse_what_the_ablation_sets(spec, f"{path}: arms.{name}")
     # typed as a bool setting is: bool() took the text "false" (quoted) or "nope" as true, and trained the baseline
     pretrain = coerce(spec.pop("pretrain", name != "none"), bool, f"{path}: arms.{name}.pretrain")
     overrides = deep_merge({}, spec)  # as written, for the results: what this arm changes
