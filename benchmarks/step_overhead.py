@@ -36,8 +36,7 @@ def deepspeed_loop(self, batches):
     """A bare DeepSpeed-engine loop over `batches` (what the trainer's step is, less the trainer)."""
     ds = self.engine.ds
     for batch in batches:
-        with self.engine.autocast():
-            loss, _ = ds(batch)
+        loss, _ = ds(batch)  # the model autocasts itself where the run's precision is bf16
         ds.backward(loss)
         ds.step()
 
@@ -47,8 +46,7 @@ def torch_loop(self, batches):
     ds = self.engine.ds
     model, optimizer, schedule = ds.module, ds.optimizer, ds.lr_scheduler
     for batch in batches:
-        with self.engine.autocast():
-            loss, _ = model(batch)
+        loss, _ = model(batch)
         loss.backward()
         optimizer.step()
         schedule.step()

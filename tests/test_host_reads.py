@@ -133,8 +133,7 @@ def counting(self, *args, **kwargs):
     walks[0] += 1
     return walk(self, *args, **kwargs)
 for step in range(2):
-    with engine.autocast():
-        loss, _ = engine.ds(batch)
+    loss, _ = engine.ds(batch)
     engine.backward(loss)
     nn.Module.named_modules = counting if step == 1 else walk
     engine.step()

@@ -77,13 +77,25 @@ class PretrainingModel(nn.Module):
             if hasattr(head, "reset_parameters"):
                 head.reset_parameters()
 
+    # The forward's own mixed precision (bf16 under `train.precision=bf16` at ZeRO-0: set by `pretrain.train.engine`).
+    # It is entered here, inside DeepSpeed's engine, because DeepSpeed's forward turns off an autocast entered around
+    # it unless its own `torch_autocast` section is on (0.19: runtime/torch_autocast.py): such a run computed in fp32.
+    autocast_dtype: torch.dtype | None = None
+
     def forward(self, batch, loss_weights: dict[str, float] | None = None) -> tuple[torch.Tensor, dict]:
-        """The weighted total loss and every objective's metrics (unweighted) of one micro-batch.
+        """The weighted total loss and every objective's metrics (unweighted) of one micro-batch, under autocast
+        to `autocast_dtype` where it is set.
 
         batch: a collated `pretrain.core.batch.Batch` (tensors by name, and host-side counts: real tokens and each
         loss term's targets, which size the losses with nothing read back from the device). loss_weights: the
         trainer's per-target weight of each loss term, by term (`LossWeights` above); default: a mean over this
         micro-batch."""
+        if self.autocast_dtype is None:
+            return self._losses(batch, loss_weights)
+        with torch.autocast(batch["input_ids"].device.type, dtype=self.autocast_dtype):
+            return self._losses(batch, loss_weights)
+
+    def _losses(self, batch, loss_weights: dict[str, float] | None) -> tuple[torch.Tensor, dict]:
         if not isinstance(batch, Batch):  # plain tensors: as the collator would make them (reads them: not in training)
             batch = Batch.of(batch, self.objectives)
         forward = Forward(

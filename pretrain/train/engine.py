@@ -2,7 +2,8 @@
 the work-arounds DeepSpeed 0.19 needs, kept here rather than in the training loop.
 
 Which optimizer path each precision mode and ZeRO stage takes (`distributed.run_precision`):
-- fp32, and bf16 (torch autocast over fp32 weights) under ZeRO-0: DeepSpeed wraps nothing; our optimizer is torch's
+- fp32, and bf16 (torch autocast over fp32 weights, entered by the model's own forward: DeepSpeed's forward turns off
+  one entered around it) under ZeRO-0: DeepSpeed wraps nothing; our optimizer is torch's
   fused AdamW, which clips and skips non-finite steps on the device (`pretrain.train.optim`, `guard`), so the step never
   waits for the host. DeepSpeed's own clipping is off there.
 - bf16 under ZeRO 1-3 and fp16: DeepSpeed's low-precision and ZeRO optimizers wrap ours; they clip, check for
@@ -20,7 +21,6 @@ every step (`zero_grad_over_a_list`).
 
 from __future__ import annotations
 
-import contextlib
 import inspect
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -98,11 +98,6 @@ class Engine:
     @property
     def guarded(self) -> bool:
         return isinstance(self.ds.optimizer, StepGuard) and self.ds.optimizer.guard
-
-    def autocast(self):
-        if self.precision == BF16_AUTOCAST:
-            return torch.autocast(self.device.type, dtype=torch.bfloat16)
-        return contextlib.nullcontext()
 
     def split_batch(self, micro_batch_size: int, accumulation: int) -> int:
         """Make DeepSpeed's micro-batch and accumulation these (a schedule's phase and global batch; unchanged
@@ -185,6 +180,8 @@ def build_engine(run: ResolvedRun, model: nn.Module, fresh: bool, load_universal
     ds, _, _, _ = deepspeed.initialize(
         model=model, optimizer=optimizer, lr_scheduler=build_scheduler(optimizer, t), config=ds_config
     )
+    if precision == BF16_AUTOCAST:  # inside DeepSpeed's forward: one around it is turned off there (see the model)
+        model.autocast_dtype = torch.bfloat16
     drop_fp16_dummy_step(ds)
     skip_single_rank_allreduce(ds, run.world, t.zero_stage)
     if optimizer_unwrapped(precision, t.zero_stage):

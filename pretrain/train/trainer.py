@@ -366,8 +366,7 @@ class Trainer:
         weights = step_loss_weights(micro_batches) if self.cfg.train.loss_normalization == "step" else None
         for i, micro_batch in enumerate(micro_batches):
             engine.begin_micro_batch(last=i == len(micro_batches) - 1)
-            with engine.autocast():
-                loss, metrics = engine.ds(micro_batch.to(engine.device), weights)
+            loss, metrics = engine.ds(micro_batch.to(engine.device), weights)
             engine.backward(loss)
             engine.step()
             self.metrics.add(metrics, len(micro_batches) * self.world)

@@ -1,0 +1,75 @@
+"""A run's precision is the precision its training step computes in. bf16 under ZeRO-0 is torch autocast over fp32
+weights; DeepSpeed's forward turns off an autocast entered around it (0.19), so a step wrapped from outside
+computed in fp32: on an H100 BERT-base trained at 78k tokens/s instead of its ~400k (benchmarks/RESULTS.md). Checked
+in the engine's real step, on a subprocess of one rank: the dtype a Linear of the encoder computes in, the weights'
+and the gradients' dtypes."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pretrain.train.distributed import single_process_env
+
+ROOT = Path(__file__).resolve().parent.parent
+
+STEP = """
+import json, torch
+from torch import nn
+from pretrain.core.batch import Batch
+from pretrain.core.tokens import SpecialTokens
+from pretrain.train.distributed import init_distributed
+from pretrain.train.engine import build_engine
+from pretrain.train.setup import build_model, load_config, resolve_run
+
+init_distributed()
+tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=64)
+cfg = load_config("tiny", ["objectives={mlm: {}}", "train.precision=PRECISION", "train.zero_stage=ZERO",
+                           "model.num_layers=1", "model.max_position_embeddings=16", "data.max_seq_len=16",
+                           "train.micro_batch_size=2"])
+run = resolve_run(cfg, tokens)
+engine = build_engine(run, build_model(cfg, tokens), fresh=True, load_universal=False)
+linear = next(m for m in engine.ds.module.encoder.modules() if isinstance(m, nn.Linear))
+seen = {}
+def note(module, args, out):  # returns None: the output stays as it is
+    seen.setdefault("computed", str(out.dtype))
+linear.register_forward_hook(note)
+ids = torch.randint(5, 64, (2, 16))
+batch = Batch.of({"input_ids": ids, "mlm_labels": torch.where(torch.rand(2, 16) < 0.5, ids, -100)},
+                 engine.ds.module.objectives)
+loss, _ = engine.ds(batch.to(engine.device))
+engine.backward(loss)
+seen.update(mode=run.precision, weight=str(linear.weight.dtype), loss=str(loss.dtype),
+            grad=str(linear.weight.grad.dtype) if linear.weight.grad is not None else None)
+engine.step()
+print("SEEN", json.dumps(seen))
+"""
+
+
+F32, B16 = "torch.float32", "torch.bfloat16"
+CASES = {  # (precision, ZeRO stage): what the step shows
+    ("fp32", 0): {"mode": "fp32", "computed": F32, "weight": F32},
+    # autocast over fp32 weights: bf16 products, fp32 weights and gradients, an fp32 loss
+    ("bf16", 0): {"mode": "bf16-autocast", "computed": B16, "weight": F32, "grad": F32, "loss": F32},
+    # DeepSpeed's bf16: the module itself in bf16 (fp32 masters in its optimizer)
+    ("bf16", 2): {"mode": "bf16", "computed": B16, "weight": B16},
+}
+
+
+@pytest.mark.parametrize("precision, zero", list(CASES))
+def test_the_step_computes_in_the_runs_precision(precision, zero):
+    expected = CASES[precision, zero]
+    script = STEP.replace("PRECISION", precision).replace("ZERO", str(zero))
+    proc = subprocess.run(
+        [sys.executable, "-c", script],
+        env=single_process_env(WANDB_MODE="disabled", DS_ACCELERATOR="cpu"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    seen = json.loads(proc.stdout.split("SEEN ", 1)[1])
+    assert {k: seen.get(k) for k in expected} == expected, seen
