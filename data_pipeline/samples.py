@@ -2,8 +2,11 @@
 
 FULL-SENTENCES (`PackedSequences`, builder "packed", data.packing=full_sentences): the stream is every document
 followed by one [SEP], in shard order. Sample i is [CLS] + stream[i*C : (i+1)*C] + [SEP] with C = max_seq_len - 2,
-so a sample may span documents and every corpus token is seen exactly once per epoch. A final partial chunk shorter
-than max_seq_len // 4 is dropped. Random access is O(log D) via searchsorted, with no per-token Python loop.
+so a sample may span documents and every corpus token is seen once per epoch. A final partial chunk shorter than
+max_seq_len // 4 is dropped; a longer one is completed from the start of the stream (its first tokens are then seen
+twice), so that every sample fills the window: a batch never needs a key mask, and a compiled model meets one shape
+and one attention form (the epoch's one short sample recompiled BERT-base's layers on a GPU, 17.7 s). A stream shorter
+than one window stays one short sample. Random access is O(log D) via searchsorted, with no per-token Python loop.
 
 DOC-SENTENCES (`DocPackedSequences`, builder "doc_packed", data.packing=doc_bounded): no sample crosses a
 document boundary. Each document is cut greedily into chunks of whole sentences of at most C tokens; a
@@ -86,6 +89,10 @@ class PackedSequences(_Chunks):
         index %= self._len
         start = index * self.chunk
         ids, words, is_sep = self.stream_span(start, min(start + self.chunk, self.stream_len))
+        fill = start + self.chunk - self.stream_len  # tokens past the stream's end: taken from its start
+        if fill > 0 and start > 0:  # start >= chunk > fill: the head does not overlap this chunk
+            head = self.stream_span(0, fill)
+            ids, words, is_sep = (np.concatenate(pair) for pair in zip((ids, words, is_sep), head))
         n = len(ids) + 2
         input_ids = np.empty(n, np.int64)  # [n]
         input_ids[0], input_ids[1:-1], input_ids[-1] = self.cls_id, ids, self.sep_id
@@ -166,7 +173,7 @@ def doc_chunk_starts(doc_offsets: np.ndarray, sent_offsets: np.ndarray, chunk: i
 PACKING = {"full_sentences": "packed", "doc_bounded": "doc_packed"}
 """data.packing -> the sample builder that token-level objectives use."""
 FULL_WINDOWS = ("packed", "full_sentences")
-"""The builders whose rows fill the whole window (all but an epoch's last): batches without padding."""
+"""The builders whose rows fill the whole window (but where the stream is shorter than one): batches without padding."""
 
 
 def builder_kind(objective_kind: str, packing: str = "full_sentences") -> str:
