@@ -168,10 +168,14 @@ class Report:
         failed = [x["run"] for x in r["runs"] if x["rc"] != 0]
         debug = f"; CUDA sync debug mode '{r['sync_debug']}' held" if r["cuda"] and not failed else ""
         steps = max((x["steps"] for x in normal), default=0)
+        # older results have neither: compiles in counted steps, inductor's first-run autotuning syncs
+        compiles = sum(x.get("compiles", 0) for x in normal)
+        compiler = sum(sum(x.get("syncs_compiler", {}).values()) for x in normal)
         return (
             f"{what} ({steps} steps after the first x 2 micro-batches per run)",
             f"{len(normal)} runs: ours {ours} (reads, syncs, copies of Python data), DeepSpeed's syncs {ds} "
-            f"(with its throughput timer back on: {timers}){debug}"
+            f"(with its throughput timer back on: {timers}){debug}; compiles in those steps {compiles}, "
+            f"inductor's syncs (a kernel's first-run autotuning) {compiler}"
             + (f"; **failed: {', '.join(failed)}** (their errors: syncs.json)" if failed else ""),
         )
 

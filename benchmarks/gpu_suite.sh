@@ -200,7 +200,7 @@ stage() {
     syncs)
       $PY benchmarks/step_syncs.py prepare --work "$WORK/syncs" &&
       rm -rf "$WORK/syncs/runs" &&
-      $PY benchmarks/step_syncs.py run --work "$WORK/syncs" --json "$RES/syncs.json" \
+      TORCH_LOGS=recompiles $PY benchmarks/step_syncs.py run --work "$WORK/syncs" --json "$RES/syncs.json" \
         --runs mlm-fp32,mlm-bf16,span,rtd,plm,sop,unpadded,lamb,fp8,timers-on,allreduce-on ;;
     base128) tvh base128 "${base[@]}" --peers eager ;;
     base128c) tvh base128c "${base[@]}" --peers compile ;;

@@ -11,7 +11,9 @@ which compiles where the trainer compiles):
   device). On CUDA these come from pageable memory, and such a copy waits for the stream. The batch's own move to
   the device (a tensor, pinned on a GPU, non-blocking) is not one of them, and neither are reads of tensors made
   on the host from Python data without a device (the trainer's CPU all-reduces of host counts between ranks);
-- DeepSpeed's collectives (`deepspeed.comm.all_reduce` and the other reductions and gathers it uses).
+- DeepSpeed's collectives (`deepspeed.comm.all_reduce` and the other reductions and gathers it uses);
+- compiles (dynamo's) inside the counted steps: a compiled run compiles in its first step only. The counting
+  TorchFunctionMode is on the stack in every step, counting only in the counted ones: dynamo guards on that stack.
 
 Each is attributed to the first frame outside torch (and outside this file): ours when that frame is in pretrain/,
 objectives/ or data_pipeline/, else the library's (DeepSpeed's, mostly), counted apart. On CUDA the counted steps
@@ -59,6 +61,8 @@ RUNS = {
     "zero2": (["objectives={mlm: {}}", "train.precision=bf16", "train.zero_stage=2"], None),
     # float8 products: scales computed and applied on the device
     "fp8": (["objectives={mlm: {}}", "train.precision=fp8"], None),
+    # compiled as on a GPU (inductor, on a CPU too): nothing compiles again after the first step
+    "compiled": (["objectives={mlm: {}}", "train.precision=bf16", "model.compile=true"], None),
     # DeepSpeed's throughput timer as it is by default (a config without "timers")
     "timers-on": (["objectives={mlm: {}}", "train.precision=fp32"], "timers"),
     # DeepSpeed's gradient all-reduce at world size 1, as it is by default
@@ -114,6 +118,10 @@ class Counters:
         out = {}
         for name in ("reads", "h2d", "syncs"):
             out[f"{name}_ours"], out[f"{name}_library"] = split(getattr(self, name))
+        # inductor's generated modules (its cache directory, torchinductor_USER): a kernel's first-run autotuning
+        compiler = {k: n for k, n in out["syncs_library"].items() if f"{os.sep}torchinductor" in k}
+        out["syncs_compiler"] = compiler
+        out["syncs_library"] = {k: n for k, n in out["syncs_library"].items() if k not in compiler}
         out["collectives"] = dict(self.collectives)
         return out
 
@@ -288,7 +296,7 @@ def count_steps(mode, active: list, cuda: bool, sync_debug: str) -> dict:
 
     from pretrain.train import trainer as T
 
-    counted = {"steps": 0}
+    counted = {"steps": 0, "compiles": 0}
     original_step, original_after = T.Trainer.train_step, T.Trainer.after_step
 
     def counts(self, step):  # neither the warm-up step nor one that logs
@@ -311,7 +319,10 @@ def count_steps(mode, active: list, cuda: bool, sync_debug: str) -> dict:
 
     def train_step(self, micro_batches, *args):
         if not counts(self, self.state.step + 1):
-            return original_step(self, micro_batches, *args)
+            # under the counting mode too, counting nothing: dynamo guards on the stack of torch function modes, so
+            # graphs compiled without it compiled again in the counted steps (and autotuned there, on a GPU)
+            with mode:
+                return original_step(self, micro_batches, *args)
         counted["steps"] += 1
         with counting():
             return original_step(self, micro_batches, *args)
@@ -323,7 +334,36 @@ def count_steps(mode, active: list, cuda: bool, sync_debug: str) -> dict:
             return original_after(self, stopping)
 
     T.Trainer.train_step, T.Trainer.after_step = train_step, after_step
+    pause_while_compiling(active, cuda, sync_debug, counted)
     return counted
+
+
+def pause_while_compiling(active: list, cuda: bool, sync_debug: str, counted: dict) -> None:
+    """A compile (dynamo's, with inductor's code generation) inside a counted step is not the step: nothing is
+    counted and the sync debug mode is off while it runs, and it is counted itself (`compiles`: after the first step
+    nothing should recompile). On an H100 (2026-11-27) inductor's constant folding read a value under the "error"
+    mode, so that function ran eager. Kernels that autotune at their first run synchronize after the compile ended:
+    such syncs are told apart by their place, in inductor's generated code (`syncs_compiler`)."""
+    import torch
+    from torch._dynamo.callback import on_compile_end, on_compile_start
+
+    held = []
+
+    @on_compile_start
+    def start(_args) -> None:
+        held.append(active[0])
+        if active[0]:
+            counted["compiles"] += 1
+            active[0] = False
+            if cuda:
+                torch.cuda.set_sync_debug_mode("default")
+
+    @on_compile_end
+    def end(_args) -> None:
+        if held and held.pop():
+            active[0] = True
+            if cuda and sync_debug != "off":
+                torch.cuda.set_sync_debug_mode(sync_debug)
 
 
 def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None) -> dict:
@@ -350,7 +390,7 @@ def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None)
     for name in names:
         overrides, probe_kind = RUNS[name]
         counters[0] = Counters()
-        counted["steps"] = 0
+        counted["steps"] = counted["compiles"] = 0
         args = [
             "train",
             "tiny",
@@ -368,7 +408,8 @@ def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None)
             except Exception as err:  # noqa: BLE001 - reported, and the next run goes on
                 code, error = 1, f"{type(err).__name__}: {err}"
         results.append(
-            {"run": name, "probe": probe_kind, "rc": code, "error": error, "steps": counted["steps"]}
+            {"run": name, "probe": probe_kind, "rc": code, "error": error}
+            | {"steps": counted["steps"], "compiles": counted["compiles"]}
             | counters[0].summary(ours_prefixes)
         )
         save(head | {"runs": results})

@@ -9,7 +9,8 @@ accumulation and the unpadded encoder, under ZeRO-0 and ZeRO-2, on one rank and 
 visible to a TorchFunctionMode; synchronizations are counted by patching DeepSpeed's accelerator and torch.cuda.
 Before asserting, each counter is shown to see what it counts: planted reads and copies in our files, DeepSpeed's
 throughput timer and its single-rank all-reduce turned back on. Where CUDA is present, the steps also run under
-torch.cuda.set_sync_debug_mode("error"). Nor does the optimizer step walk the module tree on the host
+torch.cuda.set_sync_debug_mode("error"), and a compiled run (inductor, on the CPU too) compiles nothing after its
+first step. Nor does the optimizer step walk the module tree on the host
 (`test_the_optimizer_step_walks_no_module_tree`).
 """
 
@@ -27,7 +28,7 @@ from pretrain.train.distributed import single_process_env
 ROOT = Path(__file__).resolve().parent.parent
 TOOL = ROOT / "benchmarks" / "step_syncs.py"
 pytestmark = pytest.mark.slow
-ONE_RANK = ["mlm-fp32", "mlm-bf16", "span", "rtd", "plm", "sop", "unpadded", "lamb", "zero2", "fp8"]
+ONE_RANK = ["mlm-fp32", "mlm-bf16", "span", "rtd", "plm", "sop", "unpadded", "lamb", "zero2", "fp8", "compiled"]
 PROBES = ["timers-on", "allreduce-on"]
 TWO_RANKS = ["mlm-bf16", "zero2"]
 
@@ -72,6 +73,7 @@ def _check_steps(result: dict, zero0_all_reduces: int | None):
     ZeRO-0 on one rank no all-reduce either; on two, DeepSpeed's reduction stays."""
     for run in result["runs"]:
         assert run["rc"] == 0 and run["steps"] == 3, run
+        assert run["compiles"] == 0, run  # compiled runs (all on a GPU, "compiled" here) compile in the first step only
         assert run["reads_ours"] == {} and run["h2d_ours"] == {} and run["syncs_ours"] == {}, run
         assert run["syncs_library"] == {}, run  # DeepSpeed's synchronize(), torch.cuda.synchronize()
         if zero0_all_reduces is not None and not run["run"].startswith("zero"):
