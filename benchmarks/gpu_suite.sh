@@ -38,11 +38,12 @@
 # Calls: a session has 15 device minutes, the machine's start included, so one call of at most ~9 minutes. Each call
 # carries .gpu (and runs/ablation-gpu for ablate), runs `bash benchmarks/gpu_suite.sh STAGES report` with
 # timeout_s=600, and the suite stops itself at GPU_SUITE_DEADLINE (560 s; see below); then, here, `bash
-# benchmarks/gpu_suite.sh collect FILES_AT`. Minutes are estimates for an H100 from the stages' step counts, not yet
-# measured (syncs ~5: 11 runs, each compiled; base128, base128c, base512, nsp, fp8 ~5 each: 2 repeats of 2 runs,
-# ours compiled; step ~2; rtd ~4; varlen ~2.5; local ~1.5; demo ~5.5, eval ~0.5, finetune ~1.5), in this order:
-#   1. base128 step          ~7    the headline: ours vs the Trainer, and the trainer vs its own model step
-#   2. syncs varlen          ~7.5
+# benchmarks/gpu_suite.sh collect FILES_AT`. Minutes are estimates for an H100 from the stages' step counts; measured
+# on 2026-11-27 (before the bf16 fix): base128 4.9 (its first repeat ~3: ours 122 s, the Trainer 54 s), step 1.5,
+# syncs ~3.5 for its 11 runs (~19 s each). The others: base128c, base512, nsp, fp8 ~5 each: 2 repeats of 2 runs,
+# ours compiled; rtd ~4; varlen ~2.5; local ~1.5; demo ~5.5, eval ~0.5, finetune ~1.5. In this order:
+#   1. base128 step          ~6.5  the headline: ours vs the Trainer, and the trainer vs its own model step
+#   2. syncs varlen          ~6
 #   3. rtd nsp               ~9    (nsp's second repeat may meet the deadline: its first is reported)
 #   4. demo eval finetune    ~7.5  (one call: eval and finetune read the demo the same machine made)
 #   5. fp8 local             ~6.5
@@ -130,7 +131,7 @@ fi
 # stage with none), else it is skipped, and the report says so; one that started is stopped (SIGTERM) before the
 # deadline, so that the files it wrote after each repeat go back with the report
 deadline=${GPU_SUITE_DEADLINE:-$([ $gpu = 1 ] && [ -n "${OUT:-}" ] && echo 560 || echo 0)}
-declare -A first=([syncs]=60 [base128]=150 [base128c]=180 [step]=120 [base512]=150 [rtd]=90 [nsp]=120 [fp8]=120
+declare -A first=([syncs]=60 [base128]=180 [base128c]=180 [step]=120 [base512]=150 [rtd]=90 [nsp]=120 [fp8]=120
   [varlen]=90 [local]=60 [demo]=330 [eval]=45 [finetune]=90 [ablate]=180)
 [ $tiny = 1 ] && for k in "${!first[@]}"; do first[$k]=5; done  # a tiny stage's figures take seconds
 pack_s=25  # a stage's stop (SIGTERM, then 10 s to SIGKILL) and the archive and report after it
