@@ -73,3 +73,19 @@ def test_the_step_computes_in_the_runs_precision(precision, zero):
     assert proc.returncode == 0, proc.stderr[-4000:]
     seen = json.loads(proc.stdout.split("SEEN ", 1)[1])
     assert {k: seen.get(k) for k in expected} == expected, seen
+
+
+def test_bf16_on_a_cpu_without_native_bf16_is_noted(monkeypatch):
+    """There bf16 products are emulated, many times slower than fp32: the log says so (auto chooses fp32 there)."""
+    from pretrain.train import distributed
+
+    monkeypatch.setattr(distributed, "has_cuda", lambda: False)
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
+    assert "emulated" in distributed.slow_precision_note("bf16-autocast")
+    assert "emulated" in distributed.slow_precision_note("bf16")
+    assert distributed.slow_precision_note("fp32") is None
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: True)
+    assert distributed.slow_precision_note("bf16-autocast") is None
+    monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
+    monkeypatch.setattr(distributed, "has_cuda", lambda: True)
+    assert distributed.slow_precision_note("bf16-autocast") is None

@@ -42,7 +42,7 @@ from pretrain.core.tokens import SpecialTokens
 from pretrain.model.encoder import set_rope_theta
 from pretrain.model.fp8 import use_float8
 from pretrain.train import checkpoint as ckpt
-from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision
+from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision, slow_precision_note
 from pretrain.train.ema import EMA_FILE, WeightEMA
 from pretrain.train.engine import Engine, build_engine, fp32_masters
 from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
@@ -300,6 +300,8 @@ class Trainer:
                 else ""
             )
         )
+        if note := slow_precision_note(run.precision):
+            logger.write(f"note: {note}")
         return cls(run, config_text, engine, data, state, logger, ema)
 
     def run(self, flag: StopFlag) -> dict:
