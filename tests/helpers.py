@@ -229,6 +229,32 @@ def loss_and_grads(model, batch):
 # What the machine can do
 
 
+def tiny_engine_script(precision: str, zero_stage: int = 0, mask_rate: float = 0.3) -> str:
+    """The start of a script for a subprocess of one rank: `engine`, the DeepSpeed engine of a one-layer MLM model
+    (vocabulary 64, 16 positions) in `precision` under ZeRO `zero_stage`, `run` its ResolvedRun, and `batch`, two
+    rows with about `mask_rate` of their tokens as targets. Imports torch, nn and Batch."""
+    return f"""
+import torch
+from torch import nn
+from pretrain.core.batch import Batch
+from pretrain.core.tokens import SpecialTokens
+from pretrain.train.distributed import init_distributed
+from pretrain.train.engine import build_engine
+from pretrain.train.setup import build_model, load_config, resolve_run
+
+init_distributed()
+tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=64)
+cfg = load_config("tiny", ["objectives={{mlm: {{}}}}", "train.precision={precision}", "train.zero_stage={zero_stage}",
+                           "model.num_layers=1", "model.max_position_embeddings=16", "data.max_seq_len=16",
+                           "train.micro_batch_size=2"])
+run = resolve_run(cfg, tokens)
+engine = build_engine(run, build_model(cfg, tokens), fresh=True, load_universal=False)
+ids = torch.randint(5, 64, (2, 16))
+batch = Batch.of({{"input_ids": ids, "mlm_labels": torch.where(torch.rand(2, 16) < {mask_rate}, ids, -100)}},
+                 engine.ds.module.objectives)
+"""
+
+
 def _deepspeed_fp16_here() -> bool:
     from deepspeed.accelerator import get_accelerator
 

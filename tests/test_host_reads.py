@@ -22,6 +22,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers import tiny_engine_script
 
 from pretrain.train.distributed import single_process_env
 
@@ -113,22 +114,6 @@ def test_no_synchronizing_cuda_operation_between_logging_steps(work):
 
 
 WALKS = """
-import torch
-from torch import nn
-from pretrain.core.batch import Batch
-from pretrain.train.distributed import init_distributed
-from pretrain.train.engine import build_engine
-from pretrain.train.setup import build_model, load_config, resolve_run
-from pretrain.core.tokens import SpecialTokens
-
-init_distributed()
-tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=64)
-cfg = load_config("tiny", ["objectives={mlm: {}}", "train.precision=PRECISION", "model.num_layers=1",
-                           "model.max_position_embeddings=16", "data.max_seq_len=16", "train.micro_batch_size=2"])
-engine = build_engine(resolve_run(cfg, tokens), build_model(cfg, tokens), fresh=True, load_universal=False)
-ids = torch.randint(5, 64, (2, 16))
-batch = Batch.of({"input_ids": ids, "mlm_labels": torch.where(torch.rand(2, 16) < 0.3, ids, -100)},
-                 engine.ds.module.objectives)
 walks = [0]
 walk = nn.Module.named_modules
 def counting(self, *args, **kwargs):
@@ -152,7 +137,7 @@ def test_the_optimizer_step_walks_no_module_tree(precision):
     calls of `nn.Module.named_modules` (what every parameter walk goes through) in the second step; the gradients
     are cleared all the same."""
     proc = subprocess.run(
-        [sys.executable, "-c", WALKS.replace("PRECISION", precision)],
+        [sys.executable, "-c", tiny_engine_script(precision) + WALKS],
         env=_env(),
         cwd=ROOT,
         capture_output=True,

@@ -10,35 +10,19 @@ import sys
 from pathlib import Path
 
 import pytest
+from helpers import tiny_engine_script
 
 from pretrain.train.distributed import single_process_env
 
 ROOT = Path(__file__).resolve().parent.parent
 
 STEP = """
-import json, torch
-from torch import nn
-from pretrain.core.batch import Batch
-from pretrain.core.tokens import SpecialTokens
-from pretrain.train.distributed import init_distributed
-from pretrain.train.engine import build_engine
-from pretrain.train.setup import build_model, load_config, resolve_run
-
-init_distributed()
-tokens = SpecialTokens(pad=0, unk=1, cls=2, sep=3, mask=4, vocab_size=64)
-cfg = load_config("tiny", ["objectives={mlm: {}}", "train.precision=PRECISION", "train.zero_stage=ZERO",
-                           "model.num_layers=1", "model.max_position_embeddings=16", "data.max_seq_len=16",
-                           "train.micro_batch_size=2"])
-run = resolve_run(cfg, tokens)
-engine = build_engine(run, build_model(cfg, tokens), fresh=True, load_universal=False)
+import json
 linear = next(m for m in engine.ds.module.encoder.modules() if isinstance(m, nn.Linear))
 seen = {}
 def note(module, args, out):  # returns None: the output stays as it is
     seen.setdefault("computed", str(out.dtype))
 linear.register_forward_hook(note)
-ids = torch.randint(5, 64, (2, 16))
-batch = Batch.of({"input_ids": ids, "mlm_labels": torch.where(torch.rand(2, 16) < 0.5, ids, -100)},
-                 engine.ds.module.objectives)
 loss, _ = engine.ds(batch.to(engine.device))
 engine.backward(loss)
 seen.update(mode=run.precision, weight=str(linear.weight.dtype), loss=str(loss.dtype),
@@ -61,7 +45,7 @@ CASES = {  # (precision, ZeRO stage): what the step shows
 @pytest.mark.parametrize("precision, zero", list(CASES))
 def test_the_step_computes_in_the_runs_precision(precision, zero):
     expected = CASES[precision, zero]
-    script = STEP.replace("PRECISION", precision).replace("ZERO", str(zero))
+    script = tiny_engine_script(precision, zero, mask_rate=0.5) + STEP
     proc = subprocess.run(
         [sys.executable, "-c", script],
         env=single_process_env(WANDB_MODE="disabled", DS_ACCELERATOR="cpu"),
