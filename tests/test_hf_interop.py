@@ -126,15 +126,28 @@ def test_export_parity(name, tokens, tokenizer_dir, tmp_path):
     print(f"\n{name} ({hf_class}): max |diff| " + ", ".join(f"{k} {v:.2e}" for k, v in diffs.items()))
     assert {"hidden", "logits", *extra} <= diffs.keys()
     assert max(diffs.values()) <= ATOL, diffs
-    # `pretrain eval` on the export gives our logits for every architecture (ModernBERT takes no token types)
+    # `pretrain eval` on the export gives our logits for every architecture (ModernBERT takes no token types), and
+    # its decoder runs on the scored positions alone: [M, V], never [B, L, V]
     logits_fn, _, _, _ = load_target(out)
     ids, types, mask = _probe_batch(model.config)
     types = torch.zeros_like(types) if target.arch == "modernbert" else types
+    scored = mask.bool() & (torch.arange(mask.shape[1]) % 3 == 1)  # [B, L] a few real positions per row
+    vocab = model.config.vocab_size
+    shapes = []  # of every module output as wide as the vocabulary: the decoder's
+
+    def record(_module, _args, output):
+        if isinstance(output, torch.Tensor) and output.shape[-1] == vocab:
+            shapes.append(tuple(output.shape))
+
     with torch.no_grad():
         expected = model.get_submodule(lm_head_name(model))(model.encoder(ids, types, mask))
-        got = logits_fn(ids, types, mask)
-    real = mask.bool()
-    assert (got[real] - expected[real]).abs().max().item() <= ATOL
+        hook = torch.nn.modules.module.register_module_forward_hook(record)
+        try:
+            got = logits_fn(ids, types, mask, scored)
+        finally:
+            hook.remove()
+    assert got.shape == (int(scored.sum()), vocab) and set(shapes) == {tuple(got.shape)}, shapes
+    assert (got - expected[scored]).abs().max().item() <= ATOL
 
 
 def test_roberta_positions_are_offset(tokens, tokenizer_dir, tmp_path):

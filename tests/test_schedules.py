@@ -64,6 +64,12 @@ def test_bad_schedule_settings_are_refused_by_name(override, needle):
         (["train.lr_schedule=linear", "train.decay_shape=1-sqrt"], "does not use train.decay_shape=1-sqrt"),
         (["train.ema_on_cpu=true"], "train.ema_on_cpu=True has no EMA without train.ema_decay"),
         (["train.seed=-1"], "train.seed: must be >= 0, got -1"),  # numpy's generators crashed on it mid-run
+        # a negative limit or clip meant "off" unsaid; torch refused the optimizer's mid-start, without the key
+        (["train.max_minutes=-1"], "train.max_minutes: must be >= 0, got -1.0"),
+        (["train.exit_after_steps=-5"], "train.exit_after_steps: must be >= 0, got -5"),
+        (["train.grad_clip=-1"], "train.grad_clip: must be >= 0, got -1.0"),
+        (["train.weight_decay=-0.01"], "train.weight_decay: must be >= 0, got -0.01"),
+        (["train.adam_beta2=1.0"], "train.adam_beta2: must be within [0, 1), got 1.0"),
     ],
 )
 def test_schedule_options_the_schedule_does_not_use_are_refused(overrides, needle):

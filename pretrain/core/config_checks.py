@@ -64,9 +64,23 @@ def check_values(cfg: RunConfig) -> None:
     for key in ("micro_batch_size", "grad_accum_steps", "max_steps", "log_every"):
         if getattr(cfg.train, key) < 1:
             raise ConfigError(f"train.{key}: must be >= 1, got {getattr(cfg.train, key)}")
-    for key in ("save_every", "keep_checkpoints", "seed"):
+    # a negative time limit, step limit or clip norm used to mean "off" silently, as 0 does; the optimizer's were
+    # refused by torch mid-start, after the data stage, without the key's name
+    for key in (
+        "save_every",
+        "keep_checkpoints",
+        "seed",
+        "max_minutes",
+        "exit_after_steps",
+        "grad_clip",
+        "weight_decay",
+        "adam_eps",
+    ):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
+    for key in ("adam_beta1", "adam_beta2"):
+        if not 0.0 <= getattr(cfg.train, key) < 1.0:
+            raise ConfigError(f"train.{key}: must be within [0, 1), got {getattr(cfg.train, key)}")
     _check_schedule(cfg.train)
     _check_sources(cfg.data)
     head = cfg.model.hidden_size // cfg.model.num_heads
