@@ -73,3 +73,21 @@ def test_bf16_on_a_cpu_without_native_bf16_is_noted(monkeypatch):
     monkeypatch.setattr(distributed, "cpu_supports_bf16", lambda: False)
     monkeypatch.setattr(distributed, "has_cuda", lambda: True)
     assert distributed.slow_precision_note("bf16-autocast") is None
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+def test_the_attention_bias_is_finite_in_the_dtype_sdpa_computes_in(dtype):
+    """A bias made in the activations' fp32 under autocast is cast to bf16 by SDPA, where fp32's finfo.min is -inf: a
+    query with no allowed key (PLM's per-query masks) then averaged -inf scores, NaN on CUDA's kernels."""
+    import torch
+
+    from pretrain.model.padding import attention_bias
+
+    allowed = torch.ones(2, 4, 4, dtype=torch.bool)  # [B, Lq, L] per-query mask
+    allowed[0, 1] = False  # a query that may see no key
+    plain = attention_bias(allowed, torch.float32)
+    assert plain.dtype == torch.float32 and plain.isfinite().all()
+    with torch.autocast("cpu", dtype=getattr(torch, dtype)):
+        bias = attention_bias(allowed, torch.float32)
+    assert bias.to(getattr(torch, dtype)).isfinite().all()
+    assert (bias[0, 0, 1] < -1e4).all() and not bias[1].any()

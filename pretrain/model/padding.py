@@ -31,9 +31,13 @@ class _TakeRows(torch.autograd.Function):
 def attention_bias(attention_mask: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor | None:
     """Additive bias for SDPA (broadcast over heads); None when nothing is masked. Accepts a key mask
     [B, L] (1 = real token) -> [B, 1, 1, L], or a per-query mask [B, Lq, L] (True = query may attend key)
-    -> [B, 1, Lq, L]. A query row with no allowed key attends uniformly (finfo.min, not -inf: no NaN)."""
+    -> [B, 1, Lq, L]. A query row with no allowed key attends uniformly (finfo.min, not -inf: no NaN).
+
+    Under autocast the bias is made in autocast's dtype, which SDPA casts it to: fp32's finfo.min is -inf in bf16."""
     if attention_mask is None:
         return None
+    if torch.is_autocast_enabled(attention_mask.device.type):
+        dtype = torch.get_autocast_dtype(attention_mask.device.type)
     bias = torch.zeros(attention_mask.shape, dtype=dtype, device=attention_mask.device)
     bias.masked_fill_(~attention_mask.bool(), torch.finfo(dtype).min)
     return bias[:, None, None, :] if attention_mask.dim() == 2 else bias[:, None]
