@@ -117,6 +117,11 @@ def _failed(d: dict, name: str = "") -> str:
     return f"failed: {error.strip().splitlines()[-1]}" if error else "not measured"
 
 
+def _eager_runs(runs: list[dict]) -> list[str]:
+    """step_syncs.py's runs in which torch left frames eager (a recompile limit hit, a compile error suppressed)."""
+    return [f"{x['run']} ({x['eager_frames']})" for x in runs if x.get("eager_frames")]
+
+
 class Report:
     """The results directory's files, read once; one method per stage line returns (what was measured, result).
     Each reads only what it needs and says 'failed' where a row is missing: one stage's bad or partial file leaves
@@ -176,7 +181,8 @@ class Report:
             f"{len(normal)} runs: ours {ours} (reads, syncs, copies of Python data), DeepSpeed's syncs {ds} "
             f"(with its throughput timer back on: {timers}){debug}; compiles in those steps {compiles}, "
             f"inductor's syncs (a kernel's first-run autotuning) {compiler}"
-            + (f"; **failed: {', '.join(failed)}** (their errors: syncs.json)" if failed else ""),
+            + (f"; **failed: {', '.join(failed)}** (their errors: syncs.json)" if failed else "")
+            + (f"; **frames left eager** in {', '.join(eager)}" if (eager := _eager_runs(r["runs"])) else ""),
         )
 
     def step(self) -> tuple[str, str]:
@@ -327,8 +333,9 @@ class Report:
             f"{len(ab['finished'])} of {ab['runs']} runs finished, {len(ab['new'])} in this chunk; {left}"
         )
 
-    def lines(self) -> list[tuple[str, str, str]]:
-        """(stage, what, result) per stage; a line that cannot be read from its file says why, the others stay."""
+    def lines(self, fallbacks) -> list[tuple[str, str, str]]:
+        """(stage, what, result) per stage; a line that cannot be read from its file says why, the others stay.
+        fallbacks: trainer_vs_hf.fallbacks, what a stage's runs left uncompiled, in words."""
         readers = {
             "syncs": self.syncs,
             "base128": lambda: self.versus("base128", "BERT-base, seq 128, batch 128: ours vs Trainer (eager)"),
@@ -355,6 +362,8 @@ class Report:
                 what, result = "", f"{stage}.json not readable here ({type(err).__name__}: {err})"
             if stage in self.unreadable:
                 result = self.unreadable[stage]
+            elif eager := fallbacks(_get(self.data[stage], "rows") or []):
+                result += f"; **not all compiled**: {eager}"
             out.append((stage, what, result))
         return out
 
@@ -391,15 +400,21 @@ def report(res: Path) -> str:
     if not ran:
         return f"no stage has written to {res} yet"
     tiny = any(r.stages[s].get("tiny") for s in ran)
+    # stages collected from several calls may have run on different cards (a call may get an H200 for an H100)
+    devices = sorted({r.stages[s]["device"] for s in ran if r.stages[s].get("device")})
     device = next((d["meta"]["device"] for d in r.data.values() if "device" in (_get(d, "meta") or {})), "?")
+    if len(devices) > 1:
+        device = f"{len(devices)} devices ({'; '.join(devices)}): compare figures of one device only"
     out = [
         f"## GPU suite: {device}"
         + (" (--tiny: a rehearsal at tiny shapes; no figure here measures anything)" if tiny else "")
     ]
     out += ["", "| stage | measurement | result | exit, seconds |", "|---|---|---|---|"]
-    for stage, what, result in r.lines():
+    for stage, what, result in r.lines(tvh.fallbacks):
         st = r.stages[stage]
         done = f"{st['rc']}, {st['seconds']:.0f}" if st else "not run"
+        if st and len(devices) > 1:
+            done += f", {st.get('device', 'device not recorded')}"
         if not st:
             result = "-"
         elif st.get("skipped"):

@@ -14,6 +14,10 @@ which compiles where the trainer compiles):
 - DeepSpeed's collectives (`deepspeed.comm.all_reduce` and the other reductions and gathers it uses);
 - compiles (dynamo's) inside the counted steps: a compiled run compiles in its first step only. The counting
   TorchFunctionMode is on the stack in every step, counting only in the counted ones: dynamo guards on that stack.
+  Each run starts from empty compile caches, as a process of its own would (on a GPU every run compiles: 11 new
+  models in one process would pass dynamo's recompile limit, 8, and the later runs would count eager steps), and
+  the frames torch left eager in a run (a recompile limit hit, a compile error suppressed) are counted
+  (`eager_frames`).
 
 Each is attributed to the first frame outside torch (and outside this file): ours when that frame is in pretrain/,
 objectives/ or data_pipeline/, else the library's (DeepSpeed's, mostly), counted apart. On CUDA the counted steps
@@ -35,6 +39,7 @@ import argparse
 import collections
 import contextlib
 import json
+import logging
 import os
 import sys
 import weakref
@@ -124,6 +129,19 @@ class Counters:
         out["syncs_library"] = {k: n for k, n in out["syncs_library"].items() if k not in compiler}
         out["collectives"] = dict(self.collectives)
         return out
+
+
+class FramesLeftEager(logging.Handler):
+    """Counts torch's warnings that a frame runs eager from now on: a recompile limit hit, or a compile error
+    suppressed (model.compile unset: compiling is only the default there)."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        self.count += ("WON'T CONVERT" in text) + ("torch._dynamo hit config." in text)
 
 
 def patch_syncs(counters_ref: list, active: list, where) -> None:
@@ -387,10 +405,16 @@ def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None)
     results = []
     head = {"rank": int(os.environ.get("RANK", "0")), "world": world, "cuda": cuda}
     head |= {"sync_debug": sync_debug if cuda else None, "probes": probes}
+    from pretrain.model import compiling
+
+    eager = FramesLeftEager()
+    logging.getLogger("torch._dynamo").addHandler(eager)
     for name in names:
         overrides, probe_kind = RUNS[name]
         counters[0] = Counters()
-        counted["steps"] = counted["compiles"] = 0
+        counted["steps"] = counted["compiles"] = eager.count = 0
+        torch._dynamo.reset_code_caches()  # not reset(): it would drop pause_while_compiling's callbacks
+        compiling._made.clear()
         args = [
             "train",
             "tiny",
@@ -409,7 +433,7 @@ def run(work: Path, names: list[str], sync_debug: str, save=lambda result: None)
                 code, error = 1, f"{type(err).__name__}: {err}"
         results.append(
             {"run": name, "probe": probe_kind, "rc": code, "error": error}
-            | {"steps": counted["steps"], "compiles": counted["compiles"]}
+            | {"steps": counted["steps"], "compiles": counted["compiles"], "eager_frames": eager.count}
             | counters[0].summary(ours_prefixes)
         )
         save(head | {"runs": results})

@@ -266,6 +266,33 @@ def test_the_deadline_stops_a_stage_and_skips_those_it_leaves_no_time(tmp_path):
     assert _returns(out) == ["report.md", "results.tgz"]
 
 
+def test_the_deadline_counts_from_the_calls_shell(tmp_path):
+    """A call's 600 s start with its shell, and `source .gpu/env.sh` installs wheels there before the suite starts:
+    with $OUT set, the deadline counts from that shell's start (here 4 s before the suite's), so its stages get
+    those seconds less."""
+    python = tmp_path / "python"  # the local stage writes its figures at once; everything else is Python's
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = benchmarks/local_attention.py ]; then echo \'{"rows": []}\' > "$RESULTS/local.json"; exit 0; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    out, work = tmp_path / "out", tmp_path / "work"
+    env = {**os.environ, "OUT": str(out), "PY": str(python), "GPU_SUITE_WORK": str(work)}
+    env |= {"RESULTS": str(work / "results"), "GPU_SUITE_DEADLINE": "60"}  # 25 s of it kept for the archive
+
+    def within(command: list[str]) -> int:
+        proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-3000:]
+        return int(re.search(r"stage local \(tiny, CPU\) within (\d+) s", proc.stderr).group(1))
+
+    direct = within(["bash", str(SCRIPT), "--tiny", "local"])  # started by Python, not by a call's shell
+    assert 30 <= direct <= 35  # 60 - 25, less the suite's own start (its import check of DeepSpeed)
+    # the shell runs something first, as a call's `source .gpu/env.sh; bash ...` does (`; exit` keeps bash from
+    # replacing itself with the suite)
+    assert direct - within(["bash", "-c", f"sleep 4; bash {SCRIPT} --tiny local; exit $?"]) >= 3
+
+
 @pytest.mark.slow
 def test_the_ablate_stage_goes_on_from_the_record_an_earlier_machine_sent_back(tmp_path):
     """A lent GPU machine starts bare and keeps nothing: a chunk of the ablation sends back the record of its finished
@@ -322,6 +349,60 @@ def test_a_variant_that_failed_to_compile_leaves_the_others_in_the_report(tmp_pa
     assert "model step (ours) 409,600 (batch 128): the trainer at **98%**" in proc.stdout
     assert "in the kernel too: 1.20x; ours + compile failed: BackendCompilerFailed: boom)" in proc.stdout
     assert "| base ours + compile | 128 | failed: BackendCompilerFailed: boom |" in proc.stdout
+
+
+def test_a_run_torch_left_partly_eager_and_stages_on_other_cards_are_flagged(tmp_path):
+    """Ours runs compiled as a user's run is (where a graph fails to compile it runs eager, with torch's warning):
+    such a figure is flagged, not read as compiled. Stages collected from calls on different cards say which."""
+    _write_results(tmp_path)
+    path = tmp_path / "base128.json"
+    result = json.loads(path.read_text())
+    result["rows"][0]["compile_fallbacks"] = 2
+    path.write_text(json.dumps(result))
+    for status in tmp_path.glob("*.stage.json"):
+        st = json.loads(status.read_text())
+        st["device"] = "NVIDIA H200" if st["stage"] == "base512" else "NVIDIA H100 80GB HBM3"
+        status.write_text(json.dumps(st))
+    proc = _report(tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    line = next(x for x in proc.stdout.splitlines() if x.startswith("| base128 |"))
+    assert "**2.00x**; **not all compiled**: frames left eager in ours mlm (2)" in line
+    assert "**Not all compiled**: frames left eager in ours mlm (2)" in proc.stdout  # under its run table too
+    assert "## GPU suite: 2 devices (NVIDIA H100 80GB HBM3; NVIDIA H200)" in proc.stdout
+    assert "frames left eager" not in next(x for x in proc.stdout.splitlines() if x.startswith("| syncs |"))
+    syncs = json.loads((tmp_path / "syncs.json").read_text())
+    syncs["runs"][0]["eager_frames"] = 3  # the recompile limit hit in the sync counter's run
+    (tmp_path / "syncs.json").write_text(json.dumps(syncs) + "\n")
+    line = next(x for x in _report(tmp_path).stdout.splitlines() if x.startswith("| syncs |"))
+    assert "; **frames left eager** in mlm (3)" in line
+    assert next(x for x in proc.stdout.splitlines() if x.startswith("| base512 |")).endswith("| 0, 42, NVIDIA H200 |")
+    assert "not all compiled" not in next(x for x in proc.stdout.splitlines() if x.startswith("| base512 |"))
+
+
+@pytest.mark.parametrize(
+    "script",
+    [
+        # a compile error suppressed, as where model.compile is unset and a GPU compiles by default
+        "dynamo.config.suppress_errors = True\n"
+        "def broken(gm, inputs):\n    raise RuntimeError('no')\n"
+        "f = torch.compile(lambda x: x * 2, backend=broken)\nf(torch.ones(3))",
+        # the recompile limit hit: the frame runs eager from then on
+        "dynamo.config.recompile_limit = 1\n"
+        "f = torch.compile(lambda x, n: x * n, backend='eager', dynamic=False)\n"
+        "for n in range(3):\n    f(torch.ones(3), n)",
+    ],
+)
+def test_frames_left_eager_are_counted_from_torchs_own_warnings(script):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("tvh", ROOT / "benchmarks" / "trainer_vs_hf.py")
+    tvh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tvh)
+    code = "import torch, torch._dynamo as dynamo\n" + script
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert tvh.compile_fallbacks(proc.stderr) == 1, proc.stderr[-2000:]
+    assert tvh.compile_fallbacks("[pretrain] step 10 loss 6.1\n") == 0
 
 
 def test_a_missing_or_failed_row_reads_failed_and_the_other_lines_stay(tmp_path):

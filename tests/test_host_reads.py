@@ -75,6 +75,7 @@ def _check_steps(result: dict, zero0_all_reduces: int | None):
     for run in result["runs"]:
         assert run["rc"] == 0 and run["steps"] == 3, run
         assert run["compiles"] == 0, run  # compiled runs (all on a GPU, "compiled" here) compile in the first step only
+        assert run["eager_frames"] == 0, run  # and torch left none of their frames eager
         assert run["reads_ours"] == {} and run["h2d_ours"] == {} and run["syncs_ours"] == {}, run
         assert run["syncs_library"] == {}, run  # DeepSpeed's synchronize(), torch.cuda.synchronize()
         if zero0_all_reduces is not None and not run["run"].startswith("zero"):
