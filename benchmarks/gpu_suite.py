@@ -98,8 +98,13 @@ def _rate(x: float) -> str:
     return f"{x:,.0f}"
 
 
+def _wait(row: dict) -> str:
+    """', waiting for data x%': the share of our timed seconds the loop waited for the loader (ours only)."""
+    return f", waiting for data {row['data_wait']:.0%}" if row.get("data_wait") is not None else ""
+
+
 def _mfu(row: dict) -> str:
-    return f", MFU {row['mfu']:.1%}" if row.get("mfu") is not None else ""
+    return (f", MFU {row['mfu']:.1%}" if row.get("mfu") is not None else "") + _wait(row)
 
 
 def _timed(rows: list[dict]) -> list[dict]:
@@ -224,7 +229,8 @@ class Report:
             return what, f"{_failed(d)} (of its two runs, {len(d['rows'])} measured)"
         a, b = d["rows"][0], d["rows"][1]
         return what, (
-            f"{a['run']} {_rate(a['tokens_per_s'])} vs {b['run']} {_rate(b['tokens_per_s'])} real tokens/s: "
+            f"{a['run']} {_rate(a['tokens_per_s'])}{_wait(a)} vs {b['run']} {_rate(b['tokens_per_s'])}{_wait(b)} "
+            "real tokens/s: "
             f"{b['run']} costs **{a['tokens_per_s'] / b['tokens_per_s']:.2f}x** per token"
         )
 

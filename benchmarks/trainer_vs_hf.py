@@ -94,12 +94,19 @@ def window(records: list[dict], warm: int) -> dict:
     tokens over its rate, its FLOPs its TFLOP/s times that time."""
     start = next(r for r in records if r["step"] == warm)
     timed = [r for r in records if r["step"] > warm]
-    tokens, seconds, flops, before = 0, 0.0, 0.0, start["tokens"]
+    tokens, seconds, flops, waited, before = 0, 0.0, 0.0, 0.0, start["tokens"]
     for r in timed:
         n = r["tokens"] - before
         dt = n / r["tokens_per_s"]
         tokens, seconds, flops, before = tokens + n, seconds + dt, flops + r["tflops"] * 1e12 * dt, r["tokens"]
-    return {"tokens": tokens, "seconds": seconds, "steps": timed[-1]["step"] - warm, "flops": flops}
+        waited += r.get("data_wait", 0.0) * dt
+    return {
+        "tokens": tokens,
+        "seconds": seconds,
+        "steps": timed[-1]["step"] - warm,
+        "flops": flops,
+        "data_wait": waited / seconds,  # the share of those seconds the loop waited for the loader
+    }
 
 
 def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat: int, fp8: bool = False) -> dict:
@@ -154,6 +161,7 @@ def run_ours(a, runs_dir: Path, tok: Path, shards: Path, objective: str, repeat:
         "tflops": w["flops"] / w["seconds"] / 1e12,
         "timed_steps": w["steps"],
         "timed_s": w["seconds"],
+        "data_wait": w["data_wait"],
         "process_s": time.time() - started,
         "loss": records[-1]["loss"],
         "metrics": str(runs_dir / name / "metrics.jsonl"),
@@ -306,6 +314,12 @@ def rows_of(runs: dict[str, list[dict]], peak: float | None) -> list[dict]:
                 "tflops": tflops,
                 "mfu": tflops / peak if peak else None,
                 "loss": statistics.median(r["loss"] for r in results) if all("loss" in r for r in results) else None,
+                # ours: the share of the timed seconds spent waiting for the loader (a figure set by the loader)
+                "data_wait": (
+                    statistics.median(r["data_wait"] for r in results)
+                    if all("data_wait" in r for r in results)
+                    else None
+                ),
                 # frames torch.compile left eager, over the repeats (ours; None where not counted)
                 "compile_fallbacks": sum(r.get("compile_fallbacks") or 0 for r in results),
             }
@@ -404,14 +418,15 @@ def format_table(meta: dict, rows: list[dict]) -> str:
         f"{', ours compiled' if meta.get('ours_compiled') else ''}\n\n"
     )
     lines = [
-        f"| run | tokens/s (median) | per repeat | TFLOP/s | MFU | {rows[0]['run']} / this |",
-        "|---|---:|---|---:|---:|---:|",
+        f"| run | tokens/s (median) | per repeat | TFLOP/s | MFU | waiting for data | {rows[0]['run']} / this |",
+        "|---|---:|---|---:|---:|---:|---:|",
     ]
     for r in rows:
         mfu = f"{r['mfu']:.1%}" if r.get("mfu") is not None else "-"
+        wait = f"{r['data_wait']:.0%}" if r.get("data_wait") is not None else "-"
         per = " / ".join(f"{x:,.0f}" for x in r["per_repeat"])
         rate, ratio = f"{r['tokens_per_s']:,.0f}", f"{r['first_over_this']:.2f}x"
-        lines.append(f"| {r['run']} | {rate} | {per} | {r['tflops']:.3g} | {mfu} | {ratio} |")
+        lines.append(f"| {r['run']} | {rate} | {per} | {r['tflops']:.3g} | {mfu} | {wait} | {ratio} |")
     eager = fallbacks(rows)
     return head + "\n".join(lines) + (f"\n\n**Not all compiled**: {eager}" if eager else "")
 

@@ -181,7 +181,7 @@ def test_a_stop_inside_a_log_interval_resumes_into_the_same_metrics_lines(data):
 
     def lines(name):
         records = [json.loads(line) for line in (data["dir"] / name / "metrics.jsonl").read_text().splitlines()]
-        timing = {"time", "tokens_per_s", "samples_per_s", "tflops", "mfu"}
+        timing = {"time", "tokens_per_s", "samples_per_s", "tflops", "mfu", "data_wait"}
         return {r["step"]: {k: v for k, v in r.items() if k not in timing} for r in records}
 
     straight, split = lines("interval-straight"), lines("interval-split")

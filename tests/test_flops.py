@@ -92,3 +92,56 @@ def test_throughput_leaves_out_the_flops_probe(tmp_path, monkeypatch):
     for record in records:  # each interval's seconds, as its tokens/s says: two tiny steps, not the probe's 4 s
         assert (record["tokens"] - previous) / record["tokens_per_s"] < 2.0, record
         previous = record["tokens"]
+
+
+SLOW_LOADER = """
+import time
+
+from data_pipeline import loader
+
+collate = loader.Collator.__call__
+
+
+def slow(self, samples):  # a loader that cannot keep up: 0.4 s per micro-batch
+    time.sleep(0.4)
+    return collate(self, samples)
+
+
+loader.Collator.__call__ = slow
+"""
+
+
+@pytest.mark.slow
+def test_data_wait_is_the_share_of_the_interval_spent_waiting_for_batches(tmp_path, monkeypatch):
+    """metrics.jsonl's data_wait: the share of each interval the loop waited for its batches. The step reads nothing
+    back, so on a GPU the host runs ahead and waits only where the loader is behind; a loader made slow (0.4 s a
+    micro-batch, in the loop's own process: no workers on a CPU) shows as most of the interval."""
+    from helpers import run_cli, small_corpus
+
+    from objectives.base import PLUGINS_ENV
+    from pretrain.train.metrics import read_metrics
+
+    corpus = small_corpus(tmp_path)
+    args = [f"output_dir={tmp_path}", f"data.corpus=[{corpus}]", "data.vocab_size=512", "model.num_layers=1"]
+    args += ["train.max_steps=6", "train.log_every=3", "train.save_every=0", "train.grad_accum_steps=2"]
+    run_cli("run", "tiny", "--no-demo", "name=plain", *args, cwd=tmp_path)
+    (tmp_path / "slow_loader.py").write_text(SLOW_LOADER)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(PLUGINS_ENV, "slow_loader")
+    run_cli(
+        "run",
+        "tiny",
+        "--no-demo",
+        "name=slow",
+        *args,
+        f"data.tokenizer={tmp_path / 'plain' / 'tokenizer'}",
+        cwd=tmp_path,
+    )
+    plain, slow = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "slow")
+    assert [r["step"] for r in slow] == [3, 6]
+    previous = 0
+    for record in slow:  # 3 steps x 2 micro-batches x 0.4 s waited, of the interval its tokens/s says
+        seconds = (record["tokens"] - previous) / record["tokens_per_s"]
+        assert 2.4 / seconds - 0.05 <= record["data_wait"] <= 1.0 and record["data_wait"] > 0.6, (record, seconds)
+        previous = record["tokens"]
+    assert all(0.0 <= r["data_wait"] < slow[1]["data_wait"] - 0.3 for r in plain), (plain, slow)

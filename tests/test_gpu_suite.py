@@ -358,7 +358,11 @@ def test_a_run_torch_left_partly_eager_and_stages_on_other_cards_are_flagged(tmp
     path = tmp_path / "base128.json"
     result = json.loads(path.read_text())
     result["rows"][0]["compile_fallbacks"] = 2
+    result["rows"][0]["data_wait"] = 0.031  # ours: the share of its timed seconds it waited for the loader
     path.write_text(json.dumps(result))
+    rtd = json.loads((tmp_path / "rtd.json").read_text())
+    rtd["rows"][1]["data_wait"] = 0.42
+    (tmp_path / "rtd.json").write_text(json.dumps(rtd))
     for status in tmp_path.glob("*.stage.json"):
         st = json.loads(status.read_text())
         st["device"] = "NVIDIA H200" if st["stage"] == "base512" else "NVIDIA H100 80GB HBM3"
@@ -368,6 +372,9 @@ def test_a_run_torch_left_partly_eager_and_stages_on_other_cards_are_flagged(tmp
     line = next(x for x in proc.stdout.splitlines() if x.startswith("| base128 |"))
     assert "**2.00x**; **not all compiled**: frames left eager in ours mlm (2)" in line
     assert "**Not all compiled**: frames left eager in ours mlm (2)" in proc.stdout  # under its run table too
+    assert "(300 TFLOP/s, MFU 30.3%, waiting for data 3%) vs HF Trainer 200,000 (250 TFLOP/s, MFU 25.3%)" in line
+    assert "ours mlm 2,000,000 vs ours rtd 1,000,000, waiting for data 42% real tokens/s" in proc.stdout
+    assert "| ours mlm | 400,000 | 400,000 / 400,000 / 400,000 | 300 | 30.3% | - | 1.00x |" in proc.stdout
     assert "## GPU suite: 2 devices (NVIDIA H100 80GB HBM3; NVIDIA H200)" in proc.stdout
     assert "frames left eager" not in next(x for x in proc.stdout.splitlines() if x.startswith("| syncs |"))
     syncs = json.loads((tmp_path / "syncs.json").read_text())

@@ -86,7 +86,7 @@ def re_escape(text: str) -> str:
 
 
 def metric_lines(run: Path) -> list[dict]:
-    timing = {"tokens_per_s", "tflops", "mfu", "samples_per_s", "time"}
+    timing = {"tokens_per_s", "tflops", "mfu", "samples_per_s", "time", "data_wait"}
     return [
         {k: v for k, v in json.loads(line).items() if k not in timing}
         for line in (run / "metrics.jsonl").read_text().splitlines()

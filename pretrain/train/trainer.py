@@ -198,6 +198,7 @@ class Interval:
     samples: int = 0  # sequences over all ranks (a schedule may vary the global batch)
     tokens: int = 0
     started: float = field(default_factory=time.time)
+    data_wait: float = 0.0  # seconds this rank's loop waited for its next micro-batches (the loader behind)
 
 
 @dataclass
@@ -322,7 +323,12 @@ class Trainer:
                 accumulation = self.engine.split_batch(
                     phase.micro_batch_size, size // (phase.micro_batch_size * self.world)
                 )
-                self.train_step([next(batches) for _ in range(accumulation)], size)
+                # the step reads nothing back, so the host runs ahead of the device: it waits here only where the
+                # loader cannot keep up (`data_wait` in the log line)
+                waiting = time.perf_counter()
+                micro_batches = [next(batches) for _ in range(accumulation)]
+                self.interval.data_wait += time.perf_counter() - waiting
+                self.train_step(micro_batches, size)
                 if self.after_step(stopping):
                     break
         finally:
@@ -419,6 +425,7 @@ class Trainer:
             "samples": self.interval.samples,
             "tokens": self.sum_ranks(self.interval.tokens),
             "seconds": time.time() - self.interval.started,
+            "data_wait": self.interval.data_wait,  # rank 0's, which its log line shows
             "sums": self.metrics.snapshot(control_group()),
         }
 
@@ -428,6 +435,7 @@ class Trainer:
         if saved is None or self.rank != 0:
             return
         self.interval = Interval(saved["steps"], saved["samples"], saved["tokens"], time.time() - saved["seconds"])
+        self.interval.data_wait = saved.get("data_wait", 0.0)  # a checkpoint of an older version has none
         self.metrics.restore(saved["sums"], self.engine.device)
 
     def count_skips(self, stopping: Stopping) -> bool:
@@ -460,6 +468,9 @@ class Trainer:
             "grad_norm": _rounded(self.engine.grad_norm()),
             "tokens": self.state.tokens_seen,
             "tokens_per_s": round(tokens / elapsed, 1),
+            # the share of the interval rank 0 waited for batches: near 0 where the device (or the host's own work)
+            # sets the pace, high where the loader does (more data.loader_workers, or a cheaper objective mix)
+            "data_wait": round(min(self.interval.data_wait / elapsed, 1.0), 3),
             "time": round(self.state.elapsed_s + time.time() - self.clock, 3),  # training seconds, over resumes
             **(self.schedule.at(self.state.step - 1, self.world) if self.schedule.active else {}),
             **throughput_metrics(
