@@ -287,6 +287,8 @@ class Report:
         m, rate = d.get("meta") or {}, {r["arm"]: r["tokens_s"] for r in d.get("rows", [])}
         if {"shape", "seq", "batch"} <= m.keys():
             what = f"{what}: {m['shape']}, seq {m['seq']}, batch {m['batch']}"
+            if m.get("unpadded"):  # as modernbert-base trains: flash's variable-length kernel on CUDA
+                what += ", unpadded"
         if "sliding" not in rate or "global" not in rate or "ratio" not in d:
             done = "; ".join(f"{arm} {_rate(r)} tokens/s" for arm, r in rate.items())
             return what, (done + "; " if done else "") + "the other arm not measured"

@@ -66,7 +66,7 @@ def _write_results(res: Path, failed: str = "") -> None:
             ],
         },
         "local": {
-            "meta": {"shape": "base", "seq": 1024, "batch": 16, "device": "NVIDIA H100 80GB HBM3"},
+            "meta": {"shape": "base", "seq": 1024, "batch": 16, "unpadded": True, "device": "NVIDIA H100 80GB HBM3"},
             "rows": [{"arm": "global", "tokens_s": 100000.0}, {"arm": "sliding", "tokens_s": 150000.0}],
             "ratio": 1.5,
         },
@@ -147,7 +147,9 @@ def test_report_reads_every_stage(tmp_path):
     varlen = "parity tests: 11 passed in 9.10s; unpadded 165,000 vs padded 110,000 tokens/s (fwd+bwd+AdamW): **1.50x**"
     varlen += " (with BERT's attention dropout"
     assert varlen + ", in the kernel too: 1.20x; compiled, with it: 200,000)" in table
-    assert "base, seq 1024, batch 16 | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
+    assert (
+        "base, seq 1024, batch 16, unpadded | sliding 150,000 vs global 100,000 tokens/s (fwd+bwd): **1.50x**" in table
+    )
     assert "MLM loss 4.10 vs unigram entropy 6.50" in table and "accuracy 0.700 +- 0.010" in table
     assert "held-out (en-mix.valid.jsonl) 5.90 vs 7.60 from its corpus's frequencies (the text's own: 7.00)" in table
     assert "fp8 560,000 vs bf16 400,000 tokens/s: **1.40x**; final loss 6.120 vs 6.100" in table
@@ -291,6 +293,37 @@ def test_the_deadline_counts_from_the_calls_shell(tmp_path):
     # the shell runs something first, as a call's `source .gpu/env.sh; bash ...` does (`; exit` keeps bash from
     # replacing itself with the suite)
     assert direct - within(["bash", "-c", f"sleep 4; bash {SCRIPT} --tiny local; exit $?"]) >= 3
+
+
+def test_a_failed_demo_is_not_run_again_by_eval_and_finetune(tmp_path):
+    """eval and finetune run the demo first where this call has none; where the call's own demo stage failed, running
+    it again would spend its minutes twice more for the same failure: they stop at once and say why."""
+    python = tmp_path / "python"  # `pretrain.cli run` (the demo) fails, counted; everything else is Python's
+    python.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1 $2 $3" = "-m pretrain.cli run" ]; then echo run >> "$COUNT"; exit 3; fi\n'
+        f'exec {sys.executable} "$@"\n'
+    )
+    python.chmod(0o755)
+    work, count = tmp_path / "work", tmp_path / "count"
+    env = {**os.environ, "PY": str(python), "GPU_SUITE_WORK": str(work), "COUNT": str(count)}
+    env |= {"GPU_SUITE_RESULTS": str(tmp_path / "res")}
+    env.pop("OUT", None)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "--tiny", "demo", "eval", "finetune"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 1 and count.read_text() == "run\n", proc.stderr[-3000:]
+    for stage in ("eval", "finetune"):
+        log = (tmp_path / "res" / f"{stage}.log").read_text()
+        assert "the demo stage of this call made no export (see demo.log)" in log and "running it first" not in log
+    # a call of eval alone still makes its demo first
+    proc = subprocess.run(["bash", str(SCRIPT), "--tiny", "eval"], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 1 and count.read_text() == "run\nrun\n"
+    assert "no demo run here: running it first" in (tmp_path / "res" / "eval.log").read_text()
 
 
 @pytest.mark.slow
