@@ -330,3 +330,39 @@ def tsv_task(directory: Path, n: int) -> Path:
     for split in ("train.tsv", "dev.tsv"):
         (directory / split).write_text("sentence\tlabel\n" + rows)
     return directory
+
+
+TASK_WORDS = "river stone cloud apple night music paper window garden silver engine forest letter market bridge".split()
+
+
+def make_task(directory: Path, n_train: int = 40, n_dev: int = 16, seed: int = 0) -> Path:
+    """Single sentences; label 1 when 'river' is in it. Dev sentences end in 'dev' so a leak would be visible."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        rows = ["sentence\tlabel"]
+        for i in range(n):
+            words = rng.sample(TASK_WORDS[1:], 3) + (["river"] if i % 2 else [])
+            rows.append(f"the {' '.join(words)} {split}\t{i % 2}")
+        (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
+    return directory
+
+
+NOUNS = "river stone cloud apple night music paper window garden silver".split()
+VERBS = "runs sings falls grows".split()
+
+
+def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 0) -> Path:
+    """'the NOUN NOUN VERB .' sentences chunked as NP VP O; dev's last sentence has an ADVP that train never has."""
+    rng = random.Random(seed)
+    directory.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", n_train), ("dev", n_dev)):
+        lines = ["-DOCSTART- -X- O", ""]
+        for i in range(n):
+            a, b, v = rng.choice(NOUNS), rng.choice(NOUNS), rng.choice(VERBS)
+            lines += ["the DT B-NP", f"{a} NN I-NP", f"{b} NN I-NP", f"{v} VBZ B-VP"]
+            if split == "dev" and i == n - 1:
+                lines.append("fast RB B-ADVP")
+            lines += [". . O", ""]
+        (directory / f"{split}.txt").write_text("\n".join(lines) + "\n")
+    return directory

@@ -2,31 +2,18 @@
 rate chosen on a part of train held out (never dev), then re-trained on all of train and scored on dev, with the
 median over seeds beside mean and std."""
 
-import random
 import re
 from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import TASK_WORDS as WORDS
+from helpers import make_task
 
 from pretrain.core.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = str(ROOT / "configs" / "ablation-tiny.yaml")
-WORDS = "river stone cloud apple night music paper window garden silver engine forest letter market bridge".split()
-
-
-def make_task(directory: Path, n_train: int = 40, n_dev: int = 16, seed: int = 0) -> Path:
-    """Single sentences; label 1 when 'river' is in it. Dev sentences end in 'dev' so a leak would be visible."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("dev", n_dev)):
-        rows = ["sentence\tlabel"]
-        for i in range(n):
-            words = rng.sample(WORDS[1:], 3) + (["river"] if i % 2 else [])
-            rows.append(f"the {' '.join(words)} {split}\t{i % 2}")
-        (directory / f"{split}.tsv").write_text("\n".join(rows) + "\n")
-    return directory
 
 
 def tiny_model(directory: Path) -> Path:

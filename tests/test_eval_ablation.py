@@ -427,3 +427,52 @@ def test_a_copied_record_without_weights_says_so_when_a_task_is_added(tmp_path):
     with pytest.raises(UserError, match="trained, but its weights are not in") as err:
         run_arm(ab, copied)
     assert str(tmp_path / "copy" / "arms" / copied.name) in str(err.value) and "Copy its hf/" in str(err.value)
+
+
+@pytest.mark.slow
+def test_the_gpu_ablation_config_runs_every_path_at_tiny_sizes(tmp_path):
+    """configs/ablation-gpu.yaml runs on lent GPU machines, a chunk per call: a path of it that fails there costs a
+    session. The config itself, every setting but the sizes, the data and the seed counts, end to end here: a FLOPs
+    budget, five arms (rtd at its own learning rate, mlm+sop, span, none), runs named by seed, full fine-tuning with
+    its learning-rate sweep on held-out train and linear probes, on a sentence-pair, a single-sentence and a
+    CoNLL token task, and the report."""
+    from helpers import make_task, small_corpus, write_conll
+
+    tasks = [make_pair_task(tmp_path / "rte"), make_task(tmp_path / "trec"), write_conll(tmp_path / "conll2000")]
+    tiny = ["run.model.num_layers=1", "run.model.hidden_size=64", "run.model.num_heads=2"]
+    tiny += ["run.model.intermediate_size=128", "run.train.micro_batch_size=8", "run.train.warmup_steps=2"]
+    pretrain(
+        "ablate",
+        ROOT / "configs" / "ablation-gpu.yaml",
+        f"output_dir={tmp_path / 'abl'}",
+        f"run.data.corpus=[{small_corpus(tmp_path)}]",
+        "run.data.vocab_size=512",
+        *tiny,
+        "budget.amount=2e10",
+        f"eval.tasks=[{', '.join(map(str, tasks))}]",
+        "eval.seeds=[1, 2]",
+        "eval.max_train_examples=32",
+        "eval.epochs=1",
+        "seeds=[1234, 1235]",
+        "launch.threads=1",
+        cwd=ROOT,
+    )
+    results = json.loads((tmp_path / "abl" / "results.json").read_text())
+    runs = results["runs"]
+    arms = ("mlm", "mlm+sop", "span", "rtd", "none")
+    assert sorted(runs) == sorted(f"{arm}-seed{seed}" for arm in arms for seed in (1234, 1235))
+    trained = {name: run["pretraining"] for name, run in runs.items() if not name.startswith("none")}
+    assert all(p["steps"] > 10 for p in trained.values()), trained
+    # one FLOPs budget: every arm spent it to within one of its own steps
+    assert all(2e10 - p["flops"] / p["steps"] <= p["flops"] <= 2e10 for p in trained.values()), trained
+    assert {p["steps"] for name, p in trained.items() if name.startswith("rtd")} != {
+        p["steps"] for name, p in trained.items() if name.startswith("mlm-")
+    }  # rtd's generator costs FLOPs: fewer steps for the same budget
+    for name, run in runs.items():
+        for mode in ("full", "probe"):
+            scored = run["downstream"][mode]
+            assert sorted(scored) == ["conll2000", "rte", "trec"], (name, mode)
+            assert scored["conll2000"]["main_metric"] == "chunk_f1" and scored["rte"]["pair"], (name, mode)
+            assert scored["rte"]["seeds"] == [1, 2], (name, mode)
+    report = (tmp_path / "abl" / "report.md").read_text()
+    assert all(f"| {arm} " in report for arm in arms), report[:3000]

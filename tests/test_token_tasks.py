@@ -3,37 +3,18 @@ conlleval's chunk F1 on a hand-scored example, unseen dev tags, `pretrain finetu
 the fine-tuned model loaded back by AutoModelForTokenClassification with identical logits."""
 
 import json
-import random
 from pathlib import Path
 
 import pytest
 import torch
-from helpers import tiny_bert
+from helpers import NOUNS, VERBS, tiny_bert, write_conll
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.evaluation import token_tasks as tt
 from pretrain.evaluation.stats import chunk_f1_from_sums
 
-NOUNS = "river stone cloud apple night music paper window garden silver".split()
-VERBS = "runs sings falls grows".split()
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
-
-
-def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 0) -> Path:
-    """'the NOUN NOUN VERB .' sentences chunked as NP VP O; dev's last sentence has an ADVP that train never has."""
-    rng = random.Random(seed)
-    directory.mkdir(parents=True, exist_ok=True)
-    for split, n in (("train", n_train), ("dev", n_dev)):
-        lines = ["-DOCSTART- -X- O", ""]
-        for i in range(n):
-            a, b, v = rng.choice(NOUNS), rng.choice(NOUNS), rng.choice(VERBS)
-            lines += ["the DT B-NP", f"{a} NN I-NP", f"{b} NN I-NP", f"{v} VBZ B-VP"]
-            if split == "dev" and i == n - 1:
-                lines.append("fast RB B-ADVP")
-            lines += [". . O", ""]
-        (directory / f"{split}.txt").write_text("\n".join(lines) + "\n")
-    return directory
 
 
 @pytest.fixture(scope="module")
