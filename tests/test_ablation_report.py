@@ -71,14 +71,17 @@ def test_report_notes_follow_the_numbers(tmp_path):
     assert flat["task"][0]["above"] == [] and flat["task"][0]["same"] == ["mlm", "span"]
     assert "pairs" not in flat  # the note that nothing separates says it of the pairs too
     worse = _fake_results(ab, {"mlm": 0.6, "span": 0.3, "none": 0.6})
-    for state in worse.values():
+    for i, state in enumerate(worse.values()):
         state["host"] = {"device": "CPU: test (2 cores)", "torch": "2.x", "deepspeed": "0.y", "date": "2026-11-22"}
+        state["host"] |= {"downstream_precision": "bf16 autocast" if i % 2 else "fp32"} if i else {}
     worse = write_report(ab, worse)
     notes = _notes_of(worse)
     assert [i["a"] for i in notes["task"][0]["below"]] == ["span"] and notes["task"][0]["same"] == ["mlm"]
     assert notes["none_above_random"][0]["below"] == 1 and "nothing_separates" not in notes
     run_on = next(line for line in worse.read_text().splitlines() if line.startswith("Run on: "))
     assert all(part in run_on for part in ("CPU: test (2 cores)", "torch 2.x", "DeepSpeed 0.y", "2026-11-22"))
+    # arms fine-tuned on a GPU (bf16) and on a CPU (fp32) say so; the first arm, of an older version, says nothing
+    assert run_on.endswith("2026-11-22; fine-tuning and probes in bf16 autocast and fp32.")
 
 
 def test_failed_runs_count_in_no_pretraining_mean(tmp_path):

@@ -474,5 +474,7 @@ def test_the_gpu_ablation_config_runs_every_path_at_tiny_sizes(tmp_path):
             assert sorted(scored) == ["conll2000", "rte", "trec"], (name, mode)
             assert scored["conll2000"]["main_metric"] == "chunk_f1" and scored["rte"]["pair"], (name, mode)
             assert scored["rte"]["seeds"] == [1, 2], (name, mode)
+            assert {scored[task]["precision"] for task in scored} == {"fp32"}, (name, mode)  # a CPU's fits
     report = (tmp_path / "abl" / "report.md").read_text()
     assert all(f"| {arm} " in report for arm in arms), report[:3000]
+    assert "fine-tuning and probes in fp32." in report

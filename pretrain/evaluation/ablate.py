@@ -321,10 +321,12 @@ def host_record() -> dict:
     import deepspeed
     import torch
 
+    from pretrain.evaluation.fit import precision
     from pretrain.train.flops import device_description
 
     return {
         "device": device_description(),
+        "downstream_precision": precision(),
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),

@@ -38,7 +38,7 @@ from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
 from pretrain.evaluation.configs import FinetuneConfig, missing_task_hint
-from pretrain.evaluation.fit import autocast, batches, fit, load_with_head
+from pretrain.evaluation.fit import autocast, batches, fit, load_with_head, precision
 from pretrain.evaluation.token_tasks import (
     SPLITS,
     TokenTask,
@@ -531,6 +531,7 @@ def _scores(model_dir: Path, task: Task | TokenTask, cfg: FinetuneConfig, seeds:
         "mode": cfg.mode,
         "seeds": list(seeds),
         "main_metric": main_metric(task.name, task.kind, task.num_labels),
+        "precision": precision(),  # bf16 autocast on a GPU, fp32 on a CPU
         "per_seed": [metrics for metrics, _ in runs],
         "dev_labels": list(task.dev[2]),
         "dev_predictions": [predictions for _, predictions in runs],

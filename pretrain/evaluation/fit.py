@@ -17,10 +17,16 @@ from pretrain.train.optim import param_groups
 
 
 def autocast():
-    """bf16 on the GPU (as transformers' Trainer with bf16), fp32 on the CPU."""
+    """bf16 on the GPU (as transformers' Trainer with bf16), fp32 on the CPU (`precision()` says which)."""
     if torch.cuda.is_available():
         return torch.autocast("cuda", dtype=torch.bfloat16)
     return torch.autocast("cpu", enabled=False)
+
+
+def precision() -> str:
+    """What `autocast` computes downstream fits in on this machine, in words (a result records it: a GPU's scores
+    and a CPU's come from the same protocol in different precisions)."""
+    return "bf16 autocast" if torch.cuda.is_available() else "fp32"
 
 
 _REINITIALISED: set[tuple[str, int]] = set()  # (model, labels) whose re-initialised head was already reported

@@ -106,7 +106,12 @@ def run_on(results: dict) -> str:
     dates = sorted({h["date"] for h in hosts})
     when = dates[0] if len(dates) == 1 else f"{dates[0]} to {dates[-1]}"
     missing = len(results) - len(hosts)
-    return f"Run on: {devices}; {versions}; {when}" + (f" ({missing} arm(s) not recorded)." if missing else ".")
+    # fine-tuning and probes compute in bf16 on a GPU, fp32 on a CPU (arms of older versions did not record it)
+    fits = sorted({h["downstream_precision"] for h in hosts if h.get("downstream_precision")})
+    fits_in = f"; fine-tuning and probes in {' and '.join(fits)}" if fits else ""
+    return f"Run on: {devices}; {versions}; {when}{fits_in}" + (
+        f" ({missing} arm(s) not recorded)." if missing else "."
+    )
 
 
 def ablation_provenance(ab, command: str | None = None) -> dict:

@@ -34,7 +34,7 @@ from tqdm import tqdm
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
-from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule, load_with_head
+from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule, load_with_head, precision
 from pretrain.hf.export import check_model_dir
 from pretrain.train.distributed import local_device
 
@@ -465,6 +465,7 @@ def finetune_tokens(
         "mode": mode,
         "seeds": list(seeds),
         "main_metric": MAIN_METRIC,
+        "precision": precision(),  # bf16 autocast on a GPU, fp32 on a CPU
         "per_seed": [s["metrics"] for s in scores],
         "per_type": [s["per_type"] for s in scores],
         "unseen_dev_tags": task.unseen,
