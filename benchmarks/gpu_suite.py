@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # not benchmarks/: its data_pipeline.py would hide the package
 
 STAGES = [
-    *("syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "fp8", "varlen", "local"),
+    *("syncs", "base128", "base128c", "step", "base512", "rtd", "nsp", "fp8", "varlen", "graphs", "local"),
     *("demo", "eval", "finetune", "ablate"),
 ]
 
@@ -248,6 +248,22 @@ class Report:
             f"**{f8['tokens_per_s'] / bf16['tokens_per_s']:.2f}x**{loss}"
         )
 
+    def graphs(self) -> tuple[str, str]:
+        """CUDA graphs (compile_mode=reduce-overhead) against the default compile, where launches set the pace."""
+        d = self.data["graphs"]
+        shape = next((f"BERT-{r['shape']}, batch {r['batch']}" for r in (_get(d, "rows") or [])), "BERT-mini")
+        what = f"our model step compiled with CUDA graphs (reduce-overhead) vs without: {shape}"
+        if not d:
+            return what, "-"
+        rate = {r["variant"]: r["tokens_s"] for r in _timed(d["rows"])}
+        plain, graphs = "ours + compile", "ours + CUDA graphs"
+        if plain not in rate or graphs not in rate:
+            return what, _failed(d, plain if plain not in rate else graphs)
+        return what, (
+            f"with {_rate(rate[graphs])} vs without {_rate(rate[plain])} tokens/s (fwd+bwd+AdamW): "
+            f"**{rate[graphs] / rate[plain]:.2f}x**"
+        )
+
     def varlen(self) -> tuple[str, str]:
         what = "unpadded encoder on flash's varlen kernel (parity tests, then 40% padding, BERT-mini, attn dropout 0)"
         d = self.data["varlen"]
@@ -356,6 +372,7 @@ class Report:
             "nsp": lambda: self.pair("nsp", "NSP segment pairs (padded) vs packed MLM: BERT-base, seq 128, batch 128"),
             "fp8": self.fp8,
             "varlen": self.varlen,
+            "graphs": self.graphs,
             "local": self.local,
             "demo": self.demo,
             "eval": self.eval,

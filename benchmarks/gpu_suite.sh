@@ -21,6 +21,8 @@
 #   varlen     the unpadded encoder on flash attention's variable-length kernel: its parity tests against the padded
 #              encoder and its attention dropout on CUDA (tests/test_varlen_attention.py), then padded vs unpadded at
 #              40% padding, with and without attention dropout, and compiled (train_throughput.py --shapes padding)
+#   graphs     our model step compiled with CUDA graphs (model.compile_mode=reduce-overhead) vs the default compile,
+#              BERT-mini, batch 128 (the GPU demo's shape: where kernel launches, not the device, set the pace)
 #   local      sliding-window (window 128, every 3rd layer global) vs global attention, ModernBERT-style base
 #              encoder at seq 1024: benchmarks/local_attention.py
 #   demo       `make demo` (= pretrain run default-gpu where nvidia-smi finds a GPU), timed, its training held to
@@ -41,9 +43,9 @@
 # benchmarks/gpu_suite.sh collect FILES_AT`. Minutes are estimates for an H100 from the stages' step counts; measured
 # on 2026-11-27 (before the bf16 fix): base128 4.9 (its first repeat ~3: ours 122 s, the Trainer 54 s), step 1.5,
 # syncs ~3.5 for its 11 runs (~19 s each). The others: base128c, base512, nsp, fp8 ~5 each: 2 repeats of 2 runs,
-# ours compiled; rtd ~4; varlen ~2.5; local ~1.5; demo ~5.5, eval ~0.5, finetune ~1.5. In this order:
+# ours compiled; rtd ~4; varlen ~2.5; graphs ~1.5; local ~1.5; demo ~5.5, eval ~0.5, finetune ~1.5. In this order:
 #   1. base128 step          ~6.5  the headline: ours vs the Trainer, and the trainer vs its own model step
-#   2. syncs varlen          ~6
+#   2. syncs varlen graphs   ~7.5
 #   3. rtd nsp               ~9    (nsp's second repeat may meet the deadline: its first is reported)
 #   4. demo eval finetune    ~7.5  (one call: eval and finetune read the demo the same machine made)
 #   5. fp8 local             ~6.5
@@ -70,8 +72,8 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --tiny) tiny=1 ;;
     --in-stage) inner=$2; shift ;;  # the suite's own: one stage's body, in a child that the deadline can stop
-    all) stages+=(syncs base128 base128c step base512 rtd nsp fp8 varlen local demo eval finetune ablate report) ;;
-    syncs|base128|base128c|step|base512|rtd|nsp|fp8|varlen|local|demo|eval|finetune|ablate|report) stages+=("$1") ;;
+    all) stages+=(syncs base128 base128c step base512 rtd nsp fp8 varlen graphs local demo eval finetune ablate report) ;;
+    syncs|base128|base128c|step|base512|rtd|nsp|fp8|varlen|graphs|local|demo|eval|finetune|ablate|report) stages+=("$1") ;;
     collect) from=${2:?collect needs the directory of what a call sent back}; shift ;;
     *) echo "unknown stage or option: $1 (see the top of $0)" >&2; exit 2 ;;
   esac
@@ -114,6 +116,7 @@ if [ $tiny = 1 ]; then
   demo=(tiny); finetune=(--seeds 1 --max-train 200 --epochs 1); eval=(--max-samples 64)
   local=(--shape tiny --seq 256 --batch 2 --repeats 2 --warmup 1 --unpadded)
   varlen=(--shapes padding --batch 8 --steps 1 --warmup 1 --repeats 2 --precision bf16)
+  graphs=(--shapes tiny --batch 8 --steps 1 --warmup 1 --repeats 2 --precision bf16)
   ablation_dir=$WORK/ablation
   ablate=(configs/ablation-tiny.yaml "output_dir=$ablation_dir" launch.threads=1); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-5}
   ablate_grace=600  # a loaded CPU: the stop is for a GPU call's limit
@@ -133,6 +136,7 @@ else
   # its window), where padded local layers would take a banded, masked, slower path that no GPU preset trains with
   local=(--shape base --seq 1024 --batch 16 --repeats 7 --unpadded)
   varlen=(--shapes padding --repeats 5)
+  graphs=(--shapes mini --repeats 5 --device cuda)
   ablation_dir=runs/ablation-gpu  # the config's output_dir
   ablate=(configs/ablation-gpu.yaml); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-7}; ablate_grace=60
 fi
@@ -146,7 +150,7 @@ fi
 # deadline, so that the files it wrote after each repeat go back with the report
 deadline=${GPU_SUITE_DEADLINE:-$([ $gpu = 1 ] && [ -n "${OUT:-}" ] && echo 560 || echo 0)}
 declare -A first=([syncs]=60 [base128]=180 [base128c]=180 [step]=120 [base512]=150 [rtd]=90 [nsp]=120 [fp8]=120
-  [varlen]=90 [local]=60 [demo]=330 [eval]=45 [finetune]=90 [ablate]=180)
+  [varlen]=90 [graphs]=90 [local]=60 [demo]=330 [eval]=45 [finetune]=90 [ablate]=180)
 [ $tiny = 1 ] && for k in "${!first[@]}"; do first[$k]=5; done  # a tiny stage's figures take seconds
 pack_s=25  # a stage's stop (SIGTERM, then 10 s to SIGKILL) and the archive and report after it
 
@@ -243,6 +247,8 @@ stage() {
       fi
       $PY benchmarks/train_throughput.py "${varlen[@]}" --json "$RES/varlen.json" || return $?
       return $tests ;;
+    graphs) $PY benchmarks/train_throughput.py "${graphs[@]}" --compile --cuda-graphs \
+      --variants "ours + compile,ours + CUDA graphs" --json "$RES/graphs.json" ;;
     local) $PY benchmarks/local_attention.py "${local[@]}" --window 128 --json "$RES/local.json" ;;
     demo) run_demo ;;
     eval)

@@ -15,11 +15,14 @@ Shapes: mini (4 layers, 256 wide, 4 heads, 1024 FFN), base (12/768/12/3072), pad
 batch padding: our padded vs our unpadded encoder, with BERT's attention dropout and without it; the unpadded encoder
 runs flash attention's variable-length kernel on a GPU, either way; --compile adds the unpadded one compiled).
 Sequence length 128, vocabulary 30522. Batch: on a CPU 32 for mini and padding, 8 for base; on a GPU 128 for every
-shape (--batch overrides).
+shape (--batch overrides). --cuda-graphs adds our model compiled with CUDA graphs (compile_mode=reduce-overhead);
+--variants keeps the named variants only.
 
     python benchmarks/train_throughput.py                       # CPU: all shapes, fp32 and bf16 autocast
     python benchmarks/train_throughput.py --shapes mini --precision bf16 --compile
     python benchmarks/train_throughput.py --device cuda         # GPU: bf16, batch 128, with MFU
+    python benchmarks/train_throughput.py --device cuda --shapes mini --compile --cuda-graphs \
+        --variants "ours + compile,ours + CUDA graphs"           # CUDA graphs where launches set the pace
 """
 
 from __future__ import annotations
@@ -193,9 +196,17 @@ def build_variants(shape: str, precision: str, args) -> tuple[int, dict, list[Va
         ]
     else:
         specs += [("HF BertForPreTraining", HF, None), ("ours", Ours, dict())]
+    extra = dict(unpadded=True) if shape == "padding" else dict()
     if args.compile:
-        extra = dict(unpadded=True) if shape == "padding" else dict()
         specs.append(("ours + compile", Ours, dict(extra, compile=True)))
+    if args.cuda_graphs:  # model.compile_mode=reduce-overhead: where launches, not the device, set the pace
+        specs.append(("ours + CUDA graphs", Ours, dict(extra, compile=True, compile_mode="reduce-overhead")))
+    if args.variants:
+        keep = args.variants.split(",")
+        unknown = sorted(set(keep) - {name for name, *_ in specs})
+        if unknown:
+            raise SystemExit(f"--variants: {unknown} not among {shape}'s: {', '.join(name for name, *_ in specs)}")
+        specs = [spec for spec in specs if spec[0] in keep]
     variants = []
     for name, cls, options in specs:
         torch.manual_seed(0)
@@ -213,7 +224,8 @@ def shape_rows(shape: str, precision: str, variants, failed: dict, flops: dict, 
     timed = [v for v in variants if v.name not in failed and v.times]
     reference = statistics.median(timed[0].times) if timed else float("nan")
     peak = device_peak_tflops(precision) if args.device == "cuda" else None
-    compiled_flops = flops.get("ours unpadded" if shape == "padding" else "ours")
+    eager = flops.get("ours unpadded" if shape == "padding" else "ours")
+    compiled_flops = eager or next((f for name, f in flops.items() if name.startswith("ours +")), None)
     rows = []
     for v in timed:
         t = statistics.median(v.times)
@@ -255,7 +267,12 @@ def bench_shape(shape: str, precision: str, args, save=lambda rows: None) -> lis
 
     for v in variants:  # warm-up (allocator, oneDNN primitives, compilation)
         attempt(v, args.warmup)
-    flops = {v.name: count_step_flops(v.step) for v in variants if "compile" not in v.name and v.name not in failed}
+    # each eager variant's own count; compiled ones take their eager model's (under the counter our model runs
+    # eager), counted on the first compiled one where --variants kept no eager one
+    counted = [v for v in variants if not v.name.startswith("ours +")]
+    if not any(v.name.startswith("ours") for v in counted):
+        counted += [v for v in variants if v.name.startswith("ours +")][:1]
+    flops = {v.name: count_step_flops(v.step) for v in counted if v.name not in failed}
     tokens = (batch_size, int(batch["attention_mask"].sum()))
     for _ in range(args.repeats):
         for v in variants:
@@ -282,6 +299,12 @@ def main():
     parser.add_argument("--warmup", type=int, help="untimed steps per variant first (default: 2 CPU, 10 GPU)")
     parser.add_argument("--json", type=Path, help="also write the rows here")
     parser.add_argument("--compile", action="store_true", help="also time our model with model.compile=true")
+    parser.add_argument(
+        "--cuda-graphs",
+        action="store_true",
+        help="also time it compiled with CUDA graphs (compile_mode=reduce-overhead)",
+    )
+    parser.add_argument("--variants", default="", help="time only these variants (comma-separated names)")
     args = parser.parse_args()
     gpu = args.device == "cuda"
     args.steps = args.steps or (20 if gpu else 2)

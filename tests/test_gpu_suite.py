@@ -65,6 +65,13 @@ def _write_results(res: Path, failed: str = "") -> None:
                 )
             ],
         },
+        "graphs": {
+            "meta": {"command": "python benchmarks/train_throughput.py --shapes mini --device cuda --cuda-graphs"},
+            "rows": [
+                {"shape": "mini", "variant": v, "batch": 128, "step_s": 0.01, "tokens_s": r, "tflops": 1.0}
+                for v, r in (("ours + compile", 1600000.0), ("ours + CUDA graphs", 2000000.0))
+            ],
+        },
         "local": {
             "meta": {"shape": "base", "seq": 1024, "batch": 16, "unpadded": True, "device": "NVIDIA H100 80GB HBM3"},
             "rows": [{"arm": "global", "tokens_s": 100000.0}, {"arm": "sliding", "tokens_s": 150000.0}],
@@ -139,7 +146,9 @@ def test_report_reads_every_stage(tmp_path):
     table = proc.stdout
     assert "## GPU suite: 1 x NVIDIA H100" in table and "rehearsal" not in table
     rows = [line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]
-    assert len(rows) == 14, table  # one per stage
+    assert len(rows) == 15, table  # one per stage
+    graphs = "BERT-mini, batch 128 | with 2,000,000 vs without 1,600,000 tokens/s (fwd+bwd+AdamW): **1.25x**"
+    assert graphs in table
     assert "**2.00x**" in table and "**1.60x**" in table  # ours vs eager, vs compiled
     # the trainer compiled (as on a GPU by default): 400,000 of the compiled model step's 512,000 tokens/s
     assert "model step (ours + compile) 512,000 (batch 128): the trainer at **78%**" in table
@@ -464,15 +473,18 @@ def test_a_missing_or_failed_row_reads_failed_and_the_other_lines_stay(tmp_path)
     edit("base512", lambda r: (r.update(rows=r["rows"][:1]), r["meta"].update(error="HF Trainer: exit 1\nOOM")))
     edit("rtd", lambda r: r.update(rows=r["rows"][:1]))
     edit("local", lambda r: r.update(rows=r["rows"][:1]))
+    graphs_failed = {"shape": "mini", "variant": "ours + CUDA graphs", "batch": 128, "error": "RuntimeError: replay"}
+    edit("graphs", lambda r: r.update(rows=r["rows"][:1] + [graphs_failed]))
     edit("finetune", lambda r: r.pop("summary"))
     (tmp_path / "demo.json").write_text('{"seconds": ')  # cut mid-write by hand
     proc = _report(tmp_path)
     assert proc.returncode == 0, proc.stderr
     table = proc.stdout
-    assert len([line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]) == 14, table
+    assert len([line for line in table.splitlines() if line.startswith("| ") and "| 0, 42 |" in line]) == 15, table
     assert "the trainer at **78%** of it; HF BertForPreTraining failed: OutOfMemoryError: CUDA" in table
     assert "in the kernel too: not measured; compiled, with it: 200,000)" in table
     assert "**1.50x** (with BERT's attention dropout" in table
+    assert "BERT-mini, batch 128 | failed: RuntimeError: replay |" in table
     assert "ours mlm 300,000 tokens/s, MFU 28.3%; the other run failed: OOM" in table
     assert "| rtd | rtd vs mlm: mini, seq 128, batch 128 | not measured (of its two runs, 1 measured) |" in table
     assert "global 100,000 tokens/s; the other arm not measured" in table
