@@ -16,8 +16,9 @@ same formulas (`pretrain.train.flops.count_step_flops`; at BERT-base about 3% of
 512).
 
 Ours runs as a user runs it: compiled where CUDA is, where a graph torch fails to compile runs eager with torch's
-warning. Each run's stderr is kept (`stderr.log` in its run directory) and those fallbacks counted
-(`compile_fallbacks`): a figure from a run that fell back is flagged, not taken as compiled.
+warning. Each run's stderr is kept (`stderr.log` in its run directory; not under --verbose, which shows it) and the
+frames torch left eager are counted, the Trainer's too (`compile_fallbacks`; None where not counted): a figure from a
+run that fell back is flagged, not taken as compiled.
 
     pip install -e '.[bench]'                                            # the peer's accelerate
     python benchmarks/trainer_vs_hf.py                                   # CPU: BERT-mini, batch 32, seq 128
@@ -262,7 +263,8 @@ def run_peer(a, work: Path, tok: Path, compile_: bool) -> dict:
         raise SystemExit(f"the HF Trainer run failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
     # Trainer prints its own summary dict after ours
     result = json.loads([line for line in proc.stdout.splitlines() if line.startswith('{"tokens_per_s"')][-1])
-    return result | {"process_s": time.time() - started}
+    (work / f"hf-{'compile' if compile_ else 'eager'}.stderr.log").write_text(proc.stderr)  # the latest repeat's
+    return result | {"process_s": time.time() - started, "compile_fallbacks": compile_fallbacks(proc.stderr)}
 
 
 def parse_args() -> argparse.Namespace:
@@ -321,7 +323,11 @@ def rows_of(runs: dict[str, list[dict]], peak: float | None) -> list[dict]:
                     else None
                 ),
                 # frames torch.compile left eager, over the repeats (ours; None where not counted)
-                "compile_fallbacks": sum(r.get("compile_fallbacks") or 0 for r in results),
+                "compile_fallbacks": (
+                    sum(r["compile_fallbacks"] for r in results)
+                    if all(r.get("compile_fallbacks") is not None for r in results)
+                    else None
+                ),
             }
         )
     for row in rows:
@@ -435,7 +441,8 @@ def fallbacks(rows: list[dict]) -> str:
     """The runs of which torch.compile left frames eager, in words ('' where none): their figures are not compiled
     figures."""
     eager = [f"{r['run']} ({r['compile_fallbacks']})" for r in rows if r.get("compile_fallbacks")]
-    return f"frames left eager in {', '.join(eager)}; torch's reasons are in each run's stderr.log" if eager else ""
+    where = "ours: each run's stderr.log; the Trainer's: hf-*.stderr.log in the work directory"
+    return f"frames left eager in {', '.join(eager)} (torch's reasons: {where})" if eager else ""
 
 
 if __name__ == "__main__":

@@ -58,8 +58,12 @@ def epoch_order(num_samples: int, seed: int, epoch: int, source: int | None = No
     """A permutation of range(num_samples), a pure function of (seed, epoch), in a mixture the source, and with a
     schedule the phase. Kept as uint32 where the samples fit (the same order at half the memory: every loader worker
     of every rank holds its own, 1.6 GB of int64 for 200M samples)."""
-    order = np.random.default_rng([seed, _ORDER_STREAM, epoch, *_stream_key(source, phase)]).permutation(num_samples)
-    return order.astype(np.uint32) if num_samples <= 2**32 else order
+    rng = np.random.default_rng([seed, _ORDER_STREAM, epoch, *_stream_key(source, phase)])
+    if num_samples > 2**32:
+        return rng.permutation(num_samples)
+    order = np.arange(num_samples, dtype=np.uint32)  # what permutation(n) shuffles, in int64: the same draws
+    rng.shuffle(order)
+    return order
 
 
 def sample_rng(seed: int, epoch: int, index: int, source: int | None = None, phase: int = 0) -> np.random.Generator:

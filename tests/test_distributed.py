@@ -497,3 +497,39 @@ def test_a_child_run_keeps_what_pythonpath_held_and_drops_the_launchers_ranks(mo
     assert env["WANDB_MODE"] == "disabled" and env["PATH"] == os.environ["PATH"]
     monkeypatch.delenv("PYTHONPATH")
     assert single_process_env()["PYTHONPATH"] == str(ROOT)
+
+
+SLOW_RANK_1 = """
+import os
+import time
+
+from data_pipeline import loader
+
+collate = loader.Collator.__call__
+
+
+def slow(self, samples):  # rank 1's loader cannot keep up: 0.4 s a micro-batch; rank 0's can
+    if os.environ.get("RANK") == "1":
+        time.sleep(0.4)
+    return collate(self, samples)
+
+
+loader.Collator.__call__ = slow
+"""
+
+
+@pytest.mark.slow
+def test_data_wait_is_the_slowest_ranks(data, tmp_path, monkeypatch):
+    """Rank 0 writes the log line; a slow loader on another rank shows on rank 0 as time in the step's collectives,
+    not as waiting for data. data_wait is the maximum over ranks, so a loader that sets the pace anywhere says so."""
+    from objectives.base import PLUGINS_ENV
+
+    (tmp_path / "slow_rank1.py").write_text(SLOW_RANK_1)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(PLUGINS_ENV, "slow_rank1")
+    run(data, "wait-2r", "train.max_steps=7", "train.log_every=3", ranks=2)
+    records = metrics(data, "wait-2r")
+    assert [r["step"] for r in records] == [3, 6, 7]
+    # rank 1 waits 0.8 s of the first interval (its first fetch is set-up) and 1.2 s of each later one of ~1.8 s
+    waits = [r["data_wait"] for r in records]
+    assert waits[0] > 0.25 and all(w > 0.5 for w in waits[1:]), records

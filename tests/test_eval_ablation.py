@@ -438,6 +438,8 @@ def test_the_gpu_ablation_config_runs_every_path_at_tiny_sizes(tmp_path):
     CoNLL token task, and the report."""
     from helpers import make_task, small_corpus, write_conll
 
+    from pretrain.evaluation.fit import precision
+
     tasks = [make_pair_task(tmp_path / "rte"), make_task(tmp_path / "trec"), write_conll(tmp_path / "conll2000")]
     tiny = ["run.model.num_layers=1", "run.model.hidden_size=64", "run.model.num_heads=2"]
     tiny += ["run.model.intermediate_size=128", "run.train.micro_batch_size=8", "run.train.warmup_steps=2"]
@@ -474,7 +476,7 @@ def test_the_gpu_ablation_config_runs_every_path_at_tiny_sizes(tmp_path):
             assert sorted(scored) == ["conll2000", "rte", "trec"], (name, mode)
             assert scored["conll2000"]["main_metric"] == "chunk_f1" and scored["rte"]["pair"], (name, mode)
             assert scored["rte"]["seeds"] == [1, 2], (name, mode)
-            assert {scored[task]["precision"] for task in scored} == {"fp32"}, (name, mode)  # a CPU's fits
+            assert {scored[task]["precision"] for task in scored} == {precision()}, (name, mode)  # fp32 on a CPU
     report = (tmp_path / "abl" / "report.md").read_text()
     assert all(f"| {arm} " in report for arm in arms), report[:3000]
-    assert "fine-tuning and probes in fp32." in report
+    assert f"fine-tuning and probes in {precision()}." in report

@@ -140,8 +140,10 @@ def test_data_wait_is_the_share_of_the_interval_spent_waiting_for_batches(tmp_pa
     plain, slow = read_metrics(tmp_path / "plain"), read_metrics(tmp_path / "slow")
     assert [r["step"] for r in slow] == [3, 6]
     previous = 0
-    for record in slow:  # 3 steps x 2 micro-batches x 0.4 s waited, of the interval its tokens/s says
+    for record in slow:  # steps x 2 micro-batches x 0.4 s waited, of the interval its tokens/s says
         seconds = (record["tokens"] - previous) / record["tokens_per_s"]
-        assert 2.4 / seconds - 0.05 <= record["data_wait"] <= 1.0 and record["data_wait"] > 0.6, (record, seconds)
+        # the loader's first fetch (step 1) is set-up, left out of the interval as its opening is
+        waited = 2 * 2 * 0.4 if record["step"] == 3 else 3 * 2 * 0.4
+        assert waited / seconds - 0.05 <= record["data_wait"] <= 1.0 and record["data_wait"] > 0.6, (record, seconds)
         previous = record["tokens"]
     assert all(0.0 <= r["data_wait"] < slow[1]["data_wait"] - 0.3 for r in plain), (plain, slow)

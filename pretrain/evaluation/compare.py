@@ -29,7 +29,7 @@ from pretrain.train.metrics import read_metrics
 
 KIND = "compare"
 X_AXES = ("step", "tokens", "time")  # what the panels are plotted against, never a panel themselves
-THROUGHPUT = ("tokens_per_s", "tflops", "mfu")  # summarised by their medians rather than their last values
+THROUGHPUT = ("tokens_per_s", "tflops", "mfu", "data_wait")  # summarised by their medians, not their last values
 COUNTERS = ("skipped_steps",)  # shown only where some run has a non-zero count: a flat 0 says nothing
 FILES = ("compare.md", "compare.json", "vs_tokens.png", "vs_time.png")
 

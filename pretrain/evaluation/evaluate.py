@@ -72,6 +72,8 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
             rows = selected.flatten().nonzero().squeeze(1)  # [M] flat indices into [B * L]
 
             def only_selected(_module, args):  # [B, L, E] -> [M, E], before the decoder's [E, V] product
+                if args[0].shape[:-1] != selected.shape:  # a model that unpads inside (transformers 4's ModernBERT
+                    return None  # with flash-attn): its decoder scores every token, selected from below
                 return (args[0].reshape(-1, args[0].shape[-1]).index_select(0, rows), *args[1:])
 
             hook = decoder.register_forward_pre_hook(only_selected)
@@ -79,9 +81,7 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
                 logits = model(input_ids=ids, attention_mask=mask.long(), **extra).logits
             finally:
                 hook.remove()
-            if logits.shape[0] != rows.shape[0] or logits.dim() != 2:  # a head that reshapes after its decoder
-                raise RuntimeError(f"{model_dir}: logits {tuple(logits.shape)} for {rows.shape[0]} positions")
-            return logits
+            return logits[selected] if logits.dim() == 3 else logits  # [M, V]
 
         hf = model.config
         limit = hf.max_position_embeddings - (hf.pad_token_id + 1 if hf.model_type == "roberta" else 0)

@@ -18,6 +18,7 @@ import math
 import os
 import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -309,26 +310,22 @@ class Trainer:
         t = self.cfg.train
         stopping = Stopping(t, self.state, flag)
         self.carry_interval()
-        batches, phase = None, None
+        batches, phase, opened = None, None, False
         try:
             while self.state.step < t.max_steps:
                 step = self.state.step
                 if phase is None or step == self.schedule.phase_end(phase):
                     batches, phase = None, self.schedule.phase(step)  # the last phase's loader goes first
-                    opened = time.time()
-                    batches = self.enter_phase(phase)
+                    started = time.time()
+                    batches, opened = self.enter_phase(phase), True
                     # set-up, not throughput: tokens/s, TFLOP/s and MFU leave out the phase's data and FLOPs probe
-                    self.interval.started += time.time() - opened
+                    self.interval.started += time.time() - started
                 size = self.schedule.global_batch(step, self.world)
                 accumulation = self.engine.split_batch(
                     phase.micro_batch_size, size // (phase.micro_batch_size * self.world)
                 )
-                # the step reads nothing back, so the host runs ahead of the device: it waits here only where the
-                # loader cannot keep up (`data_wait` in the log line)
-                waiting = time.perf_counter()
-                micro_batches = [next(batches) for _ in range(accumulation)]
-                self.interval.data_wait += time.perf_counter() - waiting
-                self.train_step(micro_batches, size)
+                self.train_step(self.next_batches(batches, accumulation, opened), size)
+                opened = False
                 if self.after_step(stopping):
                     break
         finally:
@@ -366,6 +363,18 @@ class Trainer:
         )
         width = self.data.static_width(phase, bool(self.engine.ds.module.config.compile))
         return iter(sampler_loader(dataset, self.resolved.tokens.pad, sampler, self.cfg.data.loader_workers, width))
+
+    def next_batches(self, batches: Iterator[Batch], count: int, opened: bool) -> list[Batch]:
+        """The step's `count` micro-batches. The step reads nothing back, so the host runs ahead of the device and
+        waits here only where the loader cannot keep up: `data_wait` in the log line. The first fetch of a loader
+        just opened (its workers starting, each building its epoch's order) is set-up, left out as its opening is."""
+        waiting = time.time()
+        micro_batches = [next(batches) for _ in range(count)]
+        if opened:
+            self.interval.started += time.time() - waiting
+        else:
+            self.interval.data_wait += time.time() - waiting
+        return micro_batches
 
     def train_step(self, micro_batches: list[Batch], global_batch: int) -> None:
         """One optimizer step over the accumulated micro-batches (`global_batch` sequences over all ranks). Reads
@@ -425,7 +434,7 @@ class Trainer:
             "samples": self.interval.samples,
             "tokens": self.sum_ranks(self.interval.tokens),
             "seconds": time.time() - self.interval.started,
-            "data_wait": self.interval.data_wait,  # rank 0's, which its log line shows
+            "data_wait": self.over_ranks(self.interval.data_wait, dist.ReduceOp.MAX),  # the slowest loader's
             "sums": self.metrics.snapshot(control_group()),
         }
 
@@ -468,9 +477,10 @@ class Trainer:
             "grad_norm": _rounded(self.engine.grad_norm()),
             "tokens": self.state.tokens_seen,
             "tokens_per_s": round(tokens / elapsed, 1),
-            # the share of the interval rank 0 waited for batches: near 0 where the device (or the host's own work)
-            # sets the pace, high where the loader does (more data.loader_workers, or a cheaper objective mix)
-            "data_wait": round(min(self.interval.data_wait / elapsed, 1.0), 3),
+            # the share of the interval the slowest rank's loop waited for batches: near 0 where the device (or the
+            # host's own work) sets the pace, high where a loader does (more data.loader_workers, a cheaper mix).
+            # Another rank's wait shows on rank 0 as time in the step's collectives, so it is the maximum over ranks
+            "data_wait": round(min(self.over_ranks(self.interval.data_wait, dist.ReduceOp.MAX) / elapsed, 1.0), 3),
             "time": round(self.state.elapsed_s + time.time() - self.clock, 3),  # training seconds, over resumes
             **(self.schedule.at(self.state.step - 1, self.world) if self.schedule.active else {}),
             **throughput_metrics(
@@ -514,11 +524,16 @@ class Trainer:
 
     @staticmethod
     def sum_ranks(value: int) -> int:
+        return int(Trainer.over_ranks(float(value), dist.ReduceOp.SUM))
+
+    @staticmethod
+    def over_ranks(value: float, op) -> float:
+        """Collective: `value` reduced by `op` over the ranks (on the host, through the control group)."""
         if not dist.is_initialized() or dist.get_world_size() == 1:
             return value
-        total = torch.tensor([float(value)], dtype=torch.float64)
-        dist.all_reduce(total, group=control_group())
-        return int(total.item())
+        total = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(total, op=op, group=control_group())
+        return total.item()
 
 
 class PhaseData:
