@@ -348,8 +348,9 @@ def make_task(directory: Path, n_train: int = 40, n_dev: int = 16, seed: int = 0
     return directory
 
 
-NOUNS = "river stone cloud apple night music paper window garden silver".split()
-VERBS = "runs sings falls grows".split()
+# the CoNLL task's words (`write_conll`); VERBS above is make_docs's
+CONLL_NOUNS = "river stone cloud apple night music paper window garden silver".split()
+CONLL_VERBS = "runs sings falls grows".split()
 
 
 def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 0) -> Path:
@@ -359,7 +360,7 @@ def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 
     for split, n in (("train", n_train), ("dev", n_dev)):
         lines = ["-DOCSTART- -X- O", ""]
         for i in range(n):
-            a, b, v = rng.choice(NOUNS), rng.choice(NOUNS), rng.choice(VERBS)
+            a, b, v = rng.choice(CONLL_NOUNS), rng.choice(CONLL_NOUNS), rng.choice(CONLL_VERBS)
             lines += ["the DT B-NP", f"{a} NN I-NP", f"{b} NN I-NP", f"{v} VBZ B-VP"]
             if split == "dev" and i == n - 1:
                 lines.append("fast RB B-ADVP")

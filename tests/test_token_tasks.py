@@ -7,7 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers import NOUNS, VERBS, tiny_bert, write_conll
+from helpers import CONLL_NOUNS as NOUNS
+from helpers import CONLL_VERBS as VERBS
+from helpers import tiny_bert, write_conll
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
