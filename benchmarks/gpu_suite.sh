@@ -316,8 +316,8 @@ run_stage() {  # run_stage STAGE: its body in a child, within what the deadline 
   else
     GPU_SUITE_DEMO_RAN=$demo_ran "${child[@]}" > "$RES/$s.log" 2>&1
   fi
-  [ "$s" = demo ] && demo_ran=1  # it started: eval and finetune after it take its export, or nothing
   rc=$?
+  if [ "$s" = demo ]; then demo_ran=1; fi  # it started: eval and finetune after it take its export, or nothing
   seconds=$(since "$start")
   [ $limit -gt 0 ] && { [ $rc = 124 ] || [ $rc = 137 ]; } && cut=true
   status_json "$s" $rc "$seconds" ", \"deadline\": $cut"

@@ -133,6 +133,14 @@ def _write_results(res: Path, failed: str = "") -> None:
         (res / f"{stage}.stage.json").write_text(json.dumps(status))
 
 
+def _python(tmp_path: Path, first: str) -> Path:
+    """A stand-in for the suite's $PY: a shell script that runs `first` (its own cases), then this Python."""
+    python = tmp_path / "python"
+    python.write_text(f'#!/bin/sh\n{first}\nexec {sys.executable} "$@"\n')
+    python.chmod(0o755)
+    return python
+
+
 def _report(res: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "GPU_SUITE_RESULTS": str(res), "PY": sys.executable}
     env.pop("OUT", None)
@@ -242,17 +250,15 @@ def test_the_deadline_stops_a_stage_and_skips_those_it_leaves_no_time(tmp_path):
     """GPU_SUITE_DEADLINE (560 s on a GPU call): a stage running at the deadline is stopped, and what it wrote
     before (its JSON, rewritten after every repeat) is in the report with the stop; a stage with too little time
     left is skipped and the report says so; the archive and the report still go back."""
-    python = tmp_path / "python"  # the local stage writes its figures, then hangs; everything else is Python's
+    # the local stage writes its figures, then hangs; everything else is Python's
     result = {"meta": {"shape": "tiny", "seq": 256, "batch": 2}, "rows": [], "ratio": 1.5}
     result["rows"] = [{"arm": "global", "tokens_s": 100.0}, {"arm": "sliding", "tokens_s": 150.0}]
-    python.write_text(
-        "#!/bin/sh\n"
+    python = _python(
+        tmp_path,
         'if [ "$1" = benchmarks/local_attention.py ]; then\n'
         f"  echo '{json.dumps(result)}' > \"$RESULTS/local.json\"; exec sleep 120\n"
-        "fi\n"
-        f'exec {sys.executable} "$@"\n'
+        "fi",
     )
-    python.chmod(0o755)
     out, work = tmp_path / "out", tmp_path / "work"
     env = {
         **os.environ,
@@ -281,13 +287,11 @@ def test_the_deadline_counts_from_the_calls_shell(tmp_path):
     """A call's 600 s start with its shell, and `source .gpu/env.sh` installs wheels there before the suite starts:
     with $OUT set, the deadline counts from that shell's start (here 4 s before the suite's), so its stages get
     those seconds less."""
-    python = tmp_path / "python"  # the local stage writes its figures at once; everything else is Python's
-    python.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1" = benchmarks/local_attention.py ]; then echo \'{"rows": []}\' > "$RESULTS/local.json"; exit 0; fi\n'
-        f'exec {sys.executable} "$@"\n'
+    # the local stage writes its figures at once; everything else is Python's
+    python = _python(
+        tmp_path,
+        'if [ "$1" = benchmarks/local_attention.py ]; then echo \'{"rows": []}\' > "$RESULTS/local.json"; exit 0; fi',
     )
-    python.chmod(0o755)
     out, work = tmp_path / "out", tmp_path / "work"
     env = {**os.environ, "OUT": str(out), "PY": str(python), "GPU_SUITE_WORK": str(work)}
     env |= {"RESULTS": str(work / "results"), "GPU_SUITE_DEADLINE": "60"}  # 25 s of it kept for the archive
@@ -307,13 +311,8 @@ def test_the_deadline_counts_from_the_calls_shell(tmp_path):
 def test_a_failed_demo_is_not_run_again_by_eval_and_finetune(tmp_path):
     """eval and finetune run the demo first where this call has none; where the call's own demo stage failed, running
     it again would spend its minutes twice more for the same failure: they stop at once and say why."""
-    python = tmp_path / "python"  # `pretrain.cli run` (the demo) fails, counted; everything else is Python's
-    python.write_text(
-        "#!/bin/sh\n"
-        'if [ "$1 $2 $3" = "-m pretrain.cli run" ]; then echo run >> "$COUNT"; exit 3; fi\n'
-        f'exec {sys.executable} "$@"\n'
-    )
-    python.chmod(0o755)
+    # `pretrain.cli run` (the demo) fails, counted; everything else is Python's
+    python = _python(tmp_path, 'if [ "$1 $2 $3" = "-m pretrain.cli run" ]; then echo run >> "$COUNT"; exit 3; fi')
     work, count = tmp_path / "work", tmp_path / "count"
     env = {**os.environ, "PY": str(python), "GPU_SUITE_WORK": str(work), "COUNT": str(count)}
     env |= {"GPU_SUITE_RESULTS": str(tmp_path / "res")}
