@@ -508,9 +508,9 @@ from data_pipeline import loader
 collate = loader.Collator.__call__
 
 
-def slow(self, samples):  # rank 1's loader cannot keep up: 0.4 s a micro-batch; rank 0's can
+def slow(self, samples):  # rank 1's loader cannot keep up: 1 s a micro-batch, several steps' time; rank 0's can
     if os.environ.get("RANK") == "1":
-        time.sleep(0.4)
+        time.sleep(1.0)
     return collate(self, samples)
 
 
@@ -530,6 +530,8 @@ def test_data_wait_is_the_slowest_ranks(data, tmp_path, monkeypatch):
     run(data, "wait-2r", "train.max_steps=7", "train.log_every=3", ranks=2)
     records = metrics(data, "wait-2r")
     assert [r["step"] for r in records] == [3, 6, 7]
-    # rank 1 waits 0.8 s of the first interval (its first fetch is set-up) and 1.2 s of each later one of ~1.8 s
+    # rank 1 waits 2 s of the first interval (rank 0 also waits there for rank 1's first fetch, set-up to rank 1),
+    # 3 s of the second and 1 s of the last, each step taking a few tenths of a second more on an idle machine
+    # (0.48 / 0.93 / 0.64); rank 0's own wait, what the line said before, was 0.002
     waits = [r["data_wait"] for r in records]
-    assert waits[0] > 0.25 and all(w > 0.5 for w in waits[1:]), records
+    assert waits[0] > 0.2 and all(w > 0.35 for w in waits[1:]), waits
