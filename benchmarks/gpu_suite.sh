@@ -55,7 +55,9 @@
 #   then `ablate` chunks until the record holds report.md. Only finished runs travel between machines, and one
 #   pretrained run (start, 1.1-1.9 min of training, export, 3 tasks' fine-tunings and probes: ~4-5 min by the
 #   estimates in configs/ablation-gpu.yaml, not yet timed) is about what a chunk holds: ~16-20 calls for its 20 runs
-#   (the first chunk's timings will say)
+#   (the first chunk's timings will say). Where its log says a run took under ~3 minutes alone, the next chunks
+#   try GPU_SUITE_ABLATE_JOBS=2: two runs side by side on the GPU (launch.jobs), whose fine-tunings and probes
+#   (tiny batches) leave it mostly idle; its log's times say whether two fit a chunk
 set -uo pipefail
 suite_start=$(date +%s%3N)  # the deadline counts from here, or from the call's shell (below)
 # On a lent machine ($OUT set) a call's 600 s start with its shell, and `source .gpu/env.sh` installs wheels before
@@ -142,6 +144,9 @@ else
   ablation_dir=runs/ablation-gpu  # the config's output_dir
   ablate=(configs/ablation-gpu.yaml); ablate_minutes=${GPU_SUITE_ABLATE_MINUTES:-7}; ablate_grace=60
 fi
+# GPU_SUITE_ABLATE_JOBS: runs of the chunk at a time on the one GPU (launch.jobs; 1 by default: the first chunk times
+# a run alone, and two that do not both finish in the chunk send nothing back)
+ablate+=("launch.jobs=${GPU_SUITE_ABLATE_JOBS:-1}")
 [ $gpu = 1 ] && step+=(--device cuda --compile) || step+=(--precision bf16)  # on a GPU the trainer compiles
 [ $gpu = 1 ] && varlen+=(--device cuda --compile)  # compiled as the trainer runs there
 

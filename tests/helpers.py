@@ -367,3 +367,36 @@ def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 
             lines += [". . O", ""]
         (directory / f"{split}.txt").write_text("\n".join(lines) + "\n")
     return directory
+
+
+# ----------------------------------------------------------------------------------------------
+# A job of pretrain.evaluation.side_by_side, run in its child process (which imports this module by name)
+
+
+def side_job(marker: str, lines: int = 2, wait_s: float = 0.0, fail: str = "", kill: int = 0) -> None:
+    """Notes its start and end (wall times) in `marker`.start / .end, prints `lines` lines, a progress bar as tqdm
+    draws one ('\\r' updates) and a last line without an end; waits `wait_s` (SIGTERM meanwhile: `marker`.signalled,
+    then KeyboardInterrupt, as a trainer's stop); then sends itself the signal `kill` or raises UserError(fail)."""
+    import os
+    import signal
+    import time
+
+    from pretrain.core.errors import UserError
+
+    def stopped(*_):
+        Path(f"{marker}.signalled").write_text("SIGTERM")
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, stopped)
+    Path(f"{marker}.start").write_text(str(time.time()))
+    for i in range(lines):
+        print(f"line {i}", flush=True)
+    sys.stderr.write("".join(f"\rbar {k}/5" for k in range(6)) + "\n")
+    sys.stderr.flush()
+    time.sleep(wait_s)
+    Path(f"{marker}.end").write_text(str(time.time()))
+    if kill:
+        os.kill(os.getpid(), kill)
+    if fail:
+        raise UserError(fail)
+    print("last words", end="", flush=True)

@@ -47,6 +47,8 @@ def tiny_model(directory: Path) -> Path:
         ("budget.amount=0", r"budget\.amount: must be > 0"),
         ("eval.max_seq_len=4096", r"eval\.max_seq_len=4096 is longer than the arms' encoder takes"),
         ("ouput_dir=x", r"unknown config key 'ouput_dir' \(did you mean 'output_dir'\?\)"),
+        ("launch.jobs=0", r"ablation-tiny\.yaml: launch\.jobs: expected >= 1, got 0"),
+        ("launch.threads=-2", r"launch\.threads: expected >= 0, got -2"),
     ],
 )
 def test_ablation_errors_name_file_key_and_nearest(override, message, monkeypatch):

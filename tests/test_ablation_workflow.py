@@ -277,7 +277,7 @@ def test_a_tokenizer_trained_for_other_settings_is_refused(tmp_path):
 
 PARENT = """
 import subprocess, sys
-from pretrain.evaluation.ablate import terminated_with_parent
+from pretrain.evaluation.side_by_side import terminated_with_parent
 import os
 child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], preexec_fn=terminated_with_parent(os.getpid()))
 print(child.pid, flush=True)
@@ -350,3 +350,62 @@ def test_an_arm_interrupted_mid_interval_reports_the_final_loss_of_one_never_sto
     assert never_stopped["loss"] == pytest.approx((6.25 + 6.22 + 6.16) / 3)
     assert final([2, 4, 5, 6]) == never_stopped
     assert final([2, 4, 6, 7])["loss"] == pytest.approx((6.22 + 6.16 + 6.1) / 3)  # a last line off the interval counts
+
+
+@pytest.mark.slow
+def test_sigterm_to_runs_side_by_side_saves_each_trainer_and_the_same_command_goes_on(tmp_path):
+    """`pretrain ablate ... launch.jobs=2` told to stop (SIGTERM to it alone, as `kill` does) while both runs train:
+    each run's process passes it to its trainer, which saves a checkpoint, and the ablation exits 130 with no report
+    and no trainer left running. The same command again resumes both from their checkpoints and writes the report,
+    each run at its full budget."""
+    import signal
+    import time
+
+    from helpers import run_cli, small_corpus
+
+    from pretrain.train.checkpoint import latest_checkpoint
+    from pretrain.train.state import TrainState
+
+    args = [
+        "ablate",
+        ROOT / "configs" / "ablation-tiny.yaml",
+        f"output_dir={tmp_path / 'abl'}",
+        f"run.data.corpus=[{small_corpus(tmp_path)}]",
+        f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]",
+        "arms={mlm: {objectives: {mlm: {}}}, span: {objectives: {span: {}}}}",
+        "budget.amount=307200",  # 600 steps: far more than the wait below
+        "run.train.log_every=20",
+        "run.train.save_every=1000",
+        "launch.threads=1",
+        "launch.jobs=2",
+    ]
+    proc = run_cli(*args, cwd=ROOT, wait=False)
+    metrics = [tmp_path / "abl" / "arms" / arm / "metrics.jsonl" for arm in ("mlm", "span")]
+    deadline = time.monotonic() + 300
+    while not all(m.is_file() for m in metrics) and time.monotonic() < deadline:  # both past their first log step
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 130, err[-3000:]
+    assert "[mlm] [ablate] arm mlm: stopped by SIGTERM (its checkpoint saved)" in out, out[-3000:]
+    assert "[span] [ablate] arm span: stopped by SIGTERM (its checkpoint saved)" in out, out[-3000:]
+    assert not (tmp_path / "abl" / "report.md").exists()
+    assert not [p for p in Path("/proc").glob("[0-9]*") if _runs_a_trainer_of(p, tmp_path / "abl")]
+    stopped_at = {}
+    for arm in ("mlm", "span"):
+        stopped_at[arm] = TrainState.load(latest_checkpoint(tmp_path / "abl" / "arms" / arm / "checkpoints")).step
+        assert 20 <= stopped_at[arm] < 600, stopped_at
+    again = run_cli(*args, cwd=ROOT)
+    results = json.loads((tmp_path / "abl" / "results.json").read_text())["runs"]
+    assert {arm: run["pretraining"]["steps"] for arm, run in results.items()} == {"mlm": 600, "span": 600}
+    for arm, step in stopped_at.items():
+        assert f"[{arm}] resumed from " in again.stdout and f"(step {step}, " in again.stdout
+
+
+def _runs_a_trainer_of(proc: Path, ablation: Path) -> bool:
+    """Whether /proc/<pid> is a `pretrain.cli train` of a config in `ablation` (gone or unreadable: no)."""
+    try:
+        command = (proc / "cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return b"train" in command and any(str(ablation).encode() in part for part in command)

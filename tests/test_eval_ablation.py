@@ -104,6 +104,33 @@ def test_ablation_end_to_end_equal_budgets_report_and_resume(ablation):
 
 
 @pytest.mark.slow
+def test_runs_side_by_side_give_what_runs_one_at_a_time_give(ablation):
+    """launch.jobs=2: the same ablation, two runs at a time each in a process of its own, gives every run the same
+    pretraining and the same dev predictions as the fixture's one-at-a-time runs; the output says which run each
+    line is from, each run's log holds its own, and the same command again skips every run."""
+    tmp = ablation["tmp"]
+    args = [*ablation_args(tmp, ablation["corpus"], ablation["task"]), "launch.jobs=2", f"output_dir={tmp / 'sbs'}"]
+    proc = pretrain(*args, cwd=ROOT)
+    ours = json.loads((tmp / "sbs" / "results.json").read_text())["runs"]
+    theirs = json.loads((ablation["dir"] / "results.json").read_text())["runs"]
+    assert list(ours) == list(theirs)
+    for name, run in ours.items():
+        (ds,) = run["downstream"]["probe"].values()
+        (expected,) = theirs[name]["downstream"]["probe"].values()
+        assert ds["dev_predictions"] == expected["dev_predictions"] and ds["summary"] == expected["summary"], name
+        assert run["pretraining"]["final_loss"] == theirs[name]["pretraining"]["final_loss"], name
+        assert f"[{name}] [ablate] arm {name}: downstream" in proc.stdout
+        assert f"arm {name}: downstream" in (tmp / "sbs" / "logs" / f"{name}.log").read_text()
+    assert "[mlm] [pretrain] train: step 3/3" in proc.stdout
+    # on a CPU (or one GPU) the two shared it: the report says so of its wall times; the runs one at a time did not
+    shared = "up to 2 runs at a time shared a device (their wall times include the sharing)"
+    assert shared in (tmp / "sbs" / "report.md").read_text()
+    assert "shared a device" not in (ablation["dir"] / "report.md").read_text()
+    again = pretrain(*args, cwd=ROOT)
+    assert again.stdout.count("finished earlier, skipped") == len(ours) and "training (" not in again.stdout
+
+
+@pytest.mark.slow
 def test_a_changed_config_is_refused_rather_than_mixed_into_the_runs_done(ablation):
     """A run skipped as finished, or resumed from its plan, with another budget, learning rate or evaluation would sit
     in the report under settings it did not have: the ablation is refused, naming the change, and left as it was."""

@@ -16,10 +16,12 @@ An ablation config (YAML, typed as `pretrain.evaluation.configs.AblationConfig`;
            lrs: [1e-4, 3e-4], probe_lrs: [], heldout_fraction: 0.1}
                                         # lrs (full) / probe_lrs: a learning-rate sweep per arm, task and mode,
                                         # chosen on heldout_fraction of train (never dev), then all of train
-    launch: {procs: 8, scheduler: single_node, threads: 0}
+    launch: {procs: 8, scheduler: single_node, threads: 0, jobs: 1}
                                         # procs, scheduler (single_node | slurm): for --print-commands;
                                         # threads: torch threads here and per arm (0 = torch's default;
-                                        # 1 on a shared, oversubscribed CPU, where more threads spin-wait)
+                                        # 1 on a shared, oversubscribed CPU, where more threads spin-wait);
+                                        # jobs: runs at a time, each its own process (side_by_side.py):
+                                        # a GPU each where there are several, else sharing the one
 
 Layout: <dir>/tokenizer and <dir>/shards (built once, shared), <dir>/configs/<run>.yaml (each run's resolved
 config: what the cluster commands point at), <dir>/arms/<run>/ (a run directory, with hf/ and state.json; <run> is
@@ -73,8 +75,9 @@ from pretrain.evaluation.ablation_record import (
     recorded_seconds,
     write_state,
 )
+from pretrain.evaluation.side_by_side import terminated_with_parent
 from pretrain.evaluation.task_files import stale, task_sha256
-from pretrain.train.distributed import single_process_env
+from pretrain.train.distributed import has_cuda, single_process_env
 from pretrain.train.setup import config_from_dict
 
 # ----------------------------------------------------------------------------------------------
@@ -162,9 +165,7 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
     if done.get("step", 0) >= t.max_steps:
         return done
     env = single_process_env()  # a single-process run, even inside a launcher's environment
-    import torch
-
-    if not torch.cuda.is_available():
+    if not has_cuda():
         env.setdefault("DS_ACCELERATOR", "cpu")
     if ab.launch.threads > 0:
         env["OMP_NUM_THREADS"] = str(ab.launch.threads)
@@ -232,26 +233,6 @@ def _run_trainer(command: list[str], env: dict) -> tuple[int, int]:
             signal.signal(sig, handler)
 
 
-def terminated_with_parent(parent: int):
-    """A preexec_fn: the child gets SIGTERM when `parent` dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing), so an
-    ablation killed with -9 leaves no trainer training on, orphaned, holding its arm's lock: the trainer saves a
-    checkpoint and exits, and the next `pretrain ablate` resumes it."""
-    import ctypes
-    import signal
-
-    try:  # looked up here: the child between fork and exec should not load libraries (another thread may hold a lock)
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-    def arm() -> None:
-        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # it died before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
-
-
 def export_baseline(arm: Arm) -> Path:
     """The no-pretraining arm: the shared encoder config, randomly initialised with the shared seed, exported
     through the same path as the trained arms so tokenizer and HF config are identical."""
@@ -316,8 +297,9 @@ def _final_losses(cfg: RunConfig) -> dict[str, float]:
     return {k: sum(v) / len(v) for k, v in values.items() if v}
 
 
-def host_record() -> dict:
-    """Where and when an arm finished, for the report's "Run on" line."""
+def host_record(sharing: int = 1) -> dict:
+    """Where and when an arm finished, for the report's "Run on" line; `sharing`: the runs that shared its device
+    (launch.jobs), whose wall times include that."""
     import deepspeed
     import torch
 
@@ -330,6 +312,7 @@ def host_record() -> dict:
         "torch": torch.__version__,
         "deepspeed": deepspeed.__version__,
         "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "runs_per_device": sharing,
     }
 
 
@@ -421,7 +404,7 @@ def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
         write_state(arm, state)
 
 
-def run_arm(ab: Ablation, arm: Arm) -> dict:
+def run_arm(ab: Ablation, arm: Arm, sharing: int = 1) -> dict:
     state = read_state(arm)
     state.setdefault("settings", arm_settings(ab, arm))  # what `check_settings` holds the next invocation to
     state["hyperparameters"] = hyperparameters(arm)  # (re)written: a resumed arm's record matches its config
@@ -442,10 +425,55 @@ def run_arm(ab: Ablation, arm: Arm) -> dict:
 
     state["downstream"] = downstream(ab, arm.cfg.hf_dir, state.get("downstream"), save)
     state["eval_s"] = time.time() - started
-    state["host"] = host_record()
+    state["host"] = host_record(sharing)
     state["evaluated"] = True
     write_state(arm, state)
     return state
+
+
+def _side_by_side(ab: Ablation, starts, ended) -> None:
+    """The runs `launch.jobs` at a time, each in a process of its own (`side_by_side.run_jobs`); `starts(i, arm)` and
+    `ended(arm, state, failure)` as the one-at-a-time loop calls them. Finished runs are skipped here, in order."""
+    from pretrain.evaluation.side_by_side import Job, run_jobs, runs_per_device
+
+    queue = list(enumerate(ab.arms, 1))
+    sharing = runs_per_device(ab.launch.jobs)
+    by_name = {arm.name: arm for arm in ab.arms}
+
+    def next_job() -> Job | None:
+        while queue:
+            i, arm = queue.pop(0)
+            if not starts(i, arm):
+                continue
+            if finished(ab, read_state(arm)):
+                ended(arm, run_arm(ab, arm), None)  # says so; nothing to run
+                continue
+            return Job(arm.name, run_arm_alone, (ab, arm.name, sharing))
+        return None
+
+    def done(name: str, failure: str | None) -> None:
+        ended(by_name[name], read_state(by_name[name]) if failure is None else None, failure)
+
+    say(f"{ab.launch.jobs} runs at a time (launch.jobs); each one's output also in {ab.out / 'logs'}")
+    env = single_process_env()
+    if not has_cuda():
+        env.setdefault("DS_ACCELERATOR", "cpu")
+    if run_jobs(ab.launch.jobs, next_job, done, ab.launch.threads, ab.out / "logs", env):
+        say("stopped: the runs under way were passed the signal; run the same `pretrain ablate` command to go on")
+        raise KeyboardInterrupt
+
+
+def run_arm_alone(ab: Ablation, name: str, sharing: int) -> None:
+    """One run of a side-by-side ablation, in a process of its own: its torch threads its share of the host's (or
+    launch.threads), its results in its state.json, which the parent reads; `sharing` runs share its device."""
+    import torch
+
+    from pretrain.evaluation.side_by_side import threads_per_job
+
+    threads = threads_per_job(ab.launch.threads, ab.launch.jobs)
+    ab = replace(ab, config=replace(ab.config, launch=replace(ab.launch, threads=threads)))
+    torch.set_num_threads(threads)
+    run_arm(ab, next(arm for arm in ab.arms if arm.name == name), sharing)
 
 
 # one `pretrain ablate` (or --print-commands) at a time in an ablation directory: two would evaluate the same run at
@@ -478,7 +506,9 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     check_shards(ab)  # a corpus changed in place: its shards were built again, and would not be what the runs had
     timed = recorded_seconds(ab)
     results, failed, left = {}, {}, []
-    for i, arm in enumerate(ab.arms, 1):
+
+    def starts(i: int, arm: Arm) -> bool:
+        """Whether run i (1-based) starts now: not where --within-minutes is too short for it (it is left)."""
         expected = expected_seconds(ab, arm, timed)
         remaining = within_minutes * 60 - (time.monotonic() - started)
         if within_minutes and expected is not None and expected > remaining and not finished(ab, read_state(arm)):
@@ -487,22 +517,35 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
                 f"{max(remaining, 0) / 60:.1f} of --within-minutes {within_minutes:g} are left)"
             )
             left.append(arm.name)
-            continue
+            return False
         say(
             f"arm {i}/{len(ab.arms)}: {arm.name} "
             f"({', '.join(arm.cfg.objectives) if arm.pretrain else 'no pretraining'})"
         )
-        try:
-            results[arm.name] = run_arm(ab, arm)
-            if "eval_s" in results[arm.name]:
-                timed[arm.name] = results[arm.name]["eval_s"]
-        except KeyboardInterrupt:
-            raise
-        except Exception as err:  # one broken arm must not cost the others: report it, carry on
-            message = f"{type(err).__name__}: {err}".splitlines()[0]
+        return True
+
+    def ended(arm: Arm, state: dict | None, message: str | None) -> None:
+        if message is None:
+            results[arm.name] = state
+            if "eval_s" in state:
+                timed[arm.name] = state["eval_s"]
+        else:  # one broken arm must not cost the others: report it, carry on
             say(f"arm {arm.name} FAILED ({message}); the other arms go on, re-run to retry it")
             failed[arm.name] = message
             results[arm.name] = {**read_state(arm), "failed": message}
+
+    if ab.launch.jobs > 1:
+        _side_by_side(ab, starts, ended)
+    else:
+        for i, arm in enumerate(ab.arms, 1):
+            if starts(i, arm):
+                try:
+                    ended(arm, run_arm(ab, arm), None)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as err:
+                    ended(arm, None, f"{type(err).__name__}: {err}".splitlines()[0])
+    results = {arm.name: results[arm.name] for arm in ab.arms if arm.name in results}  # in the config's order
     failures = ", ".join(f"{k} ({v})" for k, v in failed.items())
     if left:
         say(

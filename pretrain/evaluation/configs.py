@@ -154,7 +154,14 @@ class LaunchConfig:
     procs: int = doc(8, "Processes per arm in the commands of --print-commands.")
     scheduler: Literal["single_node", "slurm"] = doc("single_node", "single_node or slurm (--print-commands).")
     threads: int = doc(
-        0, "Torch threads here and per arm (0 = torch's default; 1 on a shared CPU, where more threads spin-wait)."
+        0,
+        "Torch threads here and per arm (0 = torch's default, or the host's cores shared out among launch.jobs; 1 "
+        "on a shared CPU, where more threads spin-wait).",
+    )
+    jobs: int = doc(
+        1,
+        "Runs of `pretrain ablate` at a time, each in a process of its own: on a host with several GPUs, a GPU each "
+        "(round robin); on one GPU they share it, which a small encoder's fine-tunings leave mostly idle.",
     )
 
 
@@ -180,6 +187,9 @@ class AblationConfig:
         if not self.output_dir:
             raise ConfigError(f"{where}: output_dir: the ablation directory is required")
         _positive(self.budget.amount, f"{where}: budget.amount")
+        if self.launch.jobs < 1 or self.launch.threads < 0:
+            key, value = ("jobs", self.launch.jobs) if self.launch.jobs < 1 else ("threads", self.launch.threads)
+            raise ConfigError(f"{where}: launch.{key}: expected {'>= 1' if key == 'jobs' else '>= 0'}, got {value}")
         if not self.arms:
             raise ConfigError(f"{where}: arms: expected a mapping of arm name -> overrides, e.g. arms: {{mlm: {{}}}}")
         if len(set(self.seeds)) < len(self.seeds):

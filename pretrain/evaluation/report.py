@@ -109,6 +109,9 @@ def run_on(results: dict) -> str:
     # fine-tuning and probes compute in bf16 on a GPU, fp32 on a CPU (arms of older versions did not record it)
     fits = sorted({h["downstream_precision"] for h in hosts if h.get("downstream_precision")})
     fits_in = f"; fine-tuning and probes in {' and '.join(fits)}" if fits else ""
+    shared = max(h.get("runs_per_device", 1) for h in hosts)  # launch.jobs over fewer devices
+    if shared > 1:
+        fits_in += f"; up to {shared} runs at a time shared a device (their wall times include the sharing)"
     return f"Run on: {devices}; {versions}; {when}{fits_in}" + (
         f" ({missing} arm(s) not recorded)." if missing else "."
     )

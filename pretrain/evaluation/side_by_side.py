@@ -1,0 +1,236 @@
+"""Runs of an ablation side by side (`launch.jobs`): each in a child process of its own, on a GPU of its own where the
+host has several (round robin over CUDA_VISIBLE_DEVICES), sharing the one GPU otherwise.
+
+A small encoder's pretraining and, above all, its fine-tunings and probes (tiny batches, launch-bound) leave most
+of a GPU idle, and an ablation is many such runs. A child runs one call, `function(*args)` pickled by the parent
+(the function by its module and name, so this module imports none of the ablation's code), and reports its end by
+its exit status: 0 done, 130 interrupted, else failed with the message it wrote. Its output reaches the parent's
+stdout line by line, prefixed with the run's name, and `<logs>/<name>.log`; a progress bar's updates, a line every
+30 s. ^C or SIGTERM to the parent is passed on to every child (each passes it to its trainer, which saves a
+checkpoint) and waited for; a child dies with the parent (PR_SET_PDEATHSIG), as an arm's trainer does.
+
+    python -m pretrain.evaluation.side_by_side CALL MESSAGE   # a child: CALL a pickled (function, args), MESSAGE
+                                                              # where a failure's one-line message goes
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import re
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from pretrain.core.errors import UserError
+
+INTERRUPTED = 130  # a child's exit status when it was signalled (as a shell reports ^C)
+BAR_EVERY_S = 30.0  # a progress bar's updates reach the parent's output this often
+
+
+@dataclass
+class Job:
+    """What one child runs: `function(*args)`, named `name` in the output and the log."""
+
+    name: str
+    function: Callable
+    args: tuple
+
+
+def device_slots(jobs: int) -> list[str | None]:
+    """CUDA_VISIBLE_DEVICES for each of `jobs` slots: the visible GPUs round robin where there are several; None (the
+    parent's, inherited) where there is one GPU or none, so that the slots share it."""
+    import torch
+
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    ids = [d.strip() for d in visible.split(",") if d.strip()][:count] if visible is not None else list(range(count))
+    if len(ids) <= 1:
+        return [None] * jobs
+    return [str(ids[slot % len(ids)]) for slot in range(jobs)]
+
+
+def runs_per_device(jobs: int) -> int:
+    """The most runs that share one device when `jobs` run at a time (`device_slots`): their wall times include it."""
+    slots = device_slots(jobs)
+    return max(slots.count(slot) for slot in slots)
+
+
+def threads_per_job(threads: int, jobs: int) -> int:
+    """Torch threads for each child: `threads` where given, else the host's cores shared out (each child left at
+    torch's default would spin up a thread per core, `jobs` times over)."""
+    return threads if threads > 0 else max(1, (os.cpu_count() or 1) // jobs)
+
+
+def terminated_with_parent(parent: int):
+    """A preexec_fn: the child gets SIGTERM when `parent` dies (Linux's PR_SET_PDEATHSIG; elsewhere nothing), so an
+    ablation killed with -9 leaves no trainer (or side-by-side run) going on, orphaned, holding its arm's lock: the
+    trainer saves a checkpoint and exits, and the next `pretrain ablate` resumes it. The signal comes when the thread
+    that started the child ends: start it from the main thread."""
+    import ctypes
+
+    try:  # looked up here: the child between fork and exec should not load libraries (another thread may hold a lock)
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
+
+    def arm() -> None:
+        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+        if os.getppid() != parent:  # it died before the line above
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    return arm
+
+
+class _Child:
+    """A running job: its process, the slot it holds, and the thread that relays its output."""
+
+    def __init__(self, job: Job, slot: int, device: str | None, threads: int, scratch: Path, logs: Path, env: dict):
+        self.job, self.slot = job, slot
+        self.message = scratch / f"{job.name}.message"
+        call = scratch / f"{job.name}.call"
+        call.write_bytes(pickle.dumps((job.function, job.args)))
+        env = {**env, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        if device is not None:
+            env["CUDA_VISIBLE_DEVICES"] = device
+        command = [sys.executable, "-m", "pretrain.evaluation.side_by_side", str(call), str(self.message)]
+        self.proc = subprocess.Popen(
+            command,
+            env=env,
+            stdin=subprocess.DEVNULL,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            preexec_fn=terminated_with_parent(os.getpid()),
+        )
+        logs.mkdir(parents=True, exist_ok=True)
+        self.relay = threading.Thread(target=_relay, args=(self.proc.stdout, job.name, logs / f"{job.name}.log"))
+        self.relay.start()
+
+    def failure(self, returncode: int) -> str:
+        """What went wrong, in one line, for a child that ended with `returncode` (not 0, not interrupted)."""
+        if self.message.is_file() and self.message.read_text().strip():
+            return self.message.read_text().strip()
+        if returncode < 0:
+            return f"its process was killed by {signal.Signals(-returncode).name}"
+        return f"its process exited with status {returncode}"
+
+
+_print_lock = threading.Lock()
+
+
+def _relay(stream, name: str, log_path: Path) -> None:
+    """Copy a child's output to ours, each line prefixed `[name] `, and to its log; of the updates of a progress bar
+    (ended by '\\r'), one every BAR_EVERY_S seconds, and the last."""
+    pending, bar, shown = b"", b"", 0.0
+    with open(log_path, "a", encoding="utf-8") as log:
+
+        def emit(text: bytes) -> None:
+            line = text.decode("utf-8", "replace").rstrip()
+            if line:
+                log.write(line + "\n")
+                log.flush()
+                with _print_lock:
+                    print(f"[{name}] {line}", flush=True)
+
+        while chunk := stream.read1(1 << 16):
+            parts = re.split(rb"(\r|\n)", pending + chunk)
+            pending = parts.pop()  # the text after the last end of line: not a line yet
+            for text, end in zip(parts[::2], parts[1::2]):
+                if end == b"\n":
+                    emit(text)
+                    bar = b"" if text else bar  # a bar's "\r\n" ends it on this line
+                elif text.strip():
+                    bar = text
+                    if time.monotonic() - shown >= BAR_EVERY_S:
+                        emit(bar)
+                        bar, shown = b"", time.monotonic()
+        emit(bar + pending)  # the bar's last state, and a last line without an end
+
+
+def run_jobs(
+    jobs: int,
+    next_job: Callable[[], Job | None],
+    done: Callable[[str, str | None], None],
+    threads: int,
+    logs: Path,
+    env: dict,
+) -> bool:
+    """Run the jobs `next_job()` gives (None: no more), at most `jobs` at once, until all have ended; `done(name,
+    failure)` is called as each ends (failure: None when it finished, else its one-line message). Returns whether
+    the jobs were interrupted: this process signalled (^C, SIGTERM; the running jobs are passed the signal), or a job
+    stopped by one of its own (a trainer's SIGTERM). Then no job starts after it, the running ones are waited for,
+    and an interrupted job is not reported."""
+    devices = device_slots(jobs)
+    free = list(range(jobs))
+    running: list[_Child] = []
+    got: list[int] = []
+    more, interrupted = True, False  # next_job may give more; a job stopped by a signal of its own
+
+    def forward(signum, frame):
+        got.append(signum)
+        for child in running:
+            child.proc.send_signal(signum)
+
+    previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="side-by-side-") as scratch:
+            while running or (more and not (got or interrupted)):
+                while free and more and not (got or interrupted):
+                    job = next_job()
+                    if job is None:
+                        more = False
+                        break
+                    slot = free.pop(0)
+                    each = threads_per_job(threads, jobs)
+                    running.append(_Child(job, slot, devices[slot], each, Path(scratch), logs, env))
+                    if got:  # signalled while it started
+                        running[-1].proc.send_signal(got[0])
+                time.sleep(0.1)
+                for child in [c for c in running if c.proc.poll() is not None]:
+                    running.remove(child)
+                    child.relay.join()
+                    free.append(child.slot)
+                    code = child.proc.returncode
+                    if code == 0:
+                        done(child.job.name, None)
+                    elif code == INTERRUPTED or got:
+                        interrupted = True  # a job's own stop ends the turns of those not started, as one at a time
+                    else:
+                        done(child.job.name, child.failure(code))
+    finally:
+        for child in running:  # only where this process itself failed: stop them as a signal would, and wait
+            child.proc.send_signal(signal.SIGTERM)
+        for child in running:
+            child.proc.wait()
+            child.relay.join()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    return bool(got) or interrupted
+
+
+def child_main(argv: list[str]) -> int:
+    """A child: run the pickled call; write a failure's message where the parent reads it."""
+    call, message = Path(argv[0]), Path(argv[1])
+    function, args = pickle.loads(call.read_bytes())
+    try:
+        function(*args)
+    except KeyboardInterrupt:
+        return INTERRUPTED
+    except Exception as err:  # one line for the parent's summary; the traceback for this run's log
+        if not isinstance(err, UserError):
+            import traceback
+
+            traceback.print_exc()
+        message.write_text(f"{type(err).__name__}: {err}".splitlines()[0])
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(child_main(sys.argv[1:]))

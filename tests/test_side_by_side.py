@@ -1,0 +1,133 @@
+"""Runs side by side (`launch.jobs`, pretrain/evaluation/side_by_side.py): real child processes running a pickled
+call (tests/helpers.py's side_job), at most `jobs` at once; each one's end reported (done, failed with its message,
+killed), its output relayed line by line under its name and logged; a signal passed on and waited for; GPUs shared
+out round robin. The ablation's own runs side by side, against the same runs one at a time, are in
+test_eval_ablation.py."""
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+
+import pytest
+from helpers import side_job
+
+from pretrain.evaluation.side_by_side import Job, device_slots, run_jobs, runs_per_device, threads_per_job
+from pretrain.train.distributed import single_process_env
+
+TESTS = Path(__file__).resolve().parent
+
+
+def child_env() -> dict:
+    """The children's environment: they unpickle side_job from tests/helpers.py."""
+    env = single_process_env()
+    env["PYTHONPATH"] = os.pathsep.join([str(TESTS), env["PYTHONPATH"]])
+    return env
+
+
+def feed(jobs: list[Job], asked: list[str]):
+    def next_job():
+        if not jobs:
+            return None
+        asked.append(jobs[0].name)
+        return jobs.pop(0)
+
+    return next_job
+
+
+def test_jobs_run_two_at_a_time_and_each_end_is_reported(tmp_path, capsys):
+    m = {name: str(tmp_path / name) for name in "abcd"}
+    jobs = [
+        Job("a", side_job, (m["a"], 3, 1.0)),
+        Job("b", side_job, (m["b"], 1, 1.0, "bad input in b.tsv, line 3")),
+        Job("c", side_job, (m["c"], 1, 0.2)),
+        Job("d", side_job, (m["d"], 1, 0.2, "", signal.SIGKILL)),
+    ]
+    ends: dict[str, str | None] = {}
+    asked: list[str] = []
+    interrupted = run_jobs(2, feed(jobs, asked), lambda n, f: ends.setdefault(n, f), 1, tmp_path / "logs", child_env())
+    assert not interrupted and asked == ["a", "b", "c", "d"]
+    assert ends == {
+        "a": None,
+        "b": "UserError: bad input in b.tsv, line 3",
+        "c": None,
+        "d": "its process was killed by SIGKILL",
+    }
+    spans = {n: (float(Path(f"{p}.start").read_text()), float(Path(f"{p}.end").read_text())) for n, p in m.items()}
+    at_once = [sum(s <= t < e for s, e in spans.values()) for t, _ in spans.values()]
+    assert max(at_once) == 2, spans  # side by side, never more than two
+    out = capsys.readouterr().out
+    assert "[a] line 0\n[a] line 1\n[a] line 2\n" in out and "[a] last words\n" in out
+    # of the bar's updates the first and the last ('\r'-ended, then '\n'-ended) reach the output, not the others
+    assert "[a] bar 0/5\n" in out and "[a] bar 5/5\n" in out and "[a] bar 3/5" not in out
+    assert "[b] line 0\n" in out and "last words" not in (tmp_path / "logs" / "b.log").read_text()
+    assert (tmp_path / "logs" / "a.log").read_text().splitlines() == [
+        "line 0",
+        "line 1",
+        "line 2",
+        "bar 0/5",
+        "bar 5/5",
+        "last words",
+    ]
+
+
+def test_a_signal_is_passed_on_and_waited_for_and_nothing_more_starts(tmp_path):
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    jobs = [Job("a", side_job, (a, 1, 30.0)), Job("b", side_job, (b, 1, 0.0))]
+    ends: dict[str, str | None] = {}
+    asked: list[str] = []
+
+    def interrupt():
+        while not Path(f"{a}.start").exists():
+            time.sleep(0.02)
+        os.kill(os.getpid(), signal.SIGTERM)  # this process alone, as `kill -TERM`: the child hears it from us
+
+    before = signal.getsignal(signal.SIGTERM)
+    threading.Thread(target=interrupt, daemon=True).start()
+    started = time.monotonic()
+    assert run_jobs(1, feed(jobs, asked), lambda n, f: ends.setdefault(n, f), 1, tmp_path / "logs", child_env())
+    assert time.monotonic() - started < 25  # the child stopped when told, not after its 30 s
+    assert Path(f"{a}.signalled").read_text() == "SIGTERM" and not Path(f"{a}.end").exists()
+    assert asked == ["a"] and ends == {}  # b never started; an interrupted job is not a failure
+    assert signal.getsignal(signal.SIGTERM) is before  # put back
+
+
+def test_a_job_stopped_by_a_signal_of_its_own_ends_the_turns_of_the_rest(tmp_path):
+    """A job's trainer stopped by SIGTERM (a job that ends interrupted) stops the jobs not yet started, as one at a
+    time stops at an arm interrupted; it is not a failure, and this process was not signalled."""
+    a, b = str(tmp_path / "a"), str(tmp_path / "b")
+    jobs = [Job("a", side_job, (a, 1, 0.0, "", signal.SIGTERM)), Job("b", side_job, (b, 1, 0.0))]
+    ends: dict[str, str | None] = {}
+    asked: list[str] = []
+    assert run_jobs(1, feed(jobs, asked), lambda n, f: ends.setdefault(n, f), 1, tmp_path / "logs", child_env())
+    assert Path(f"{a}.signalled").is_file() and asked == ["a"] and ends == {}
+
+
+@pytest.mark.parametrize(
+    "visible, count, jobs, slots, sharing",
+    [
+        (None, 0, 3, [None, None, None], 3),  # a CPU: nothing to choose
+        (None, 1, 3, [None, None, None], 3),  # one GPU: shared
+        (None, 3, 4, ["0", "1", "2", "0"], 2),
+        (None, 8, 8, [str(i) for i in range(8)], 1),  # a GPU each: wall times as alone
+        ("5,7", 2, 3, ["5", "7", "5"], 2),  # the ids the user made visible, not torch's 0 and 1
+    ],
+)
+def test_gpus_are_shared_out_round_robin(visible, count, jobs, slots, sharing, monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: count > 0)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    assert device_slots(jobs) == slots
+    assert runs_per_device(jobs) == sharing
+
+
+def test_threads_are_the_hosts_cores_shared_out_unless_given(monkeypatch):
+    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    assert [threads_per_job(0, jobs) for jobs in (1, 3, 4, 32)] == [16, 5, 4, 1]
+    assert threads_per_job(2, 4) == 2
