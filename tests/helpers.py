@@ -384,6 +384,7 @@ def side_job(marker: str, lines: int = 2, wait_s: float = 0.0, fail: str = "", k
     from pretrain.core.errors import UserError
 
     def stopped(*_):
+        print("stopping: saving a checkpoint", flush=True)  # as a trainer logs its stop before it saves
         Path(f"{marker}.signalled").write_text("SIGTERM")
         raise KeyboardInterrupt
 

@@ -17,6 +17,7 @@ from pretrain.evaluation.side_by_side import Job, device_slots, run_jobs, runs_p
 from pretrain.train.distributed import single_process_env
 
 TESTS = Path(__file__).resolve().parent
+ROOT = TESTS.parent
 
 
 def child_env() -> dict:
@@ -62,14 +63,28 @@ def test_jobs_run_two_at_a_time_and_each_end_is_reported(tmp_path, capsys):
     # of the bar's updates the first and the last ('\r'-ended, then '\n'-ended) reach the output, not the others
     assert "[a] bar 0/5\n" in out and "[a] bar 5/5\n" in out and "[a] bar 3/5" not in out
     assert "[b] line 0\n" in out and "last words" not in (tmp_path / "logs" / "b.log").read_text()
-    assert (tmp_path / "logs" / "a.log").read_text().splitlines() == [
-        "line 0",
-        "line 1",
-        "line 2",
-        "bar 0/5",
-        "bar 5/5",
-        "last words",
-    ]
+    # the log has the run's output as it wrote it, every update of its bar included
+    bar = "".join(f"\rbar {k}/5" for k in range(6))
+    assert (tmp_path / "logs" / "a.log").read_bytes().decode() == f"line 0\nline 1\nline 2\n{bar}\nlast words"
+
+
+def test_a_job_goes_on_to_its_end_where_its_output_cannot_be_shown(tmp_path, monkeypatch):
+    """The output is shown from its log, never through a pipe that the job would block on (or, our process killed,
+    fail to write to, before its trainer saves): where showing it fails, the job still ends, and its log has it all."""
+    import sys
+
+    class Gone:
+        def write(self, text):
+            raise BrokenPipeError(32, "Broken pipe")
+
+        def flush(self):
+            raise BrokenPipeError(32, "Broken pipe")
+
+    monkeypatch.setattr(sys, "stdout", Gone())
+    ends: dict[str, str | None] = {}
+    job = Job("a", side_job, (str(tmp_path / "a"), 10000, 0.0))  # ~90 kB: more than a pipe holds unread
+    assert not run_jobs(1, feed([job], []), lambda n, f: ends.setdefault(n, f), 1, tmp_path / "logs", child_env())
+    assert ends == {"a": None} and "line 9999\n" in (tmp_path / "logs" / "a.log").read_text()
 
 
 def test_a_signal_is_passed_on_and_waited_for_and_nothing_more_starts(tmp_path):
@@ -104,6 +119,34 @@ def test_a_job_stopped_by_a_signal_of_its_own_ends_the_turns_of_the_rest(tmp_pat
     assert Path(f"{a}.signalled").is_file() and asked == ["a"] and ends == {}
 
 
+def test_a_job_whose_parent_is_killed_stops_as_told_and_logs_its_stop(tmp_path):
+    """kill -9 of the process running the jobs: each job gets SIGTERM (PR_SET_PDEATHSIG) and stops as a trainer does,
+    logging its stop, then saving. With its output on a pipe to the dead parent, that log line raised BrokenPipeError
+    and the save never came."""
+    import subprocess
+    import sys
+
+    a = str(tmp_path / "a")
+    script = (
+        "from pathlib import Path\n"
+        "from helpers import side_job\n"
+        "from pretrain.evaluation.side_by_side import Job, run_jobs\n"
+        f"jobs = [Job('a', side_job, ({a!r}, 1, 60.0))]\n"
+        "run_jobs(1, lambda: jobs.pop(0) if jobs else None, lambda n, f: None, 1, "
+        f"Path({str(tmp_path / 'logs')!r}), {child_env()!r})\n"
+    )
+    parent = subprocess.Popen([sys.executable, "-c", script], env=child_env())
+    deadline = time.monotonic() + 60
+    while not Path(f"{a}.start").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    parent.kill()
+    parent.wait()
+    while not Path(f"{a}.signalled").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert Path(f"{a}.signalled").read_text() == "SIGTERM"
+    assert "stopping: saving a checkpoint" in (tmp_path / "logs" / "a.log").read_text()
+
+
 @pytest.mark.parametrize(
     "visible, count, jobs, slots, sharing",
     [
@@ -128,6 +171,56 @@ def test_gpus_are_shared_out_round_robin(visible, count, jobs, slots, sharing, m
 
 
 def test_threads_are_the_hosts_cores_shared_out_unless_given(monkeypatch):
-    monkeypatch.setattr(os, "cpu_count", lambda: 16)
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(16)))  # the cores it may use, not the node's
     assert [threads_per_job(0, jobs) for jobs in (1, 3, 4, 32)] == [16, 5, 4, 1]
     assert threads_per_job(2, 4) == 2
+
+
+def tiny_ablation(tmp_path, *overrides):
+    from helpers import tsv_task
+
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    task = f"eval.tasks=[{tsv_task(tmp_path / 'task', 20)}]"
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    return load_ablation(tiny, [task, f"output_dir={tmp_path / 'ab'}", *overrides])
+
+
+def test_runs_sharing_a_device_are_expected_to_take_as_long_as_that_many_one_after_another(tmp_path, monkeypatch):
+    """--within-minutes judges a run by the runs timed so far, each as if alone on its device (its time over the runs
+    that shared it: `alone_seconds`), times the runs that will share it now: a run timed alone at 100 s fits 3
+    minutes one at a time, but not two to a device (a CPU here: every run shares it)."""
+    from pretrain.evaluation import ablate
+    from pretrain.evaluation.ablation_record import alone_seconds
+
+    assert alone_seconds({"eval_s": 300.0, "host": {"runs_per_device": 2}}) == 150.0
+    assert alone_seconds({"eval_s": 300.0, "host": {"device": "cpu"}}) == alone_seconds({"eval_s": 300.0}) == 300.0
+    monkeypatch.setattr(ablate, "prepare_data", lambda ab: None)
+    monkeypatch.setattr(ablate, "check_shards", lambda ab: None)
+    monkeypatch.setattr(ablate, "recorded_seconds", lambda ab: {"mlm": 100.0})
+    decided = {}
+
+    def side_by_side(ab, sharing, starts, ended):  # what would start, without starting anything
+        decided.update({arm.name: starts(i, arm) for i, arm in enumerate(ab.arms, 1)})
+
+    monkeypatch.setattr(ablate, "_side_by_side", side_by_side)
+    monkeypatch.setattr(ablate, "run_arm", lambda ab, arm, sharing=1: {})
+    ablate.run_ablation(tiny_ablation(tmp_path, "launch.jobs=2"), within_minutes=3.0)
+    assert decided == {"mlm": False, "span": False, "none": False}  # 2 x 100 s > 180 s
+    ablate.run_ablation(tiny_ablation(tmp_path / "alone"), within_minutes=3.0)  # one at a time: run_arm, above
+
+
+def test_a_time_budget_is_refused_where_runs_would_share_a_device(tmp_path, monkeypatch):
+    """Under budget.kind=time each run trains for its minutes: two on one device would each get a share of it that
+    depends on what the other does meanwhile. Refused, naming the keys, before anything is built."""
+    from pretrain.core.errors import ConfigError
+    from pretrain.evaluation import ablate
+
+    def went_on(ab):
+        raise AssertionError("the ablation went on")
+
+    monkeypatch.setattr(ablate, "prepare_data", went_on)
+    ab = tiny_ablation(tmp_path, "launch.jobs=2", "budget.kind=time", "budget.amount=1")
+    shared = r"launch\.jobs=2 would run 2 runs at a time on one device.*budget\.kind=time"
+    with pytest.raises(ConfigError, match=shared):
+        ablate.run_ablation(ab)

@@ -18,8 +18,9 @@ An ablation config (YAML, typed as `pretrain.evaluation.configs.AblationConfig`;
                                         # chosen on heldout_fraction of train (never dev), then all of train
     launch: {procs: 8, scheduler: single_node, threads: 0, jobs: 1}
                                         # procs, scheduler (single_node | slurm): for --print-commands;
-                                        # threads: torch threads here and per arm (0 = torch's default;
-                                        # 1 on a shared, oversubscribed CPU, where more threads spin-wait);
+                                        # threads: torch threads here and per arm (0 = torch's default, or
+                                        # with jobs the cores shared out; 1 on a shared, oversubscribed
+                                        # CPU, where more threads spin-wait);
                                         # jobs: runs at a time, each its own process (side_by_side.py):
                                         # a GPU each where there are several, else sharing the one
 
@@ -53,7 +54,7 @@ from pathlib import Path
 import yaml
 
 from pretrain.core.config import RunConfig, load_yaml, save_config
-from pretrain.core.errors import UserError
+from pretrain.core.errors import ConfigError, UserError
 from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
@@ -67,6 +68,7 @@ from pretrain.evaluation.ablation_plan import (
     say,
 )
 from pretrain.evaluation.ablation_record import (
+    alone_seconds,
     arm_settings,
     check_settings,
     expected_seconds,
@@ -431,13 +433,28 @@ def run_arm(ab: Ablation, arm: Arm, sharing: int = 1) -> dict:
     return state
 
 
-def _side_by_side(ab: Ablation, starts, ended) -> None:
-    """The runs `launch.jobs` at a time, each in a process of its own (`side_by_side.run_jobs`); `starts(i, arm)` and
-    `ended(arm, state, failure)` as the one-at-a-time loop calls them. Finished runs are skipped here, in order."""
-    from pretrain.evaluation.side_by_side import Job, run_jobs, runs_per_device
+def _check_sharing(ab: Ablation) -> int:
+    """How many runs will share a device (`side_by_side.runs_per_device`; 1 one at a time). A time budget is refused
+    where they would: each run's share of the device would depend on what the others were doing meanwhile."""
+    from pretrain.evaluation.side_by_side import runs_per_device
+
+    sharing = runs_per_device(ab.launch.jobs) if ab.launch.jobs > 1 else 1
+    if sharing > 1 and ab.budget_kind == "time":
+        raise ConfigError(
+            f"{ab.path}: launch.jobs={ab.launch.jobs} would run {sharing} runs at a time on one device, and with "
+            "budget.kind=time each would train for its minutes on a share of it that depends on what the others do "
+            "meanwhile: give a tokens or flops budget, or launch.jobs no more than the GPUs here (nothing was run)"
+        )
+    return sharing
+
+
+def _side_by_side(ab: Ablation, sharing: int, starts, ended) -> None:
+    """The runs `launch.jobs` at a time, each in a process of its own (`side_by_side.run_jobs`), `sharing` of them
+    to a device; `starts(i, arm)` and `ended(arm, state, failure)` as the one-at-a-time loop calls them. Finished
+    runs are skipped here, in order."""
+    from pretrain.evaluation.side_by_side import Job, run_jobs
 
     queue = list(enumerate(ab.arms, 1))
-    sharing = runs_per_device(ab.launch.jobs)
     by_name = {arm.name: arm for arm in ab.arms}
 
     def next_job() -> Job | None:
@@ -499,17 +516,20 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     started = time.monotonic()
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
+    sharing = _check_sharing(ab)
     check_settings(ab)  # before anything but the marker is written: a changed config never mixes into the runs done
     # what was run, overrides in; whole or not at all: the printed commands, and the user after them, run from it
     write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     prepare_data(ab)
     check_shards(ab)  # a corpus changed in place: its shards were built again, and would not be what the runs had
-    timed = recorded_seconds(ab)
+    timed = recorded_seconds(ab)  # as if alone on a device
     results, failed, left = {}, {}, []
 
     def starts(i: int, arm: Arm) -> bool:
-        """Whether run i (1-based) starts now: not where --within-minutes is too short for it (it is left)."""
+        """Whether run i (1-based) starts now: not where --within-minutes is too short for it (it is left). Where
+        runs share a device, a run is expected to take as long as `sharing` runs one after the other would."""
         expected = expected_seconds(ab, arm, timed)
+        expected = expected * sharing if expected is not None else None
         remaining = within_minutes * 60 - (time.monotonic() - started)
         if within_minutes and expected is not None and expected > remaining and not finished(ab, read_state(arm)):
             say(
@@ -528,14 +548,14 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
         if message is None:
             results[arm.name] = state
             if "eval_s" in state:
-                timed[arm.name] = state["eval_s"]
+                timed[arm.name] = alone_seconds(state)
         else:  # one broken arm must not cost the others: report it, carry on
             say(f"arm {arm.name} FAILED ({message}); the other arms go on, re-run to retry it")
             failed[arm.name] = message
             results[arm.name] = {**read_state(arm), "failed": message}
 
     if ab.launch.jobs > 1:
-        _side_by_side(ab, starts, ended)
+        _side_by_side(ab, sharing, starts, ended)
     else:
         for i, arm in enumerate(ab.arms, 1):
             if starts(i, arm):

@@ -75,11 +75,17 @@ def finished(ab: Ablation, state: dict) -> bool:
     return bool(state.get("evaluated")) and every
 
 
+def alone_seconds(state: dict) -> float:
+    """A finished run's seconds from start to evaluated (`eval_s`, as recorded by the invocation that finished it: a
+    run resumed from an earlier invocation's checkpoint records only its last part), as if it had had its device to
+    itself: divided by the runs that shared it (launch.jobs; at most that much of it was theirs)."""
+    return state["eval_s"] / (state.get("host") or {}).get("runs_per_device", 1)
+
+
 def recorded_seconds(ab: Ablation) -> dict[str, float]:
-    """Run name -> seconds from start to evaluated, as recorded by the invocation that finished it (`eval_s`; a run
-    resumed from an earlier invocation's checkpoint records only its last part), for the finished runs."""
+    """Run name -> `alone_seconds`, for the finished runs that recorded their time."""
     states = {arm.name: read_state(arm) for arm in ab.arms}
-    return {name: s["eval_s"] for name, s in states.items() if finished(ab, s) and "eval_s" in s}
+    return {name: alone_seconds(s) for name, s in states.items() if finished(ab, s) and "eval_s" in s}
 
 
 def expected_seconds(ab: Ablation, arm: Arm, timed: dict[str, float]) -> float | None:

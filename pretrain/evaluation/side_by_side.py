@@ -4,20 +4,23 @@ host has several (round robin over CUDA_VISIBLE_DEVICES), sharing the one GPU ot
 A small encoder's pretraining and, above all, its fine-tunings and probes (tiny batches, launch-bound) leave most
 of a GPU idle, and an ablation is many such runs. A child runs one call, `function(*args)` pickled by the parent
 (the function by its module and name, so this module imports none of the ablation's code), and reports its end by
-its exit status: 0 done, 130 interrupted, else failed with the message it wrote. Its output reaches the parent's
-stdout line by line, prefixed with the run's name, and `<logs>/<name>.log`; a progress bar's updates, a line every
-30 s. ^C or SIGTERM to the parent is passed on to every child (each passes it to its trainer, which saves a
-checkpoint) and waited for; a child dies with the parent (PR_SET_PDEATHSIG), as an arm's trainer does.
+its exit status: 0 done, 130 interrupted, else failed with the message it wrote. Its output (and its trainer's)
+goes to `<logs>/<name>.log`, which the parent shows as it grows, each line prefixed with the run's name (a progress
+bar's updates, a line every 30 s). ^C or SIGTERM to the parent is passed on to every child (each passes it to its
+trainer, which saves a checkpoint) and waited for; a child dies with the parent (PR_SET_PDEATHSIG), as an arm's
+trainer does.
 
-    python -m pretrain.evaluation.side_by_side CALL MESSAGE   # a child: CALL a pickled (function, args), MESSAGE
-                                                              # where a failure's one-line message goes
+    python -m pretrain.evaluation.side_by_side CALL MESSAGE PARENT  # a child: CALL a pickled (function, args),
+                                                  # MESSAGE where a failure's one-line message goes, PARENT our pid
 """
 
 from __future__ import annotations
 
+import ctypes
 import os
 import pickle
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -63,9 +66,24 @@ def runs_per_device(jobs: int) -> int:
 
 
 def threads_per_job(threads: int, jobs: int) -> int:
-    """Torch threads for each child: `threads` where given, else the host's cores shared out (each child left at
-    torch's default would spin up a thread per core, `jobs` times over)."""
-    return threads if threads > 0 else max(1, (os.cpu_count() or 1) // jobs)
+    """Torch threads for each child: `threads` where given, else the cores this process may use (its affinity: a
+    Slurm allocation's, not the node's) shared out; each child left at torch's default would take them all."""
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    return threads if threads > 0 else max(1, cores // jobs)
+
+
+def _die_with(parent: int, prctl) -> None:
+    """This process gets SIGTERM when `parent` dies (PR_SET_PDEATHSIG), or at once where it has died already."""
+    prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
+    if os.getppid() != parent:  # it died before the line above
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _prctl():
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):  # not Linux
+        return None
 
 
 def terminated_with_parent(parent: int):
@@ -73,23 +91,16 @@ def terminated_with_parent(parent: int):
     ablation killed with -9 leaves no trainer (or side-by-side run) going on, orphaned, holding its arm's lock: the
     trainer saves a checkpoint and exits, and the next `pretrain ablate` resumes it. The signal comes when the thread
     that started the child ends: start it from the main thread."""
-    import ctypes
-
-    try:  # looked up here: the child between fork and exec should not load libraries (another thread may hold a lock)
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):  # not Linux
-        return None
-
-    def arm() -> None:
-        prctl(1, signal.SIGTERM)  # 1: PR_SET_PDEATHSIG
-        if os.getppid() != parent:  # it died before the line above
-            os.kill(os.getpid(), signal.SIGTERM)
-
-    return arm
+    prctl = _prctl()  # looked up here: the child between fork and exec should not load libraries
+    return None if prctl is None else (lambda: _die_with(parent, prctl))
 
 
 class _Child:
-    """A running job: its process, the slot it holds, and the thread that relays its output."""
+    """A running job: its process, the slot it holds, and the thread that relays its output.
+
+    Its output (and its trainer's) goes to its log file, which the relay reads as it grows: never to a pipe, whose
+    reader, this process, killed with -9, would leave a trainer stopped by SIGTERM failing to log its stop
+    (BrokenPipeError) before it saves its checkpoint; and a relay that failed to print would leave it blocked."""
 
     def __init__(self, job: Job, slot: int, device: str | None, threads: int, scratch: Path, logs: Path, env: dict):
         self.job, self.slot = job, slot
@@ -99,17 +110,16 @@ class _Child:
         env = {**env, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
         if device is not None:
             env["CUDA_VISIBLE_DEVICES"] = device
-        command = [sys.executable, "-m", "pretrain.evaluation.side_by_side", str(call), str(self.message)]
-        self.proc = subprocess.Popen(
-            command,
-            env=env,
-            stdin=subprocess.DEVNULL,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            preexec_fn=terminated_with_parent(os.getpid()),
-        )
+        parent = str(os.getpid())  # the child arms its own PR_SET_PDEATHSIG: no preexec_fn while relays run
+        command = [sys.executable, "-m", "pretrain.evaluation.side_by_side", str(call), str(self.message), parent]
         logs.mkdir(parents=True, exist_ok=True)
-        self.relay = threading.Thread(target=_relay, args=(self.proc.stdout, job.name, logs / f"{job.name}.log"))
+        log = logs / f"{job.name}.log"
+        with open(log, "ab") as out:
+            start = out.tell()  # a log of an earlier invocation: its lines were shown then
+            self.proc = subprocess.Popen(
+                command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
+            )
+        self.relay = threading.Thread(target=_relay, args=(log, start, self.proc, job.name), daemon=True)
         self.relay.start()
 
     def failure(self, returncode: int) -> str:
@@ -124,33 +134,43 @@ class _Child:
 _print_lock = threading.Lock()
 
 
-def _relay(stream, name: str, log_path: Path) -> None:
-    """Copy a child's output to ours, each line prefixed `[name] `, and to its log; of the updates of a progress bar
-    (ended by '\\r'), one every BAR_EVERY_S seconds, and the last."""
-    pending, bar, shown = b"", b"", 0.0
-    with open(log_path, "a", encoding="utf-8") as log:
+def _relay(log: Path, start: int, proc: subprocess.Popen, name: str) -> None:
+    """Show a child's output, from byte `start` of its log as it grows until the child has ended, each line prefixed
+    `[name] `; of the updates of a progress bar (ended by '\r'), one every BAR_EVERY_S seconds, and the last."""
+    pending, bar, shown, quiet = b"", b"", 0.0, False
 
-        def emit(text: bytes) -> None:
-            line = text.decode("utf-8", "replace").rstrip()
-            if line:
-                log.write(line + "\n")
-                log.flush()
+    def emit(text: bytes) -> None:
+        nonlocal quiet
+        line = text.decode("utf-8", "replace").rstrip()
+        if line and not quiet:
+            try:
                 with _print_lock:
                     print(f"[{name}] {line}", flush=True)
+            except (OSError, ValueError):  # our stdout gone (a closed pipe, a full disk): the log still has it all
+                quiet = True
 
-        while chunk := stream.read1(1 << 16):
+    with open(log, "rb") as f:
+        f.seek(start)
+        while True:
+            ended = proc.poll() is not None  # read after: what it wrote before it ended is in the file
+            chunk = f.read(1 << 16)
+            if not chunk:
+                if ended:
+                    break
+                time.sleep(0.1)
+                continue
             parts = re.split(rb"(\r|\n)", pending + chunk)
             pending = parts.pop()  # the text after the last end of line: not a line yet
             for text, end in zip(parts[::2], parts[1::2]):
                 if end == b"\n":
-                    emit(text)
-                    bar = b"" if text else bar  # a bar's "\r\n" ends it on this line
+                    emit(text or bar)  # a bar's "\r\n" ends it on its last state
+                    bar = b""
                 elif text.strip():
                     bar = text
                     if time.monotonic() - shown >= BAR_EVERY_S:
                         emit(bar)
                         bar, shown = b"", time.monotonic()
-        emit(bar + pending)  # the bar's last state, and a last line without an end
+    emit(bar + pending)  # the bar's last state, and a last line without an end
 
 
 def run_jobs(
@@ -178,31 +198,30 @@ def run_jobs(
             child.proc.send_signal(signum)
 
     previous = {sig: signal.signal(sig, forward) for sig in (signal.SIGINT, signal.SIGTERM)}
+    scratch = Path(tempfile.mkdtemp(prefix="side-by-side-"))  # the calls, and the failures' messages
     try:
-        with tempfile.TemporaryDirectory(prefix="side-by-side-") as scratch:
-            while running or (more and not (got or interrupted)):
-                while free and more and not (got or interrupted):
-                    job = next_job()
-                    if job is None:
-                        more = False
-                        break
-                    slot = free.pop(0)
-                    each = threads_per_job(threads, jobs)
-                    running.append(_Child(job, slot, devices[slot], each, Path(scratch), logs, env))
-                    if got:  # signalled while it started
-                        running[-1].proc.send_signal(got[0])
-                time.sleep(0.1)
-                for child in [c for c in running if c.proc.poll() is not None]:
-                    running.remove(child)
-                    child.relay.join()
-                    free.append(child.slot)
-                    code = child.proc.returncode
-                    if code == 0:
-                        done(child.job.name, None)
-                    elif code == INTERRUPTED or got:
-                        interrupted = True  # a job's own stop ends the turns of those not started, as one at a time
-                    else:
-                        done(child.job.name, child.failure(code))
+        while running or (more and not (got or interrupted)):
+            while free and more and not (got or interrupted):
+                job = next_job()
+                more = job is not None
+                if job is None or got:  # none left, or signalled meanwhile: it does not start
+                    break
+                slot = free.pop(0)
+                running.append(_Child(job, slot, devices[slot], threads_per_job(threads, jobs), scratch, logs, env))
+                if got:  # signalled while it started
+                    running[-1].proc.send_signal(got[0])
+            time.sleep(0.1)
+            for child in [c for c in running if c.proc.poll() is not None]:
+                running.remove(child)
+                child.relay.join()
+                free.append(child.slot)
+                code = child.proc.returncode
+                if code == 0:
+                    done(child.job.name, None)
+                elif code == INTERRUPTED or got:
+                    interrupted = True  # a job's own stop ends the turns of those not started, as one at a time
+                else:
+                    done(child.job.name, child.failure(code))
     finally:
         for child in running:  # only where this process itself failed: stop them as a signal would, and wait
             child.proc.send_signal(signal.SIGTERM)
@@ -211,12 +230,16 @@ def run_jobs(
             child.relay.join()
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        shutil.rmtree(scratch, ignore_errors=True)
     return bool(got) or interrupted
 
 
 def child_main(argv: list[str]) -> int:
     """A child: run the pickled call; write a failure's message where the parent reads it."""
-    call, message = Path(argv[0]), Path(argv[1])
+    call, message, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
+    prctl = _prctl()
+    if prctl is not None:  # dies with the parent, and so (terminated_with_parent) does its trainer
+        _die_with(parent, prctl)
     function, args = pickle.loads(call.read_bytes())
     try:
         function(*args)
