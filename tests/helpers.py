@@ -373,10 +373,11 @@ def write_conll(directory: Path, n_train: int = 24, n_dev: int = 8, seed: int = 
 # A job of pretrain.evaluation.side_by_side, run in its child process (which imports this module by name)
 
 
-def side_job(marker: str, lines: int = 2, wait_s: float = 0.0, fail: str = "", kill: int = 0) -> None:
+def side_job(marker: str, lines: int = 2, wait_s: float = 0.0, fail: str = "", kill: int = 0, meet: str = "") -> None:
     """Notes its start and end (wall times) in `marker`.start / .end, prints `lines` lines, a progress bar as tqdm
-    draws one ('\\r' updates) and a last line without an end; waits `wait_s` (SIGTERM meanwhile: `marker`.signalled,
-    then KeyboardInterrupt, as a trainer's stop); then sends itself the signal `kill` or raises UserError(fail)."""
+    draws one ('\\r' updates) and a last line without an end; waits for the job of marker `meet` to start (at most
+    60 s), then `wait_s` (SIGTERM meanwhile: `marker`.signalled, then KeyboardInterrupt, as a trainer's stop); then
+    sends itself the signal `kill` or raises UserError(fail)."""
     import os
     import signal
     import time
@@ -394,6 +395,9 @@ def side_job(marker: str, lines: int = 2, wait_s: float = 0.0, fail: str = "", k
         print(f"line {i}", flush=True)
     sys.stderr.write("".join(f"\rbar {k}/5" for k in range(6)) + "\n")
     sys.stderr.flush()
+    deadline = time.monotonic() + 60
+    while meet and not Path(f"{meet}.start").exists() and time.monotonic() < deadline:
+        time.sleep(0.02)
     time.sleep(wait_s)
     Path(f"{marker}.end").write_text(str(time.time()))
     if kill:

@@ -40,8 +40,8 @@ def feed(jobs: list[Job], asked: list[str]):
 def test_jobs_run_two_at_a_time_and_each_end_is_reported(tmp_path, capsys):
     m = {name: str(tmp_path / name) for name in "abcd"}
     jobs = [
-        Job("a", side_job, (m["a"], 3, 1.0)),
-        Job("b", side_job, (m["b"], 1, 1.0, "bad input in b.tsv, line 3")),
+        Job("a", side_job, (m["a"], 3, 1.0, "", 0, m["b"])),  # a and b meet: side by side however slow to start
+        Job("b", side_job, (m["b"], 1, 1.0, "bad input in b.tsv, line 3", 0, m["a"])),
         Job("c", side_job, (m["c"], 1, 0.2)),
         Job("d", side_job, (m["d"], 1, 0.2, "", signal.SIGKILL)),
     ]
@@ -186,28 +186,40 @@ def tiny_ablation(tmp_path, *overrides):
     return load_ablation(tiny, [task, f"output_dir={tmp_path / 'ab'}", *overrides])
 
 
-def test_runs_sharing_a_device_are_expected_to_take_as_long_as_that_many_one_after_another(tmp_path, monkeypatch):
-    """--within-minutes judges a run by the runs timed so far, each as if alone on its device (its time over the runs
-    that shared it: `alone_seconds`), times the runs that will share it now: a run timed alone at 100 s fits 3
-    minutes one at a time, but not two to a device (a CPU here: every run shares it)."""
-    from pretrain.evaluation import ablate
-    from pretrain.evaluation.ablation_record import alone_seconds
+def one_device(monkeypatch):
+    """Every run on one device, whatever GPUs the host has (a CPU here)."""
+    from pretrain.evaluation import side_by_side
 
-    assert alone_seconds({"eval_s": 300.0, "host": {"runs_per_device": 2}}) == 150.0
-    assert alone_seconds({"eval_s": 300.0, "host": {"device": "cpu"}}) == alone_seconds({"eval_s": 300.0}) == 300.0
+    monkeypatch.setattr(side_by_side, "device_slots", lambda jobs: [None] * jobs)
+
+
+def test_runs_sharing_a_device_are_expected_to_take_as_long_as_that_many_one_after_another(tmp_path, monkeypatch):
+    """--within-minutes judges a run by the runs timed so far, each scaled by how many more runs share a device now
+    than when it ran (`timed_seconds`; never scaled down): a run timed alone at 100 s fits 3 minutes one at a time,
+    but not two to a device."""
+    from pretrain.evaluation import ablate, report
+    from pretrain.evaluation.ablation_record import timed_seconds
+
+    alone, shared = {"eval_s": 100.0, "host": {"runs_per_device": 1}}, {"eval_s": 100.0, "host": {"runs_per_device": 2}}
+    assert [timed_seconds(alone, 1), timed_seconds(alone, 2), timed_seconds(alone, 4)] == [100.0, 200.0, 400.0]
+    assert [timed_seconds(shared, 1), timed_seconds(shared, 2), timed_seconds(shared, 4)] == [100.0, 100.0, 200.0]
+    assert timed_seconds({"eval_s": 100.0}, 2) == 200.0  # recorded before launch.jobs: alone
+    one_device(monkeypatch)
     monkeypatch.setattr(ablate, "prepare_data", lambda ab: None)
     monkeypatch.setattr(ablate, "check_shards", lambda ab: None)
-    monkeypatch.setattr(ablate, "recorded_seconds", lambda ab: {"mlm": 100.0})
-    decided = {}
+    monkeypatch.setattr(ablate, "recorded_seconds", lambda ab, sharing: {"mlm": timed_seconds(alone, sharing)})
+    monkeypatch.setattr(report, "write_report", lambda ab, results, command: tmp_path / "report.md")
+    decided, ran = {}, []
 
     def side_by_side(ab, sharing, starts, ended):  # what would start, without starting anything
         decided.update({arm.name: starts(i, arm) for i, arm in enumerate(ab.arms, 1)})
 
     monkeypatch.setattr(ablate, "_side_by_side", side_by_side)
-    monkeypatch.setattr(ablate, "run_arm", lambda ab, arm, sharing=1: {})
-    ablate.run_ablation(tiny_ablation(tmp_path, "launch.jobs=2"), within_minutes=3.0)
-    assert decided == {"mlm": False, "span": False, "none": False}  # 2 x 100 s > 180 s
-    ablate.run_ablation(tiny_ablation(tmp_path / "alone"), within_minutes=3.0)  # one at a time: run_arm, above
+    monkeypatch.setattr(ablate, "run_arm", lambda ab, arm, sharing=1: ran.append(arm.name) or {})
+    assert ablate.run_ablation(tiny_ablation(tmp_path, "launch.jobs=2"), within_minutes=3.0) is None
+    assert decided == {"mlm": False, "span": False, "none": False} and ran == []  # 2 x 100 s > 180 s
+    ablate.run_ablation(tiny_ablation(tmp_path / "alone"), within_minutes=3.0)  # one at a time: 100 s < 180 s
+    assert ran == ["mlm", "span", "none"]
 
 
 def test_a_time_budget_is_refused_where_runs_would_share_a_device(tmp_path, monkeypatch):
@@ -219,6 +231,7 @@ def test_a_time_budget_is_refused_where_runs_would_share_a_device(tmp_path, monk
     def went_on(ab):
         raise AssertionError("the ablation went on")
 
+    one_device(monkeypatch)
     monkeypatch.setattr(ablate, "prepare_data", went_on)
     ab = tiny_ablation(tmp_path, "launch.jobs=2", "budget.kind=time", "budget.amount=1")
     shared = r"launch\.jobs=2 would run 2 runs at a time on one device.*budget\.kind=time"

@@ -68,16 +68,16 @@ from pretrain.evaluation.ablation_plan import (
     say,
 )
 from pretrain.evaluation.ablation_record import (
-    alone_seconds,
     arm_settings,
     check_settings,
     expected_seconds,
     finished,
     read_state,
     recorded_seconds,
+    timed_seconds,
     write_state,
 )
-from pretrain.evaluation.side_by_side import terminated_with_parent
+from pretrain.evaluation.side_by_side import one_line, terminated_with_parent
 from pretrain.evaluation.task_files import stale, task_sha256
 from pretrain.train.distributed import has_cuda, single_process_env
 from pretrain.train.setup import config_from_dict
@@ -462,14 +462,22 @@ def _side_by_side(ab: Ablation, sharing: int, starts, ended) -> None:
             i, arm = queue.pop(0)
             if not starts(i, arm):
                 continue
-            if finished(ab, read_state(arm)):
-                ended(arm, run_arm(ab, arm), None)  # says so; nothing to run
+            try:  # as one at a time does, a run that fails here (its state unreadable) is reported, not fatal
+                if finished(ab, read_state(arm)):
+                    ended(arm, run_arm(ab, arm), None)  # says so; nothing to run
+                    continue
+            except Exception as err:
+                ended(arm, None, one_line(err))
                 continue
             return Job(arm.name, run_arm_alone, (ab, arm.name, sharing))
         return None
 
     def done(name: str, failure: str | None) -> None:
-        ended(by_name[name], read_state(by_name[name]) if failure is None else None, failure)
+        try:
+            state = read_state(by_name[name]) if failure is None else None
+        except Exception as err:
+            state, failure = None, one_line(err)
+        ended(by_name[name], state, failure)
 
     say(f"{ab.launch.jobs} runs at a time (launch.jobs); each one's output also in {ab.out / 'logs'}")
     env = single_process_env()
@@ -522,14 +530,13 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     prepare_data(ab)
     check_shards(ab)  # a corpus changed in place: its shards were built again, and would not be what the runs had
-    timed = recorded_seconds(ab)  # as if alone on a device
+    timed = recorded_seconds(ab, sharing)
     results, failed, left = {}, {}, []
 
     def starts(i: int, arm: Arm) -> bool:
-        """Whether run i (1-based) starts now: not where --within-minutes is too short for it (it is left). Where
-        runs share a device, a run is expected to take as long as `sharing` runs one after the other would."""
+        """Whether run i (1-based) starts now: not where --within-minutes is too short for it (it is left), as
+        judged by the runs timed so far (`timed_seconds`: longer where more runs share a device now than then)."""
         expected = expected_seconds(ab, arm, timed)
-        expected = expected * sharing if expected is not None else None
         remaining = within_minutes * 60 - (time.monotonic() - started)
         if within_minutes and expected is not None and expected > remaining and not finished(ab, read_state(arm)):
             say(
@@ -548,7 +555,7 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
         if message is None:
             results[arm.name] = state
             if "eval_s" in state:
-                timed[arm.name] = alone_seconds(state)
+                timed[arm.name] = timed_seconds(state, sharing)
         else:  # one broken arm must not cost the others: report it, carry on
             say(f"arm {arm.name} FAILED ({message}); the other arms go on, re-run to retry it")
             failed[arm.name] = message
@@ -564,7 +571,7 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
                 except KeyboardInterrupt:
                     raise
                 except Exception as err:
-                    ended(arm, None, f"{type(err).__name__}: {err}".splitlines()[0])
+                    ended(arm, None, one_line(err))
     results = {arm.name: results[arm.name] for arm in ab.arms if arm.name in results}  # in the config's order
     failures = ", ".join(f"{k} ({v})" for k, v in failed.items())
     if left:

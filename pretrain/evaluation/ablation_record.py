@@ -75,17 +75,20 @@ def finished(ab: Ablation, state: dict) -> bool:
     return bool(state.get("evaluated")) and every
 
 
-def alone_seconds(state: dict) -> float:
-    """A finished run's seconds from start to evaluated (`eval_s`, as recorded by the invocation that finished it: a
-    run resumed from an earlier invocation's checkpoint records only its last part), as if it had had its device to
-    itself: divided by the runs that shared it (launch.jobs; at most that much of it was theirs)."""
-    return state["eval_s"] / (state.get("host") or {}).get("runs_per_device", 1)
+def timed_seconds(state: dict, sharing: int = 1) -> float:
+    """How long a finished run should take again with `sharing` runs to its device (launch.jobs): its seconds from
+    start to evaluated (`eval_s`, as recorded by the invocation that finished it: a run resumed from an earlier
+    invocation's checkpoint records only its last part), times the sharing's growth since (`runs_per_device`, as
+    recorded; never less: s runs sharing a device take at most s times as long as one alone, and a run timed while
+    others shared its device is not assumed faster alone)."""
+    then = (state.get("host") or {}).get("runs_per_device", 1)
+    return state["eval_s"] * max(1.0, sharing / then)
 
 
-def recorded_seconds(ab: Ablation) -> dict[str, float]:
-    """Run name -> `alone_seconds`, for the finished runs that recorded their time."""
+def recorded_seconds(ab: Ablation, sharing: int = 1) -> dict[str, float]:
+    """Run name -> `timed_seconds`, for the finished runs that recorded their time."""
     states = {arm.name: read_state(arm) for arm in ab.arms}
-    return {name: alone_seconds(s) for name, s in states.items() if finished(ab, s) and "eval_s" in s}
+    return {name: timed_seconds(s, sharing) for name, s in states.items() if finished(ab, s) and "eval_s" in s}
 
 
 def expected_seconds(ab: Ablation, arm: Arm, timed: dict[str, float]) -> float | None:

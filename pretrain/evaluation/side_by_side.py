@@ -115,11 +115,12 @@ class _Child:
         logs.mkdir(parents=True, exist_ok=True)
         log = logs / f"{job.name}.log"
         with open(log, "ab") as out:
-            start = out.tell()  # a log of an earlier invocation: its lines were shown then
+            reader = open(log, "rb")  # noqa: SIM115 (the relay's, closed there): opened before anything is written
+            reader.seek(out.tell())  # a log of an earlier invocation: its lines were shown then
             self.proc = subprocess.Popen(
                 command, env=env, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT
             )
-        self.relay = threading.Thread(target=_relay, args=(log, start, self.proc, job.name), daemon=True)
+        self.relay = threading.Thread(target=_relay, args=(reader, self.proc, job.name), daemon=True)
         self.relay.start()
 
     def failure(self, returncode: int) -> str:
@@ -134,10 +135,11 @@ class _Child:
 _print_lock = threading.Lock()
 
 
-def _relay(log: Path, start: int, proc: subprocess.Popen, name: str) -> None:
-    """Show a child's output, from byte `start` of its log as it grows until the child has ended, each line prefixed
-    `[name] `; of the updates of a progress bar (ended by '\r'), one every BAR_EVERY_S seconds, and the last."""
-    pending, bar, shown, quiet = b"", b"", 0.0, False
+def _relay(log, proc: subprocess.Popen, name: str) -> None:
+    """Show a child's output, read from its log (a file open for reading) as it grows until the child has ended, each
+    line prefixed `[name] `; of the updates of a progress bar (ended by a carriage return), one every BAR_EVERY_S
+    seconds, and the last."""
+    pending, bar, shown, quiet = b"", b"", float("-inf"), False
 
     def emit(text: bytes) -> None:
         nonlocal quiet
@@ -145,12 +147,15 @@ def _relay(log: Path, start: int, proc: subprocess.Popen, name: str) -> None:
         if line and not quiet:
             try:
                 with _print_lock:
-                    print(f"[{name}] {line}", flush=True)
+                    try:
+                        print(f"[{name}] {line}", flush=True)
+                    except UnicodeEncodeError:  # a bar's blocks on an ASCII terminal
+                        encoding = getattr(sys.stdout, "encoding", None) or "ascii"
+                        print(f"[{name}] {line}".encode(encoding, "replace").decode(encoding), flush=True)
             except (OSError, ValueError):  # our stdout gone (a closed pipe, a full disk): the log still has it all
                 quiet = True
 
-    with open(log, "rb") as f:
-        f.seek(start)
+    with log as f:
         while True:
             ended = proc.poll() is not None  # read after: what it wrote before it ended is in the file
             chunk = f.read(1 << 16)
@@ -234,6 +239,11 @@ def run_jobs(
     return bool(got) or interrupted
 
 
+def one_line(err: BaseException) -> str:
+    """A run's failure, as the summary and the report show it."""
+    return f"{type(err).__name__}: {err}".splitlines()[0]
+
+
 def child_main(argv: list[str]) -> int:
     """A child: run the pickled call; write a failure's message where the parent reads it."""
     call, message, parent = Path(argv[0]), Path(argv[1]), int(argv[2])
@@ -250,7 +260,7 @@ def child_main(argv: list[str]) -> int:
             import traceback
 
             traceback.print_exc()
-        message.write_text(f"{type(err).__name__}: {err}".splitlines()[0])
+        message.write_text(one_line(err))
         return 1
     return 0
 
