@@ -452,8 +452,9 @@ def _side_by_side(ab: Ablation, sharing: int, starts, ended) -> None:
     """The runs `launch.jobs` at a time, each in a process of its own (`side_by_side.run_jobs`), `sharing` of them
     to a device; `starts(i, arm)` and `ended(arm, state, failure)` as the one-at-a-time loop calls them. Finished
     runs are skipped here, in order."""
-    from pretrain.evaluation.side_by_side import Job, run_jobs
+    from pretrain.evaluation.side_by_side import Job, run_jobs, threads_per_job
 
+    threads = threads_per_job(ab.launch.threads, ab.launch.jobs)  # each run's
     queue = list(enumerate(ab.arms, 1))
     by_name = {arm.name: arm for arm in ab.arms}
 
@@ -469,7 +470,7 @@ def _side_by_side(ab: Ablation, sharing: int, starts, ended) -> None:
             except Exception as err:
                 ended(arm, None, one_line(err))
                 continue
-            return Job(arm.name, run_arm_alone, (ab, arm.name, sharing))
+            return Job(arm.name, run_arm_alone, (ab, arm.name, sharing, threads))
         return None
 
     def done(name: str, failure: str | None) -> None:
@@ -483,19 +484,17 @@ def _side_by_side(ab: Ablation, sharing: int, starts, ended) -> None:
     env = single_process_env()
     if not has_cuda():
         env.setdefault("DS_ACCELERATOR", "cpu")
-    if run_jobs(ab.launch.jobs, next_job, done, ab.launch.threads, ab.out / "logs", env):
+    if run_jobs(ab.launch.jobs, next_job, done, threads, ab.out / "logs", env):
         say("stopped: the runs under way were passed the signal; run the same `pretrain ablate` command to go on")
         raise KeyboardInterrupt
 
 
-def run_arm_alone(ab: Ablation, name: str, sharing: int) -> None:
-    """One run of a side-by-side ablation, in a process of its own: its torch threads its share of the host's (or
-    launch.threads), its results in its state.json, which the parent reads; `sharing` runs share its device."""
+def run_arm_alone(ab: Ablation, name: str, sharing: int, threads: int) -> None:
+    """One run of a side-by-side ablation, in a process of its own with `threads` torch threads (its share of the
+    host's, or launch.threads), its results in its state.json, which the parent reads; `sharing` runs share its
+    device."""
     import torch
 
-    from pretrain.evaluation.side_by_side import threads_per_job
-
-    threads = threads_per_job(ab.launch.threads, ab.launch.jobs)
     ab = replace(ab, config=replace(ab.config, launch=replace(ab.launch, threads=threads)))
     torch.set_num_threads(threads)
     run_arm(ab, next(arm for arm in ab.arms if arm.name == name), sharing)

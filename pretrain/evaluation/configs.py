@@ -187,9 +187,10 @@ class AblationConfig:
         if not self.output_dir:
             raise ConfigError(f"{where}: output_dir: the ablation directory is required")
         _positive(self.budget.amount, f"{where}: budget.amount")
-        if self.launch.jobs < 1 or self.launch.threads < 0:
-            key, value = ("jobs", self.launch.jobs) if self.launch.jobs < 1 else ("threads", self.launch.threads)
-            raise ConfigError(f"{where}: launch.{key}: expected {'>= 1' if key == 'jobs' else '>= 0'}, got {value}")
+        if self.launch.jobs < 1:
+            raise ConfigError(f"{where}: launch.jobs: expected >= 1, got {self.launch.jobs}")
+        if self.launch.threads < 0:
+            raise ConfigError(f"{where}: launch.threads: expected >= 0, got {self.launch.threads}")
         if not self.arms:
             raise ConfigError(f"{where}: arms: expected a mapping of arm name -> overrides, e.g. arms: {{mlm: {{}}}}")
         if len(set(self.seeds)) < len(self.seeds):

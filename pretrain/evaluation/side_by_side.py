@@ -186,7 +186,8 @@ def run_jobs(
     logs: Path,
     env: dict,
 ) -> bool:
-    """Run the jobs `next_job()` gives (None: no more), at most `jobs` at once, until all have ended; `done(name,
+    """Run the jobs `next_job()` gives (None: no more), at most `jobs` at once, each with `threads` torch threads
+    (`threads_per_job`), until all have ended; `done(name,
     failure)` is called as each ends (failure: None when it finished, else its one-line message). Returns whether
     the jobs were interrupted: this process signalled (^C, SIGTERM; the running jobs are passed the signal), or a job
     stopped by one of its own (a trainer's SIGTERM). Then no job starts after it, the running ones are waited for,
@@ -212,7 +213,7 @@ def run_jobs(
                 if job is None or got:  # none left, or signalled meanwhile: it does not start
                     break
                 slot = free.pop(0)
-                running.append(_Child(job, slot, devices[slot], threads_per_job(threads, jobs), scratch, logs, env))
+                running.append(_Child(job, slot, devices[slot], threads, scratch, logs, env))
                 if got:  # signalled while it started
                     running[-1].proc.send_signal(got[0])
             time.sleep(0.1)
