@@ -448,7 +448,7 @@ def test_export_from_zero3_and_two_rank_checkpoints(data, tmp_path):
 SLOW_DATA_STAGES = """
 import sys, time
 import pretrain.pipeline as pipeline
-from pretrain.cli import main
+from pretrain.cli import entry
 
 real = pipeline.stage_shards
 
@@ -458,7 +458,7 @@ def slow(*args, **kwargs):  # a corpus whose shards take longer than train.colle
 
 if __name__ == "__main__":  # the shard workers are spawned: they import this file as __mp_main__
     pipeline.stage_shards = slow
-    sys.exit(main())
+    entry()  # as `python -m pretrain.cli`: after a 2-rank run it leaves by os._exit, not through finalization
 """
 
 
