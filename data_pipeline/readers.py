@@ -3,7 +3,7 @@ directories written by `datasets.Dataset.save_to_disk`.
 
 Nothing is ever held in memory whole:
 - line formats are read with a bounded `readline`, so a document is at most `max_document_bytes` in memory,
-  even a 100 MB line with no newline (its excess is read in fixed blocks and thrown away);
+  even a 100 MB line with no newline (its excess is read in fixed blocks and thrown away), compressed or not;
 - Parquet is read one record batch of the text column at a time;
 - Arrow files (datasets' on-disk format) are memory-mapped and read one record batch at a time.
 
@@ -250,48 +250,77 @@ def _open_binary(path: Path) -> BinaryIO:
 
 
 class _ZstdRaw(io.RawIOBase):
-    """Streaming zstd decompression that notices a truncated file.
+    """Streaming zstd decompression in bounded memory that notices a truncated file.
 
-    zstandard's own stream_reader ends quietly at a cut-off frame, which would silently drop the rest of a
-    corpus file; here, input ending inside a frame raises EOFError. Concatenated frames are read in turn.
+    zstandard's stream_reader reads across frames into the caller's buffer (memory is that buffer, however well a
+    long line compresses: decompressobj would hand back all the output of a 128 KiB input chunk at once, 260 MiB for a
+    256 MiB line), but ends quietly at a cut-off frame, which would silently drop the rest of a corpus file. So at its
+    end the frames are walked (`_check_zstd_frames`, headers only) and input ending inside a frame raises EOFError.
     """
 
     def __init__(self, path: Path, zstandard):
         super().__init__()
-        self._zstd = zstandard
+        self._path = path
         self._file = open(path, "rb")
-        self._dec = zstandard.ZstdDecompressor().decompressobj()
-        self._out = memoryview(b"")
-        self._in_frame = False  # input consumed since the last complete frame
+        self._reader = zstandard.ZstdDecompressor().stream_reader(
+            self._file, read_size=1 << 17, read_across_frames=True, closefd=False
+        )
+        self._walked = False
 
     def readable(self) -> bool:
         return True
 
     def readinto(self, buffer) -> int:
-        while not len(self._out):
-            if self._dec.eof:  # a frame ended: the rest of the input starts the next one
-                rest = self._dec.unused_data
-                self._dec = self._zstd.ZstdDecompressor().decompressobj()
-                self._in_frame = False
-                if rest:
-                    self._in_frame = True
-                    self._out = memoryview(self._dec.decompress(rest))
-                    continue
-            chunk = self._file.read(1 << 17)
-            if not chunk:
-                if self._in_frame and not self._dec.eof:
-                    raise EOFError("compressed data ends inside a zstd frame")
-                return 0
-            self._in_frame = True
-            self._out = memoryview(self._dec.decompress(chunk))
-        n = min(len(buffer), len(self._out))
-        buffer[:n] = self._out[:n]
-        self._out = self._out[n:]
+        n = self._reader.readinto(buffer)
+        if n == 0 and not self._walked:
+            self._walked = True
+            _check_zstd_frames(self._path)
         return n
 
     def close(self) -> None:
+        self._reader.close()
         self._file.close()
         super().close()
+
+
+_ZSTD_FRAME = 0xFD2FB528
+_ZSTD_SKIPPABLE = 0x184D2A50  # ..5F: the low 4 bits are free
+
+
+def _check_zstd_frames(path: Path) -> None:
+    """Raise EOFError where `path` ends inside a zstd frame. Walks the frames without decompressing (RFC 8878): a
+    frame's header, then each block's 3-byte header and a jump past its content, to the block flagged last and the
+    optional checksum; a skippable frame says its own size. What is not a frame is left to the decompressor."""
+    size = path.stat().st_size
+    with open(path, "rb", buffering=0) as f:
+
+        def read(pos: int, n: int) -> int:
+            got = os.pread(f.fileno(), n, pos)
+            if len(got) < n:
+                raise EOFError(f"compressed data ends inside the zstd frame that starts at byte {start}")
+            return int.from_bytes(got, "little")
+
+        start = 0
+        while start < size:
+            magic = read(start, 4)
+            if magic & ~0xF == _ZSTD_SKIPPABLE:
+                end = start + 8 + read(start + 4, 4)
+            elif magic == _ZSTD_FRAME:
+                descriptor = read(start + 4, 1)
+                single_segment = descriptor >> 5 & 1
+                content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
+                end = start + 5 + (not single_segment) + (0, 1, 2, 4)[descriptor & 3] + content_size_bytes
+                last = False
+                while not last:
+                    block = read(end, 3)  # bit 0: last block; bits 1-2: type (1: RLE, one byte); then its size
+                    last = bool(block & 1)
+                    end += 3 + (1 if block >> 1 & 3 == 1 else block >> 3)
+                end += 4 * (descriptor >> 2 & 1)  # the content checksum
+            else:
+                return
+            if end > size:
+                raise EOFError(f"compressed data ends inside the zstd frame that starts at byte {start}")
+            start = end
 
 
 _SKIPS = "(on_bad_document=skip skips such lines)"

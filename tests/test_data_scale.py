@@ -4,6 +4,7 @@ kill -9), cache keys, document-bounded packing, multi-worker/multi-rank loading 
 from __future__ import annotations
 
 import collections
+import itertools
 import json
 import os
 import signal
@@ -15,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import zstandard
 from helpers import make_docs, write_jsonl
 
 from data_pipeline import shard_encode
@@ -53,7 +55,6 @@ def test_zstd_parquet_arrow_and_datasets_dir(tmp_path):
     import datasets
     import pyarrow as pa
     import pyarrow.parquet as pq
-    import zstandard
 
     docs = make_docs(12, seed=2)
     (tmp_path / "a.jsonl.zst").write_bytes(
@@ -93,12 +94,33 @@ def test_parquet_null_and_corrupt_zstd_named(tmp_path):
     with pytest.raises(DataError, match=r"n\.parquet: row 2: 'text' is null"):
         list(iter_documents([str(tmp_path / "n.parquet")], on_bad="error"))
 
-    import zstandard
-
     blob = zstandard.ZstdCompressor().compress(b"".join(b'{"text": "doc %d"}\n' % i for i in range(5000)))
     (tmp_path / "t.jsonl.zst").write_bytes(blob[: len(blob) // 2])
     with pytest.raises(DataError, match=r"t\.jsonl\.zst: cannot decompress after line \d+.*truncated or corrupt"):
         list(iter_documents([str(tmp_path / "t.jsonl.zst")]))
+
+
+def test_zstd_cut_anywhere_inside_a_frame_is_named(tmp_path):
+    """Concatenated frames (one with a checksum and no content size) and a skippable frame read through; a file cut
+    anywhere but between frames is an error naming the frame, never a quiet end (zstandard's stream_reader ends
+    quietly there, and the frame walk that catches it reads headers only)."""
+    records = [b"".join(b'{"text": "doc %d %d"}\n' % (f, i) for i in range(400)) for f in range(3)]
+    frames = [zstandard.ZstdCompressor().compress(r) for r in records[:2]]
+    frames.insert(1, (0x184D2A5A).to_bytes(4, "little") + (5).to_bytes(4, "little") + b"notes")  # skippable
+    frames.append(zstandard.ZstdCompressor(write_checksum=True, write_content_size=False).compress(records[2]))
+    whole = b"".join(frames)
+    ends = list(itertools.accumulate(map(len, frames)))
+    docs_before = {end: 400 * sum(1 for e in ends[: i + 1] if e != ends[1]) for i, end in enumerate(ends)}
+    path = tmp_path / "m.jsonl.zst"
+    path.write_bytes(whole)
+    assert len(list(iter_documents([str(path)]))) == 1200
+    for cut in sorted(set(range(1, len(whole), 37)) | {len(whole) - k for k in range(1, 6)} | set(ends)):
+        path.write_bytes(whole[:cut])
+        if cut in docs_before:
+            assert len(list(iter_documents([str(path)]))) == docs_before[cut]
+            continue
+        with pytest.raises(DataError, match=r"ends inside the zstd frame that starts at byte \d+.*truncated"):
+            list(iter_documents([str(path)]))
 
 
 def test_truncated_arrow_stream_is_named(tmp_path, capfd):
@@ -132,18 +154,18 @@ def test_truncated_arrow_stream_is_named(tmp_path, capfd):
         list(iter_documents([str(inside)]))
 
 
-@pytest.mark.parametrize("fmt", ["jsonl", "txt"])
+@pytest.mark.parametrize("fmt", ["jsonl", "txt", "jsonl.zst"])
 def test_huge_line_bounded_memory(tmp_path, fmt):
     """A 16 MiB line without a newline, limit 1 MiB: skipped and counted (or an error naming file:line),
-    never read whole (memory is a few times the limit, not the line), and the documents after it come through."""
+    never read whole (memory is a few times the limit, not the line), and the documents after it come through.
+    Compressed too: zstd makes a few KiB of that line, which zstandard's decompressobj handed back whole."""
     huge = "x" * (16 << 20)
     path = tmp_path / f"big.{fmt}"
-    if fmt == "jsonl":
-        path.write_text(
-            json.dumps({"text": "before"}) + "\n" + json.dumps({"text": huge}) + "\n" + json.dumps({"text": "after"})
-        )
-    else:
+    if fmt == "txt":
         path.write_text("before\n\n" + huge + "\nmore of it\n\nafter")
+    else:
+        text = json.dumps({"text": "before"}) + "\n" + json.dumps({"text": huge}) + "\n" + json.dumps({"text": "after"})
+        path.write_bytes(zstandard.ZstdCompressor().compress(text.encode()) if fmt.endswith(".zst") else text.encode())
     skipped = collections.Counter()
     tracemalloc.start()
     docs = [d.text for d in iter_documents([str(path)], skipped=skipped, max_document_bytes=1 << 20)]
