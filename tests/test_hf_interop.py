@@ -313,12 +313,27 @@ def _import(tmp_path, directory, objectives, **overrides):
     return cfg, tokens, build_model(cfg, tokens).eval()
 
 
+# A run config with architecture options of ours away from their defaults (a ModernBERT preset's, and more): none
+# of it may reach a model imported from a checkpoint that does not have it (a BERT has no sliding window).
+RUN_ARCHITECTURE = dict(
+    norm_placement="pre",
+    position_embedding="rope",
+    rope_theta=160000.0,
+    local_attention=16,
+    global_every=2,
+    local_rope_theta=5000.0,
+    activation="geglu",
+    use_bias=False,
+    layer_norm_eps=1e-3,
+)
+
+
 @pytest.mark.parametrize("name", list(IMPORTS))
 def test_import_matches_transformers_and_reexports_the_same_tensors(name, tmp_path, recwarn):
     cls, config, objectives, arch = IMPORTS[name]
     src = tmp_path / "src"
     _hf_checkpoint(src, cls(config))
-    cfg, tokens, model = _import(tmp_path, src, objectives)
+    cfg, tokens, model = _import(tmp_path, src, objectives, **RUN_ARCHITECTURE)
     assert not [w for w in recwarn.list if issubclass(w.category, InitFromWarning)], [str(w.message) for w in recwarn]
 
     hf = load_hf(src, name)

@@ -49,12 +49,29 @@ def read_hf_config(directory: str | Path) -> Any:
     return transformers.AutoConfig.from_pretrained(str(directory), local_files_only=True)
 
 
+# ModelConfig fields that do not change what the weights mean: they stay the run's. Every other field is the
+# checkpoint's: its record's `from_config`, or, where the record does not set it (a BERT has no sliding window, no
+# RoPE), our default, which is the feature off. A field added later is then off on import until a record sets it.
+TRAINING_FIELDS = (
+    "hidden_dropout",
+    "attention_dropout",
+    "initializer_range",
+    "pad_token_id",  # the checkpoint's where its config has one; the tokenizer's otherwise (pretrain.train.setup)
+    "unpadded",
+    "compile",
+    "compile_mode",
+    "activation_checkpointing",
+    "init_from",
+)
+
+
 def model_config_from_hf(hf_cfg: Any, base: ModelConfig, where: str = "model.init_from") -> ModelConfig:
-    """`base` with the architecture fields of the checkpoint's config (its record's `from_config`). Training-time
-    fields (dropout, initializer_range, compile, unpadded, ...) stay the run's: they do not change the weights'
-    meaning."""
+    """`base` with the architecture fields of the checkpoint's config (its record's `from_config`; the rest of
+    them at our defaults, see TRAINING_FIELDS). Training-time fields (dropout, initializer_range, compile,
+    unpadded, ...) stay the run's: they do not change the weights' meaning."""
     t = hf_cfg.model_type
-    arch: dict[str, Any] = dict(
+    arch: dict[str, Any] = {f: v for f, v in vars(ModelConfig()).items() if f not in TRAINING_FIELDS}
+    arch |= dict(
         vocab_size=hf_cfg.vocab_size,
         hidden_size=hf_cfg.hidden_size,
         num_layers=hf_cfg.num_hidden_layers,
