@@ -182,6 +182,33 @@ def test_refusals(tokens, tokenizer_dir, tmp_path):
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary directory left
 
 
+def test_a_conversion_again_keeps_the_users_files_and_writes_through_a_link(tokens, tokenizer_dir, tmp_path):
+    """A conversion replaces its own entries only, as an export does: the user's evaluation folder and notes (beside
+    ours, and inside 1_Pooling) stay. A symlinked output is written through, the link kept, every time; the link an
+    older version renamed aside (`.old-NAME`) is left alone and in nobody's way."""
+    _, hf_dir = export("bert", tokens, tokenizer_dir, tmp_path / "hf")
+    out = export_sentence_transformers(hf_dir, tmp_path / "st", normalize=True)
+    (out / "my-eval").mkdir()
+    (out / "my-eval" / "scores.txt").write_text("0.81")
+    (out / "1_Pooling" / "why.txt").write_text("mean pooling")
+    again = export_sentence_transformers(hf_dir, out, pooling="cls")
+    assert (again / "my-eval" / "scores.txt").read_text() == "0.81"
+    assert (again / "1_Pooling" / "why.txt").read_text() == "mean pooling"
+    assert json.loads((again / "1_Pooling" / "config.json").read_text())["pooling_mode_cls_token"]
+    assert not (again / "2_Normalize").exists()
+    assert sentence_transformers.SentenceTransformer(str(again), device="cpu").encode(SENTENCES[:2]).shape[0] == 2
+
+    storage, link = tmp_path / "storage", tmp_path / "links" / "st"
+    storage.mkdir()
+    link.parent.mkdir()
+    link.symlink_to(storage)
+    (link.parent / ".old-st").symlink_to(storage)  # what the swapping version left after failing on a link
+    for pooling in ("mean", "cls"):
+        assert export_sentence_transformers(hf_dir, link, pooling=pooling) == storage
+        assert link.is_symlink() and (storage / "modules.json").is_file()
+    assert (link.parent / ".old-st").is_symlink() and sorted(p.name for p in link.parent.iterdir()) == [".old-st", "st"]
+
+
 @pytest.mark.slow
 def test_export_format_flag_through_the_cli(tmp_path):
     """`pretrain export RUN --format sentence-transformers`: beside the HF export, truncating at the run's length,

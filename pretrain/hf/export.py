@@ -100,11 +100,11 @@ def position_limit(config: dict) -> int:
     return limit
 
 
-def _remove_leftover(path: Path) -> None:
+def _remove_leftover(path: Path, kind: str) -> None:
     """A temporary directory a crashed export left: removed only if it carries our marker (or is empty: a crash
     before the marker was written)."""
     if path.exists():
-        if marked_kind(path) != "export" and any(path.iterdir()):
+        if marked_kind(path) != kind and any(path.iterdir()):
             raise UserError(
                 f"{path} is in the way of the export (this tool uses that name for its temporary "
                 "directory, and did not write it): move it away"
@@ -112,9 +112,9 @@ def _remove_leftover(path: Path) -> None:
         shutil.rmtree(path)
 
 
-def _install(new: Path, dest: Path) -> None:
+def _install(new: Path, dest: Path, entries: frozenset[str]) -> None:
     """Move each entry the export wrote from `new` into `dest`, file by file (each os.replace atomic), and take
-    away the entries an earlier export wrote that this one does not; whatever else `dest` holds stays."""
+    away the `entries` an earlier export wrote that this one does not; whatever else `dest` holds stays."""
     dest.mkdir(exist_ok=True)
     written = sorted(new.iterdir())
     for entry in written:
@@ -124,33 +124,33 @@ def _install(new: Path, dest: Path) -> None:
         if entry.is_dir():
             if target.is_symlink() or (target.exists() and not target.is_dir()):
                 target.unlink()
-            _install(entry, target)
+            _install(entry, target, entries)
         else:
             if target.is_dir() and not target.is_symlink():
                 shutil.rmtree(target)
             os.replace(entry, target)
-    for stale in EXPORT_ENTRIES - {MARKER} - {p.name for p in written}:
-        _remove_ours(dest / stale)
+    for stale in entries - {MARKER} - {p.name for p in written}:
+        _remove_ours(dest / stale, entries)
 
 
-def _remove_ours(path: Path) -> None:
+def _remove_ours(path: Path, entries: frozenset[str]) -> None:
     """Remove an entry an earlier export wrote, keeping what the user put inside it (then the folder stays)."""
     if path.is_dir() and not path.is_symlink():
-        for inner in EXPORT_ENTRIES & {p.name for p in path.iterdir()}:
-            _remove_ours(path / inner)
+        for inner in entries & {p.name for p in path.iterdir()}:
+            _remove_ours(path / inner, entries)
         if not any(path.iterdir()):
             path.rmdir()
     elif path.is_file() or path.is_symlink():
         path.unlink()
 
 
-def _remove_old_leftovers(out_dir: Path) -> None:
+def _remove_old_leftovers(out_dir: Path, kind: str) -> None:
     """What an earlier version, which swapped whole directories, left beside out_dir when it crashed: only
     directories of ours (marked, or empty), never a link (that version renamed a symlinked --out to .old-NAME)."""
     for name in (".tmp-" + out_dir.name, ".old-" + out_dir.name):
         path = out_dir.parent / name
         try:
-            if path.is_dir() and not path.is_symlink() and (marked_kind(path) == "export" or not any(path.iterdir())):
+            if path.is_dir() and not path.is_symlink() and (marked_kind(path) == kind or not any(path.iterdir())):
                 shutil.rmtree(path, ignore_errors=True)
         except OSError:  # tidying only: the export itself is done
             pass
@@ -165,43 +165,57 @@ def write_hf_dir(
 ) -> Path:
     """Write each part (subdirectory, HF config, HF state dict, README text) with the tokenizer files into a
     temporary directory, run `check` on it (the parity check: it raises if the export does not reproduce the
-    model), and only then move the new files into out_dir, over the previous export's; files the export does not
-    write (the user's notes, a fine-tuned model in a subfolder) are kept. A failure before that move, the check's
-    included, leaves out_dir as it was. Returns out_dir, symlinks resolved (a link is written through, and kept).
+    model), and only then move the new files into out_dir, over the previous export's (`replace_output`).
+    Returns out_dir, symlinks resolved.
 
     out_dir must be absent, empty or an export of ours (`outputs.claim_output`), and neither one of `inputs`
     (description -> path; the tokenizer directory always counts) nor a directory holding one."""
-    given = Path(out_dir)
-    check_not_input(given, {**(inputs or {}), "the tokenizer directory": tokenizer_dir})
-    claim_output(given, "export", "--out")
+
+    def write(tmp: Path) -> None:
+        for sub, config, state, readme in parts:
+            where = tmp / sub
+            # pairs typed as this architecture's; no longer inputs than its position table holds
+            copy_tokenizer_files(tokenizer_dir, where, config, position_limit(config.to_dict()))
+            strip_space_before_mask(where)  # fill-mask input as pretraining masked words
+            config.save_pretrained(where)  # writes config.json
+            save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
+            (where / "README.md").write_text(readme)
+        if check is not None:
+            check(tmp)
+
+    inputs = {**(inputs or {}), "the tokenizer directory": tokenizer_dir}
+    return replace_output(Path(out_dir), "export", EXPORT_ENTRIES, write, inputs, "--out")
+
+
+def replace_output(
+    given: Path, kind: str, entries: frozenset[str], write: Callable[[Path], None], inputs: dict[str, Path], flag: str
+) -> Path:
+    """Have `write` fill a temporary directory inside `given` (it raises to refuse: `given` is then as it was), then
+    move what it wrote into `given`, over the `entries` of the previous output of this `kind`; entries the output does
+    not write (the user's notes, a fine-tuned model in a subfolder) are kept. Returns `given`, symlinks resolved (a
+    link is written through, and kept). `given` must be absent, empty or an output of this kind, and neither one of
+    `inputs` (description -> path) nor a directory holding one; `flag` names it in errors."""
+    check_not_input(given, inputs)
+    claim_output(given, kind, flag)
     out_dir = given.resolve()  # `.`, `..` and symlinks: the directory the user means, written in place
     created = not out_dir.exists()
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
         with exclusive_waiting(out_dir, "exporting"):
-            mark_output(out_dir, "export")
+            mark_output(out_dir, kind)
             tmp = out_dir / TMP
-            _remove_leftover(tmp)  # left by an export that crashed
-            mark_output(tmp, "export")
+            _remove_leftover(tmp, kind)  # left by an export that crashed
+            mark_output(tmp, kind)
             try:
-                for sub, config, state, readme in parts:
-                    where = tmp / sub
-                    # pairs typed as this architecture's; no longer inputs than its position table holds
-                    copy_tokenizer_files(tokenizer_dir, where, config, position_limit(config.to_dict()))
-                    strip_space_before_mask(where)  # fill-mask input as pretraining masked words
-                    config.save_pretrained(where)  # writes config.json
-                    save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
-                    (where / "README.md").write_text(readme)
-                if check is not None:
-                    check(tmp)
+                write(tmp)
                 sync_tree(tmp)  # the new files on the disk before any replaces an old one
                 write_atomic(out_dir / INCOMPLETE, "an export is replacing this directory's files\n")
-                _install(tmp, out_dir)
+                _install(tmp, out_dir, entries)
                 fsync_path(out_dir)
                 (out_dir / INCOMPLETE).unlink()
             finally:
                 shutil.rmtree(tmp, ignore_errors=True)
-            _remove_old_leftovers(out_dir)
+            _remove_old_leftovers(out_dir, kind)
     except BaseException as err:
         if created and out_dir.is_dir() and not [p for p in out_dir.iterdir() if p.name != MARKER]:
             shutil.rmtree(out_dir, ignore_errors=True)  # nothing exported: leave no trace of the attempt
@@ -209,7 +223,7 @@ def write_hf_dir(
             raise ExportError(f"{err}; nothing was written to {given}, which is as it was") from None
         if isinstance(err, OSError) and err.errno != errno.ENOSPC:  # a full disk has its own message in the CLI
             raise UserError(
-                f"cannot export to --out {given}: {err.strerror or err} ({err.filename or out_dir})"
+                f"cannot export to {flag} {given}: {err.strerror or err} ({err.filename or out_dir})"
             ) from None
         raise
     return out_dir

@@ -26,11 +26,26 @@ from safetensors.torch import load_file, save_file
 
 from data_pipeline.tokenizer import TOKENIZER_FILES
 from pretrain.core.errors import UserError
-from pretrain.core.outputs import check_not_input, claim_output, mark_output, marked_kind
-from pretrain.hf.export import check_model_dir, position_limit
+from pretrain.core.outputs import MARKER
+from pretrain.hf.export import check_model_dir, position_limit, replace_output
 
 POOLINGS = ("mean", "cls")
 KIND = "sentence-transformers"  # the output kind in pretrain.core.outputs
+# What the conversion writes: a conversion again replaces these (and removes those it no longer writes, 2_Normalize)
+ENTRIES = frozenset(
+    {
+        *TOKENIZER_FILES,
+        "config.json",
+        "model.safetensors",
+        "sentence_bert_config.json",
+        "1_Pooling",
+        "2_Normalize",
+        "modules.json",
+        "config_sentence_transformers.json",
+        "README.md",
+        MARKER,
+    }
+)
 
 # Module class references as saved models name them; sentence-transformers >= 6 maps these to its new locations.
 _MODULES = {
@@ -149,8 +164,9 @@ def export_sentence_transformers(
     adds L2 normalisation; `max_seq_length` (longer inputs are truncated) defaults to the tokenizer's
     model_max_length capped by the position table (pass the run's data.max_seq_len to keep to what it trained on).
 
-    out_dir must be absent, empty or an earlier output of this function, and not hold `hf_dir`. It is written beside
-    itself first and swapped into place, so it is never half written. Returns out_dir."""
+    out_dir must be absent, empty or an earlier output of this function, and not hold `hf_dir`. It is written as an
+    export is (`replace_output`): never half written, a symlink written through, and the entries this function does
+    not write (the user's) kept. Returns out_dir, symlinks resolved."""
     hf_dir, out_dir = Path(hf_dir), Path(out_dir)
     if pooling not in POOLINGS:
         raise UserError(f"pooling '{pooling}' is not one of {', '.join(POOLINGS)}")
@@ -160,20 +176,15 @@ def export_sentence_transformers(
         max_seq_length = default_max_seq_length(hf_dir, config)
     elif not 2 <= max_seq_length <= limit:  # [CLS] and [SEP] at least; positions beyond the table do not exist
         raise UserError(f"max_seq_length {max_seq_length} is outside 2..{limit}, the lengths {hf_dir} can encode")
-    check_not_input(out_dir, {"the HF export being converted": hf_dir})
-    claim_output(out_dir, KIND, "the sentence-transformers directory")
-
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_dir.parent / f".tmp-{out_dir.name}"
-    _remove_leftover(tmp)
-    mark_output(tmp, KIND)
-    try:
-        _write(tmp, hf_dir, config, pooling, normalize, max_seq_length, _model_name(hf_dir, out_dir))
-        _swap_into_place(tmp, out_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-    return out_dir
+    name = _model_name(hf_dir, out_dir)
+    return replace_output(
+        out_dir,
+        KIND,
+        ENTRIES,
+        lambda tmp: _write(tmp, hf_dir, config, pooling, normalize, max_seq_length, name),
+        {"the HF export being converted": hf_dir},
+        "--st-out",
+    )
 
 
 def _write(
@@ -258,22 +269,3 @@ def _model_name(hf_dir: Path, out_dir: Path) -> str:
 
 def _write_json(path: Path, data) -> None:
     path.write_text(json.dumps(data, indent=2) + "\n")
-
-
-def _remove_leftover(path: Path) -> None:
-    """A temporary or displaced directory a crashed conversion left: removed only if it is ours (or empty)."""
-    if path.exists():
-        if marked_kind(path) != KIND and any(path.iterdir()):
-            raise UserError(f"{path} is in the way (this tool uses that name while writing, and did not write it)")
-        shutil.rmtree(path)
-
-
-def _swap_into_place(tmp: Path, out_dir: Path) -> None:
-    """At every instant out_dir is the previous conversion or the new one, never a mix."""
-    old = out_dir.parent / f".old-{out_dir.name}"
-    _remove_leftover(old)
-    if out_dir.exists():
-        out_dir.rename(old)
-    tmp.rename(out_dir)
-    if old.exists():
-        shutil.rmtree(old)
