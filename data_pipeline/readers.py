@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import BinaryIO
 
 from pretrain.core.errors import DataError
+from pretrain.core.outputs import MARKER
 
 COMPRESSION = (".gz", ".zst", ".zstd")
 LINE_SUFFIXES = (".jsonl", ".json", ".txt")
@@ -148,7 +149,14 @@ def _files_under(directory: Path) -> list[Path]:
     seen = {os.path.realpath(directory)}  # symlinked directories are followed, each real one once (no loops)
     for root, dirs, files in os.walk(directory, followlinks=True):
         here = Path(root)
-        dirs[:] = [d for d in dirs if not d.startswith(".") and os.path.realpath(here / d) not in seen]
+        # Not into hidden folders, nor into this tool's outputs (shards, a tokenizer, a run, an export: marked) placed
+        # inside a corpus directory: their .json files would be read as corpus the next time, and the shards not
+        # found again for a corpus that now includes them.
+        dirs[:] = [
+            d
+            for d in dirs
+            if not d.startswith(".") and os.path.realpath(here / d) not in seen and not (here / d / MARKER).is_file()
+        ]
         seen.update(os.path.realpath(here / d) for d in dirs)
         for d in dirs:
             if (here / d / "dataset_dict.json").is_file():

@@ -83,6 +83,20 @@ def test_zstd_parquet_arrow_and_datasets_dir(tmp_path):
     assert [d.text for d in iter_documents([str(tmp_path / "dd" / "train")])] == ["x"]
 
 
+def test_outputs_inside_a_corpus_directory_are_not_corpus(tmp_path):
+    """A tokenizer and shards written inside the corpus directory they are built from: the walk does not read their
+    .json files as corpus (it skips this tool's marked outputs), so the same build again is the cache hit it was."""
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    write_jsonl(corpus / "a.jsonl", make_docs(30, seed=4))
+    train_tokenizer([str(corpus)], corpus / "tok", vocab_size=256, show_progress=False)
+    first = build_shards([str(corpus)], corpus / "tok", corpus / "shards")
+    (corpus / "shards" / "notes.json").write_text('{"text": "the user\'s, in an output of ours"}')
+    assert expand_inputs([str(corpus)]) == [corpus / "a.jsonl"]
+    again = build_shards([str(corpus)], corpus / "tok", corpus / "shards")
+    assert again == first and again["counts"]["documents"] == 30
+
+
 def test_parquet_null_and_corrupt_zstd_named(tmp_path):
     import pyarrow as pa
     import pyarrow.parquet as pq
