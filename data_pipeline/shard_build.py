@@ -33,6 +33,7 @@ import numpy as np
 from data_pipeline.readers import (
     DEFAULT_MAX_DOCUMENT_BYTES,
     describe_inputs,
+    describe_skipped,
     expand_inputs,
     input_fingerprint,
     iter_documents,
@@ -318,8 +319,8 @@ def _write_manifest(
     if not total["documents"]:
         _clear(out)
         raise DataError(
-            f"empty corpus: no usable documents in {describe_inputs(build.paths)}"
-            + (f" (skipped: {dict(skipped)})" if skipped else "")
+            f"empty corpus: no usable documents in {describe_inputs(build.paths)}: "
+            + describe_skipped(skipped, settings["text_field"])
         )
     manifest = {
         "format_version": FORMAT_VERSION,

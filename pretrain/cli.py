@@ -311,7 +311,14 @@ def cmd_eval(args) -> int:
 
     json_path = json_output(args.json)
     result = evaluate_mlm(
-        Path(args.target), args.shards, args.corpus, args.max_samples, args.max_seq_len, args.batch_size
+        Path(args.target),
+        args.shards,
+        args.corpus,
+        args.max_samples,
+        args.max_seq_len,
+        args.batch_size,
+        text_field=args.text_field,
+        text_documents=args.text_documents,
     )
     print(format_eval(result))
     write_json(json_path, result)

@@ -393,6 +393,21 @@ def eval_args(p):
         help="tokens per sequence (0 = the model's positions, at most 128)",
     )
     add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=positive_int, help="sequences per batch")
+    run_reads = "default: as a run or checkpoint target read its own corpus, its data.{}; for an HF directory, {}"
+    p.add_argument(
+        "--text-field",
+        metavar="FIELD",
+        help="--corpus: the JSON field holding each document's text ("
+        + run_reads.format("text_field", field_default(DataConfig, "text_field"))
+        + ")",
+    )
+    p.add_argument(
+        "--text-documents",
+        choices=CHOICES["data.text_documents"],
+        help="--corpus: what a document is in a plain-text file: paragraphs (separated by blank lines) or lines ("
+        + run_reads.format("text_documents", field_default(DataConfig, "text_documents"))
+        + ")",
+    )
     p.add_argument("--json", help="also write the result to this JSON file (missing directories are created)")
 
 

@@ -283,6 +283,34 @@ def test_eval_without_max_seq_len_fits_a_model_of_fewer_positions(tmp_path):
 
 
 @pytest.mark.slow
+def test_eval_reads_a_held_out_corpus_as_the_run_read_its_own(tmp_path, capsys):
+    """A run trained on JSON Lines with its text under `body`: `pretrain eval RUN --corpus` reads held-out data of that
+    format (it read `text` only: no documents); a .txt held-out file is read as the run reads plain text (paragraphs),
+    or a document per line with --text-documents lines, each reading built and cached apart."""
+    from helpers import run_args
+
+    from pretrain.cli import main
+
+    texts = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines()[:26]]
+    corpus, held, held_txt = tmp_path / "train.jsonl", tmp_path / "held.jsonl", tmp_path / "held.txt"
+    corpus.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts[:20]))
+    held.write_text("".join(json.dumps({"body": t}) + "\n" for t in texts[20:24]))
+    held_txt.write_text("".join(" ".join(t.split()) + "\n" for t in texts[20:26]))  # a document per line
+    pretrain("run", *run_args(tmp_path, corpus, "data.text_field=body"), "--no-demo", cwd=tmp_path)
+
+    def documents(*args) -> int:
+        assert main(["eval", str(tmp_path / "r"), "--max-samples", "2", *args]) == 0
+        shards = json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shards"]
+        return json.loads((Path(shards) / "manifest.json").read_text())["counts"]["documents"]
+
+    assert documents("--corpus", str(held)) == 4
+    assert documents("--corpus", str(held_txt), "--text-documents", "lines") == 6
+    assert documents("--corpus", str(held_txt)) == 1  # paragraphs, as the run reads text: one without blank lines
+    assert main(["eval", str(tmp_path / "r"), "--corpus", str(held), "--text-field", "text"]) == 2
+    assert "'text'" in capsys.readouterr().err  # the field it looked for, named
+
+
+@pytest.mark.slow
 def test_finetune_pair_task_two_seeds(ablation, capsys):
     from pretrain.cli import main
     from pretrain.evaluation.finetune import finetune

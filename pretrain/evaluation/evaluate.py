@@ -23,6 +23,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
+from pretrain.core.config import DataConfig
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.train.distributed import local_device
@@ -137,8 +138,26 @@ def check_held_out(shards: str | None, corpus: list[str] | None) -> None:
         raise UserError("give held-out data: --shards DIR (built with the model's tokenizer) or --corpus FILE")
 
 
-def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path) -> Path:
-    """Held-out shards: given, or built once from `corpus` with the model's tokenizer (cached by content)."""
+def corpus_reading(target: Path, hf_dir: bool, text_field: str | None, text_documents: str | None) -> dict[str, str]:
+    """How a held-out corpus is read (build_shards' text_field, text_documents): as given, else as the run read its
+    own (a run or checkpoint target: its data.text_field and data.text_documents), else the defaults."""
+    data = DataConfig()
+    if not hf_dir:
+        from pretrain.train.checkpoint import resolve_checkpoint
+        from pretrain.train.setup import checkpoint_config
+
+        data = checkpoint_config(resolve_checkpoint(target))[0].data
+    return {
+        "text_field": text_field or data.text_field,
+        "text_documents": text_documents or data.text_documents,
+    }
+
+
+def resolve_shards(
+    tokenizer_dir: Path, shards: str | None, corpus: list[str] | None, cache_root: Path, reading: dict[str, str]
+) -> Path:
+    """Held-out shards: given, or built once from `corpus` with the model's tokenizer, read as `reading` says
+    (`corpus_reading`; cached by content and reading)."""
     check_held_out(shards, corpus)
     if shards:
         return Path(shards)
@@ -147,9 +166,11 @@ def resolve_shards(tokenizer_dir: Path, shards: str | None, corpus: list[str] | 
     from data_pipeline.tokenizer import tokenizer_hash
 
     files = expand_inputs(corpus)
-    key = hashlib.sha256(json.dumps([sorted(map(str, files)), tokenizer_hash(tokenizer_dir)]).encode()).hexdigest()
-    out = cache_root / f"eval-shards-{key[:12]}"
-    build_shards(files, tokenizer_dir, out, num_workers=0)  # a cache hit when it exists
+    # the reading is in the key only where it is not the default, so caches built before it was keep their names
+    said = sorted((k, v) for k, v in reading.items() if v != getattr(DataConfig(), k))
+    key = [sorted(map(str, files)), tokenizer_hash(tokenizer_dir), *([said] if said else [])]
+    out = cache_root / f"eval-shards-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
+    build_shards(files, tokenizer_dir, out, num_workers=0, **reading)  # a cache hit when it exists
     return out
 
 
@@ -163,9 +184,12 @@ def evaluate_mlm(
     batch_size: int = 32,
     mask_prob: float = 0.15,
     seed: int = EVAL_SEED,
+    text_field: str | None = None,
+    text_documents: str | None = None,
 ) -> dict:
     """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards. max_seq_len 0: the model's
-    positions, at most DEFAULT_SEQ_LEN (a longer one given is refused)."""
+    positions, at most DEFAULT_SEQ_LEN (a longer one given is refused). text_field, text_documents: how `corpus` is
+    read; None: as a run target read its own corpus (`corpus_reading`)."""
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -188,7 +212,8 @@ def evaluate_mlm(
         elif limit is not None and max_seq_len > limit:
             raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
         cache_root = Path(target) if not hf_dir else Path(target).parent
-        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval")
+        reading = corpus_reading(Path(target), hf_dir, text_field, text_documents)
+        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
     samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep)
