@@ -142,6 +142,34 @@ def test_checkpoints_past_step_99999999_are_found_and_rotated_in_step_order(tmp_
     assert latest_checkpoint(tmp_path).name == "step_100000000"
 
 
+def test_a_resume_from_an_earlier_checkpoint_sets_the_later_ones_aside(tmp_path, capfd):
+    """Checkpoints 2, 4, 6, then `latest` pointed back at 4 (a resume past a loss spike, say at a lower lr): the new
+    timeline's step 6 deleted the complete step 6 of the first. Now it is set aside (each time under a new name),
+    where rotation and resume do not look; only a half-written directory at that step is removed."""
+    from pretrain.train.checkpoint import INTEGRITY, LATEST, all_checkpoints, latest_checkpoint, save_checkpoint
+    from pretrain.train.state import TrainState
+
+    for step in (2, 4, 6):
+        save_checkpoint(FakeEngine(), tmp_path, TrainState(step=step), "lr: 1.0e-3\n", None, keep=2)
+    first = (tmp_path / "step_00000006" / INTEGRITY).read_text()
+    for n, aside in enumerate(("step_00000006.superseded", "step_00000006.superseded-2")):
+        (tmp_path / LATEST).write_text("step_00000004")
+        save_checkpoint(FakeEngine(), tmp_path, TrainState(step=6), f"lr: {n}e-4\n", None, keep=2)
+        assert f"kept as {tmp_path / aside}" in capfd.readouterr().err
+        assert (tmp_path / aside / "config.yaml").read_text() == ("lr: 1.0e-3\n" if n == 0 else "lr: 0e-4\n")
+    assert (tmp_path / "step_00000006.superseded" / INTEGRITY).read_text() == first
+    assert [p.name for p in all_checkpoints(tmp_path)] == ["step_00000004", "step_00000006"]
+    assert latest_checkpoint(tmp_path).name == "step_00000006"
+    (tmp_path / "step_00000008").mkdir()  # what a killed save leaves: no record
+    (tmp_path / "step_00000008" / "partial.pt").write_bytes(b"x")
+    save_checkpoint(FakeEngine(), tmp_path, TrainState(step=8), "lr: 1e-4\n", None, keep=2)
+    assert not (tmp_path / "step_00000008" / "partial.pt").exists() and not capfd.readouterr().err
+    assert sorted(p.name for p in tmp_path.glob("*superseded*")) == [
+        "step_00000006.superseded",
+        "step_00000006.superseded-2",
+    ]
+
+
 @pytest.mark.parametrize("last", ["integrity.json", "latest"])
 def test_a_checkpoint_whose_record_or_pointer_does_not_fit_is_removed(tmp_path, last):
     """The integrity record and `latest` are written after every rank's files, outside the save's failure handling: a

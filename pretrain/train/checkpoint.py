@@ -233,8 +233,8 @@ def save_checkpoint(
     path = root / tag
     rank = dist.get_rank() if dist.is_initialized() else 0
     previous = latest_checkpoint(root) if rank == 0 else None
-    if rank == 0 and path.exists():  # left half-written by a killed job; `latest` never named it
-        shutil.rmtree(path)
+    if rank == 0 and path.exists():
+        _clear_the_way(path)
     _barrier()
     failure = None
     try:
@@ -269,6 +269,28 @@ def save_checkpoint(
         rotate(root, keep, path)
     _barrier()
     return path
+
+
+def _clear_the_way(path: Path) -> None:
+    """A directory already at the step being saved: one a killed save left half-written (`latest` never named it)
+    goes; a complete one is a later checkpoint of the timeline this run resumed before (from an earlier checkpoint,
+    say with a lower learning rate past a loss spike), which is the user's to compare with or go back to: it is set
+    aside as `<tag>.superseded[-N]`, where neither rotation nor resume looks, and said."""
+    if not _complete(path):
+        shutil.rmtree(path)
+        return
+    aside = path.with_name(f"{path.name}.superseded")
+    n = 1
+    while aside.exists():
+        n += 1
+        aside = path.with_name(f"{path.name}.superseded-{n}")
+    os.replace(path, aside)
+    print(
+        f"{path.name} of the timeline this run was resumed before is kept as {aside} (this run writes its own "
+        f"{path.name}); delete it when you no longer need it",
+        file=sys.stderr,
+        flush=True,
+    )
 
 
 def _abandon(path: Path, failure: BaseException | None, previous: Path | None, rank: int) -> NoReturn:
