@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from helpers import one_line_error, run_args, small_corpus, snapshot
+from helpers import PAIR_WORDS, one_line_error, run_args, small_corpus, snapshot, tiny_bert
 from helpers import run_cli as pretrain
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -191,3 +191,22 @@ def test_the_plateau_note_of_an_interrupted_run_is_that_of_one_never_stopped(run
 
     assert note([2, 4, 6]).startswith("masked-LM loss 6.21 after 48 tokens")
     assert note([2, 4, 5, 6]) == note([2, 4, 6])
+
+
+def test_a_run_from_init_from_resumes_with_its_directory_gone(corpus, tmp_path):
+    """A run started from `model.init_from: DIR` resumed after DIR was deleted (a scratch directory purged): it
+    stopped at 'DIR has no config.json', though the checkpoint holds the weights, the architecture and the tokenizer.
+    It now resumes from those; the tokenizer it reads from the checkpoint goes with rotation, and later checkpoints
+    still carry it (from the previous checkpoint's copy)."""
+    init = tiny_bert(tmp_path / "init", PAIR_WORDS)
+    tokenizer = (init / "tokenizer.json").read_bytes()
+    args = run_args(tmp_path, corpus, f"model.init_from={init}", "train.save_every=2", "train.keep_checkpoints=1")
+    pretrain("run", *args, "train.max_steps=2", "--no-demo", cwd=tmp_path)
+    shutil.rmtree(init)
+    proc = pretrain("run", *args, "train.max_steps=6", "--no-demo", cwd=tmp_path)
+    ckpts = tmp_path / "r" / "checkpoints"
+    assert f"model.init_from {init} is gone: resuming from {ckpts / 'step_00000002'}" in proc.stderr
+    assert "resumed from" in proc.stderr and "(step 2" in proc.stderr
+    assert [p.name for p in ckpts.glob("step_*")] == ["step_00000006"]  # step 2, the tokenizer read, rotated away
+    assert (ckpts / "step_00000006" / "tokenizer" / "tokenizer.json").read_bytes() == tokenizer
+    assert json.loads((ckpts / "step_00000006" / "trainer_state.json").read_text())["step"] == 6

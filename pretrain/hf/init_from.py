@@ -25,7 +25,14 @@ from pretrain.hf.architectures.base import InitFromWarning
 from pretrain.hf.architectures.weights import from_hf_state_dict, normalise, read_hf_weights
 from pretrain.hf.export import check_model_dir
 
-__all__ = ["InitFromWarning", "load_init_from", "model_config_from_hf", "read_hf_config", "resolve_init_from"]
+__all__ = [
+    "InitFromWarning",
+    "architecture_fields",
+    "load_init_from",
+    "model_config_from_hf",
+    "read_hf_config",
+    "resolve_init_from",
+]
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +72,17 @@ TRAINING_FIELDS = (
 )
 
 
+def architecture_fields(model: ModelConfig) -> dict[str, Any]:
+    """The fields of `model` that give its weights their meaning (all but TRAINING_FIELDS)."""
+    return {f: v for f, v in vars(model).items() if f not in TRAINING_FIELDS}
+
+
 def model_config_from_hf(hf_cfg: Any, base: ModelConfig, where: str = "model.init_from") -> ModelConfig:
     """`base` with the architecture fields of the checkpoint's config (its record's `from_config`; the rest of
     them at our defaults, see TRAINING_FIELDS). Training-time fields (dropout, initializer_range, compile,
     unpadded, ...) stay the run's: they do not change the weights' meaning."""
     t = hf_cfg.model_type
-    arch: dict[str, Any] = {f: v for f, v in vars(ModelConfig()).items() if f not in TRAINING_FIELDS}
+    arch = architecture_fields(ModelConfig())
     arch |= dict(
         vocab_size=hf_cfg.vocab_size,
         hidden_size=hf_cfg.hidden_size,

@@ -19,7 +19,7 @@ from pretrain.core.config import RunConfig, build_config, load_yaml, read_config
 from pretrain.core.errors import ConfigError, DataError, UserError
 from pretrain.core.schedule import config_at
 from pretrain.core.tokens import SpecialTokens
-from pretrain.hf.init_from import load_init_from, resolve_init_from
+from pretrain.hf.init_from import architecture_fields, load_init_from, resolve_init_from
 from pretrain.model.fp8 import float8_problem
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train import checkpoint as ckpt
@@ -37,7 +37,36 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
     check_scheduled_options(cfg.schedule.values, cfg.objectives)
     if cfg.data.sources and cfg.data.corpus:
         cfg = replace(cfg, data=replace(cfg.data, corpus=[]))
-    return resolve_init_from(cfg) if apply_init_from else cfg
+    if not apply_init_from:
+        return cfg
+    return _resumed_without_init_dir(cfg) or resolve_init_from(cfg)
+
+
+def _resumed_without_init_dir(cfg: RunConfig) -> RunConfig | None:
+    """A run started from `model.init_from: DIR` and resumed after DIR went (a scratch directory purged): its latest
+    checkpoint holds the weights, the architecture its config.yaml was settled with, and the tokenizer it trained
+    with, so those are used (and said) where DIR's would have been. None where DIR is there or nothing resumes."""
+    init = Path(cfg.model.init_from) if cfg.model.init_from else None
+    if init is None or (init / "config.json").is_file() or not (cfg.run_dir / "checkpoints").is_dir():
+        return None
+    try:
+        resumed = ckpt.latest_checkpoint(cfg.run_dir / "checkpoints")
+    except UserError:
+        return None  # the resume itself says what is wrong
+    if resumed is None or not (resumed / "tokenizer" / "tokenizer.json").is_file():
+        return None
+    saved = config_from_dict(load_yaml(resumed / "config.yaml"), apply_init_from=False)
+    model = replace(cfg.model, **architecture_fields(saved.model))
+    reads_init = not cfg.data.tokenizer or Path(cfg.data.tokenizer) == init
+    data = replace(cfg.data, tokenizer=str(resumed / "tokenizer")) if reads_init else cfg.data
+    print(
+        f"[pretrain] model.init_from {init} is gone: resuming from {resumed}, with the architecture"
+        + (" and tokenizer" if reads_init else "")
+        + " it was trained with (the weights are the checkpoint's)",
+        file=sys.stderr,
+        flush=True,
+    )
+    return replace(cfg, model=model, data=data)
 
 
 @dataclass(frozen=True)

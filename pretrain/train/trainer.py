@@ -265,7 +265,8 @@ class Trainer:
         if run.is_main:
             record_start(cfg, config, config_text, latest)
 
-        model = build_model(compile_for_this_machine(cfg, world), run.tokens)
+        # a resume's weights are the checkpoint's: model.init_from's are not read (its directory may be gone)
+        model = build_model(compile_for_this_machine(cfg, world), run.tokens, load_init_weights=latest is None)
         in_fp8 = use_float8(model.encoder) if t.precision == "fp8" else []  # float8 products (pretrain.model.fp8)
         # Resuming on another number of ranks with per-rank optimizer shards goes through the universal layout
         universal = latest is not None and ckpt.needs_universal(latest, world)
