@@ -219,6 +219,8 @@ class ShardSet:
         end = start + length
         if start < 0 or length < 0 or end > self.num_tokens:
             raise IndexError(f"token span [{start}, {end}) outside [0, {self.num_tokens})")
+        if length == 0:  # also at the very end, where no shard starts (a packed chunk of only the last [SEP])
+            return np.zeros(0, self.dtype), np.zeros(0, bool)
         bounds = self._shard_tok_start
         first = int(bounds.searchsorted(start, "right")) - 1
         last = int(bounds.searchsorted(end, "left"))  # exclusive shard bound

@@ -361,6 +361,7 @@ def test_a_corpus_of_more_shards_than_the_process_may_open_is_read_whole(tmp_pat
         assert len(names) == 120
         spans = [(int(a), int(b - a)) for a, b in zip(shards.doc_offsets()[:-1], shards.doc_offsets()[1:])]
         spans += [(0, shards.num_tokens), (3, 61), (shards.num_tokens - 50, 50)]  # across shards, unaligned bits
+        spans += [(0, 0), (int(shards.doc_offsets()[7]), 0), (shards.num_tokens, 0)]  # empty, the end's too
         for start, length in spans:
             ids, words = shards.read_span(start, length)
             assert ids.tolist() == want_ids[start : start + length].tolist()

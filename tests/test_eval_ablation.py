@@ -280,6 +280,10 @@ def test_eval_without_max_seq_len_fits_a_model_of_fewer_positions(tmp_path):
     assert result["max_seq_len"] == 64 and result["masked_tokens"] > 0
     with pytest.raises(UserError, match=r"--max-seq-len 65 is longer than .* \(64 positions\)"):
         evaluate_mlm(model, corpus=[str(corpus)], max_samples=2, max_seq_len=65)
+    with pytest.raises(UserError, match=r"--max-seq-len 2: .* \(>= 3\)"):
+        evaluate_mlm(model, corpus=[str(corpus)], max_seq_len=2)
+    for short in (3, 5):  # every chunk, the last one of only the closing [SEP] included (it was an IndexError)
+        assert evaluate_mlm(model, corpus=[str(corpus)], max_seq_len=short)["max_seq_len"] == short
 
 
 @pytest.mark.slow

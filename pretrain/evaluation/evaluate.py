@@ -202,6 +202,8 @@ def evaluate_mlm(
             f"batch_size must be >= 1 (got {batch_size}), max_samples and max_seq_len >= 0 (got {max_samples}, "
             f"{max_seq_len})"
         )
+    if 0 < max_seq_len < 3:
+        raise UserError(f"--max-seq-len {max_seq_len}: a sequence needs room for [CLS], a token and [SEP] (>= 3)")
     torch.manual_seed(seed)
     hf_dir = _is_hf_dir(Path(target))
     # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
