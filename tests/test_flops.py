@@ -52,6 +52,25 @@ def test_mfu_counts_the_model_once_under_activation_checkpointing():
     assert per_sample["true"] == per_sample["false"] > 0
 
 
+def test_the_flops_probe_leaves_every_random_stream_alone(monkeypatch):
+    """The probe runs at every start and phase change of a run: its throwaway model was built under
+    torch.manual_seed(train.seed), which reseeds the CUDA generators too (only the CPU one was restored), so on a GPU
+    a resume replayed step 0's dropout masks and every rank drew the same ones. No generator is seeded now."""
+    from helpers import TOKENS, make_samples
+
+    from objectives import build_objectives
+    from pretrain.train.trainer import probe_flops_per_sample
+
+    samples = make_samples((30, 17), objectives=build_objectives({"mlm": {}}, TOKENS))
+    seeded = []
+    monkeypatch.setattr(torch, "manual_seed", lambda s: seeded.append(("all", s)))
+    monkeypatch.setattr(torch.cuda, "manual_seed_all", lambda s: seeded.append(("cuda", s)))
+    monkeypatch.setattr(torch.cuda, "manual_seed", lambda s: seeded.append(("cuda", s)))
+    cpu = torch.get_rng_state()
+    assert probe_flops_per_sample(load_config("tiny"), TOKENS, samples, 0) > 0
+    assert seeded == [] and torch.equal(torch.get_rng_state(), cpu)
+
+
 SLOW_PROBE = """
 import time
 

@@ -121,11 +121,16 @@ def model_config_for(cfg: RunConfig, tokens: SpecialTokens):
     return replace(cfg.model, vocab_size=cfg.model.vocab_size or tokens.vocab_size, pad_token_id=tokens.pad)
 
 
-def build_model(cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool = True) -> PretrainingModel:
+def build_model(
+    cfg: RunConfig, tokens: SpecialTokens, load_init_weights: bool = True, seed: bool = True
+) -> PretrainingModel:
     """The model of a resolved run config. With `model.init_from: DIR` (a HF checkpoint directory) and
     `load_init_weights`, its weights come from DIR (heads the checkpoint lacks stay freshly initialised, with a
-    warning). Without them (loading one of our checkpoints, which replaces them anyway) DIR may be gone."""
-    torch.manual_seed(cfg.train.seed)
+    warning). Without them (loading one of our checkpoints, which replaces them anyway) DIR may be gone. `seed`:
+    initialise from train.seed, which reseeds every generator, CUDA's included; off for a throwaway model built
+    while a run trains (its values unused), which must leave the run's random streams alone."""
+    if seed:
+        torch.manual_seed(cfg.train.seed)
     model = PretrainingModel(model_config_for(cfg, tokens), build_objectives(cfg.objectives, tokens))
     if cfg.model.init_from and load_init_weights:
         load_init_from(model, cfg.model.init_from)

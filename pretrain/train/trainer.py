@@ -595,16 +595,18 @@ def probe_flops_per_sample(
 ) -> float:
     """Training FLOPs per sample, counted on a throwaway fp32 CPU copy of the model over `n` real samples.
 
-    A separate model and saved/restored rng keep the run itself untouched (bitwise resume); under ZeRO-3 the
-    engine's own parameters are partitioned anyway. The model's FLOPs, as MFU counts them: without the forward
-    passes activation checkpointing repeats in the backward (that work is the hardware's, not the model's).
+    A separate model, built unseeded (a seed would reset the CUDA generators: the checkpoint's restored streams and
+    each rank's own, on every start and phase), and the CPU rng saved and restored keep the run itself untouched
+    (bitwise resume); under ZeRO-3 the engine's own parameters are partitioned anyway. The model's FLOPs, as MFU
+    counts them: without the forward passes activation checkpointing repeats in the backward (that work is the
+    hardware's, not the model's).
     """
     from data_pipeline.loader import Collator
 
     rng_state = torch.get_rng_state()
     try:
         model = replace(cfg.model, activation_checkpointing=False)
-        probe = build_model(replace(cfg, model=model), tokens, load_init_weights=False)  # shapes, not weights
+        probe = build_model(replace(cfg, model=model), tokens, load_init_weights=False, seed=False)  # shapes only
         batch = Collator(tokens.pad, probe.objectives)([dataset[position + i] for i in range(n)])
         flops = count_step_flops(lambda: probe(batch)[0].backward())
     finally:
