@@ -8,7 +8,8 @@ Sentence pairs are encoded as BERT does, [CLS] A [SEP] B [SEP] with token types 
 template), which is what `objectives.sentence_head.assemble_pair` builds for NSP and SOP. Whether a tokenizer
 returns those types is a setting of the export (`copy_tokenizer_files`), not of the trained tokenizer: it depends on
 the HF architecture, and the trained files stay byte-identical (the run fingerprint hashes tokenizer.json). So is
-[MASK] taking the space before it in a BPE or Unigram export (`strip_space_before_mask`).
+[MASK] taking the space before it in a BPE or Unigram export (`strip_space_before_mask`), and such an export
+reading line breaks as the pipeline does (`join_lines_as_the_pipeline`).
 
 `transformers` is imported lazily: shard workers import this module and only need `tokenizer_hash`.
 """
@@ -451,6 +452,36 @@ def strip_space_before_mask(directory: str | os.PathLike) -> None:
         return
     for token in tokens:
         token["lstrip"] = True
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
+# What the pipeline does to text before a tokenizer whose pieces carry spaces sees it, as normalizers: lines are always
+# sentence boundaries (`sentences._LINES`) and each sentence is encoded stripped. No newline, nor a space at either end
+# of a line, ever reached the model.
+_PIPELINE_LINES = [
+    {"type": "Replace", "pattern": {"Regex": "\\s*\\n\\s*"}, "content": " "},
+    {"type": "Strip", "strip_left": True, "strip_right": True},
+]
+
+
+def join_lines_as_the_pipeline(directory: str | os.PathLike) -> None:
+    """Make a byte-level BPE or Unigram tokenizer.json in `directory` read a line break (with the whitespace around
+    it) as one space, and drop whitespace at either end of the text, as the pipeline did. A multi-line text gave BPE
+    'Ċ' pieces the model never saw in pretraining and cut the next line's first word without its 'Ġ'; a trailing
+    space gave both a lone space piece. For exports only, like `strip_space_before_mask`; WordPiece (whose pieces
+    carry no spaces) is left untouched, as is a file that has these steps."""
+    path = Path(directory) / "tokenizer.json"
+    spec = json.loads(path.read_text(encoding="utf-8"))
+    if (spec.get("model") or {}).get("type") not in _SPACE_IN_PIECES:
+        return
+    normalizer = spec.get("normalizer")
+    steps = normalizer.get("normalizers", []) if (normalizer or {}).get("type") == "Sequence" else [normalizer]
+    steps = [step for step in steps if step]
+    if steps[-len(_PIPELINE_LINES) :] == _PIPELINE_LINES:
+        return
+    spec["normalizer"] = {"type": "Sequence", "normalizers": [*steps, *_PIPELINE_LINES]}
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
     tmp.write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
     os.replace(tmp, path)

@@ -28,7 +28,12 @@ import torch
 from safetensors.torch import save_file
 from torch import nn
 
-from data_pipeline.tokenizer import TOKENIZER_FILES, copy_tokenizer_files, strip_space_before_mask
+from data_pipeline.tokenizer import (
+    TOKENIZER_FILES,
+    copy_tokenizer_files,
+    join_lines_as_the_pipeline,
+    strip_space_before_mask,
+)
 from pretrain.core.errors import UserError
 from pretrain.core.files import fsync_path, sync_tree, write_atomic
 from pretrain.core.outputs import MARKER, check_not_input, claim_output, exclusive_waiting, mark_output, marked_kind
@@ -177,6 +182,7 @@ def write_hf_dir(
             # pairs typed as this architecture's; no longer inputs than its position table holds
             copy_tokenizer_files(tokenizer_dir, where, config, position_limit(config.to_dict()))
             strip_space_before_mask(where)  # fill-mask input as pretraining masked words
+            join_lines_as_the_pipeline(where)  # multi-line input as pretraining read it
             config.save_pretrained(where)  # writes config.json
             save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
             (where / "README.md").write_text(readme)
