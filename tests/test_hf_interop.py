@@ -434,6 +434,17 @@ def test_import_errors_are_clear(tmp_path):
     _hf_checkpoint(src, transformers.ModernBertForMaskedLM(config))
     with pytest.raises(UserError, match="layer_types"):
         _import(tmp_path, src, {"mlm": {}})
+    # the MLM head's activation is a key of its own in ModernBERT: it was not read, and SiLU ran as GELU
+    config.layer_types = ["full_attention"] * 3
+    for act, refused in (("silu", True), ("gelu_pytorch_tanh", False)):
+        config.classifier_activation = act
+        _hf_checkpoint(src, transformers.ModernBertForMaskedLM(config))
+        if refused:
+            with pytest.raises(UserError, match=f"classifier_activation '{act}' has no equivalent here"):
+                _import(tmp_path, src, {"mlm": {}})
+        else:
+            with pytest.warns(InitFromWarning, match=f"classifier_activation '{act}' is the tanh approximation"):
+                _import(tmp_path, src, {"mlm": {}})
 
 
 # ----------------------------------------------------------------------------------------------

@@ -268,19 +268,20 @@ def common_config(model: nn.Module, target: Target, tokens) -> dict[str, Any]:
     )
 
 
-def check_act(act: str, where: str) -> None:
-    """HF's "gelu" is the exact erf form, ours; the tanh forms import with a warning, others not at all."""
+def check_act(act: str, where: str, key: str = "hidden_act") -> None:
+    """HF's "gelu" is the exact erf form, ours; the tanh forms import with a warning, others not at all. `key`: the
+    config key that names it (ModernBERT's hidden_activation, and classifier_activation for its MLM head)."""
     if act == "gelu":
         return
     if act in ("gelu_new", "gelu_pytorch_tanh", "gelu_fast", "gelu_python"):
         warnings.warn(
-            f"{where}: hidden_act {act!r} is the tanh approximation of GELU; our encoder computes the "
-            "exact erf GELU (differences of about 1e-3 per activation), and exports say 'gelu'",
+            f"{where}: {key} {act!r} is the tanh approximation of GELU; we compute the exact erf GELU "
+            "(differences of about 1e-3 per activation), and exports say 'gelu'",
             InitFromWarning,
             stacklevel=4,
         )
         return
-    raise UserError(f"{where}: hidden_act {act!r} has no equivalent here (our encoder uses GELU)")
+    raise UserError(f"{where}: {key} {act!r} has no equivalent here (we use GELU)")
 
 
 # ----------------------------------------------------------------------------------------------

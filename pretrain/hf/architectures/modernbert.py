@@ -144,7 +144,8 @@ def modernbert_config(model: nn.Module, target: Target, tokens) -> Any:
 
 
 def modernbert_from_config(hf_cfg: Any, where: str) -> dict[str, Any]:
-    check_act(hf_cfg.hidden_activation, where)
+    check_act(hf_cfg.hidden_activation, where, "hidden_activation")
+    check_act(getattr(hf_cfg, "classifier_activation", "gelu"), where, "classifier_activation")  # the MLM head's
     biases = {k: getattr(hf_cfg, k) for k in ("norm_bias", "attention_bias", "mlp_bias")}
     if any(biases.values()):
         raise UserError(f"{where}: ModernBERT with {biases}: only bias-free layers are supported (use_bias=false)")
