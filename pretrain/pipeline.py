@@ -503,6 +503,26 @@ def _refuse_other_models(paths: list[Path]) -> None:
                 f"{path} is not a checkpoint of the model {paths[0]} is: {key} is {b} there, {a} here; only "
                 f"checkpoints of one model (one tokenizer, one architecture) are averaged"
             )
+    _refuse_other_positions(paths)
+
+
+def _refuse_other_positions(paths: list[Path]) -> None:
+    """Checkpoints of one RoPE run on either side of a schedule phase that changed rope_theta (a context extension):
+    the fingerprint records the run's base theta only, and the average was exported under the last one's, though the
+    others' weights were trained to read positions under another."""
+    from pretrain.core.errors import UserError
+    from pretrain.train.setup import checkpoint_config
+
+    models = [checkpoint_config(p)[0].model for p in paths]
+    if models[0].position_embedding != "rope":
+        return
+    for path, model in zip(paths[1:], models[1:]):
+        if model.rope_theta != models[0].rope_theta:
+            raise UserError(
+                f"{path} trained its last step under model.rope_theta {model.rope_theta:g}, {paths[0]} under "
+                f"{models[0].rope_theta:g} (a schedule phase changed it): RoPE positions mean something else under "
+                "each, so their weights are not averaged; average checkpoints of one phase"
+            )
 
 
 def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:

@@ -198,3 +198,28 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
     proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
     assert "tokenizer (sha256 of tokenizer.json) is" in proc.stderr and not (tmp_path / "avg2").exists()
     assert json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())["step"] == 4
+
+
+def test_average_refuses_checkpoints_either_side_of_a_rope_theta_phase(tmp_path):
+    """A RoPE run whose schedule raised rope_theta at step 2 (a context extension): its checkpoints at steps 2 and 4
+    have one fingerprint (it records the base theta), and their average was exported under step 4's theta. Refused
+    now, naming both; two checkpoints of one phase still pass."""
+    import yaml
+
+    from pretrain.core.errors import UserError
+    from pretrain.core.parsing import to_dict
+    from pretrain.pipeline import _refuse_other_positions
+    from pretrain.train.setup import load_config
+    from pretrain.train.state import TrainState
+
+    cfg = load_config("tiny", ["model.position_embedding=rope", "schedule.phases=[{start: 3, rope_theta: 40000}]"])
+    ckpts = {}
+    for step in (2, 3, 4, 5):
+        ckpts[step] = tmp_path / f"step_{step:08d}"
+        ckpts[step].mkdir()
+        (ckpts[step] / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+        TrainState(step=step).save(ckpts[step])
+    _refuse_other_positions([ckpts[2], ckpts[3]])  # steps 1-3 trained at the base theta
+    _refuse_other_positions([ckpts[4], ckpts[5]])
+    with pytest.raises(UserError, match=r"step_00000004 trained its last step under model.rope_theta 40000, .* 10000"):
+        _refuse_other_positions([ckpts[3], ckpts[4]])
