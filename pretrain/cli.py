@@ -357,7 +357,7 @@ def cmd_finetune(args) -> int:
 def cmd_ablate(args) -> int:
     import shlex
 
-    from pretrain.evaluation.ablate import print_commands, run_ablation
+    from pretrain.evaluation.ablate import data_only, print_commands, run_ablation
     from pretrain.evaluation.ablation_plan import load_ablation
     from pretrain.evaluation.ablation_record import copy_record
 
@@ -371,6 +371,12 @@ def cmd_ablate(args) -> int:
     ablation = load_ablation(args.config, args.overrides)
     if args.print_commands:
         print("\n".join(print_commands(ablation)))
+        return 0
+    if args.data_only:
+        data_only(ablation)
+        print(
+            f"[ablate] the data of {ablation.out} is built: {ablation.base.tokenizer_dir}, {ablation.base.shards_dir}"
+        )
         return 0
     if args.copy_record:
         done = copy_record(ablation, Path(args.copy_record))

@@ -468,6 +468,12 @@ def ablate_args(p):
         "the same command again goes on, and writes the report once every run has finished",
     )
     how.add_argument(
+        "--data-only",
+        action="store_true",
+        help="build the tokenizer and shards the runs share, then stop (step 1 of --print-commands where the data "
+        "has weighted data.sources)",
+    )
+    how.add_argument(
         "--copy-record",
         metavar="DIR",
         help="instead of running, copy into the new directory DIR what the report and a resumed ablation need "

@@ -409,3 +409,39 @@ def _runs_a_trainer_of(proc: Path, ablation: Path) -> bool:
     except OSError:
         return False
     return b"train" in command and any(str(ablation).encode() in part for part in command)
+
+
+def test_print_commands_of_weighted_sources_in_a_directory_with_a_space(tmp_path, capsys):
+    """With data.sources, step 1 printed `pretrain tokenizer` and `pretrain shards` over data.corpus, empty there: a
+    usage error, and a flops budget could print no arm until step 1 ran. Step 1 is now `pretrain ablate ...
+    --data-only`, which builds the sources' shards and mixture as the ablation does; and every printed path is a shell
+    word, spaces and all (the launch lines and step 3's were split at a space)."""
+    import shlex
+
+    from helpers import small_corpus
+
+    from pretrain.cli import build_parser, main
+    from pretrain.evaluation.ablate import print_commands
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    a, b = small_corpus(tmp_path, slice(0, 12), "a.jsonl"), small_corpus(tmp_path, slice(12, 24), "b.jsonl")
+    args = [
+        f"eval.tasks=[{tsv_task(tmp_path / 'task', 20)}]",
+        f"output_dir={tmp_path / 'my ablations'}",
+        "run.data.corpus=[]",
+        f"run.data.sources=[{{name: a, corpus: [{a}], weight: 0.7}}, {{name: b, corpus: [{b}], weight: 0.3}}]",
+    ]
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    first = print_commands(load_ablation(tiny, args))
+    step1 = [line for line in first if line.startswith("pretrain ")][0]
+    words = shlex.split(step1)
+    assert words[1:] == ["ablate", str(tmp_path / "my ablations" / "ablation.yaml"), "--data-only"]
+    assert main(words[1:]) == 0 and "is built" in capsys.readouterr().out
+    ab = load_ablation(tiny, args)
+    assert sorted(p.name for p in ab.base.shards_dir.iterdir() if p.is_dir()) == ["a", "b"]
+    again = print_commands(ab)  # the data is there: every arm's flops are measured and its launch line printed
+    launches = [shlex.split(line) for line in again if line.startswith("launch/")]
+    assert len(launches) == sum(arm.pretrain for arm in ab.arms) > 0
+    assert all(Path(words[2]).is_file() and " " in words[2] for words in launches)
+    build_parser().parse_args(shlex.split(again[-1])[1:])  # step 3, one path
+    assert shlex.split(again[-1])[2] == str(tmp_path / "my ablations" / "ablation.yaml")

@@ -599,23 +599,26 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
 def data_commands(ab: Ablation) -> list[str]:
     """`pretrain tokenizer` and `pretrain shards` with every setting of the config that they take, so that they build
     the data `pretrain ablate` would: with the commands' defaults, a cased config got a lowercased tokenizer (its
-    min_frequency, text_field, ... the defaults too), which the arms and the report then used as it was."""
+    min_frequency, text_field, ... the defaults too), which the arms and the report then used as it was. Weighted
+    data.sources (a shard directory per source and the mixture's manifest) have no such commands: `pretrain ablate
+    --data-only` builds them, as the ablation would."""
     d = ab.base.data
-    q = shlex.quote
+    if d.sources:
+        return [f"pretrain ablate {q(ab.out / 'ablation.yaml')} --data-only"]
     corpus = " ".join(q(c) for c in d.corpus)
     reading = (
         f"--text-field {q(d.text_field)} --text-documents {d.text_documents} --on-bad {d.on_bad_document} "
         f"--max-document-bytes {d.max_document_bytes}"
     )
     tokenizer = (
-        f"pretrain tokenizer {corpus} --out {q(str(ab.base.tokenizer_dir))} --type {d.tokenizer_type} "
+        f"pretrain tokenizer {corpus} --out {q(ab.base.tokenizer_dir)} --type {d.tokenizer_type} "
         f"--vocab-size {d.vocab_size} --min-frequency {d.min_frequency}"
         + ("" if d.lowercase else " --cased")
         + ("" if d.strip_accents else " --keep-accents")
         + (f" --sample-docs {d.tokenizer_sample_docs}" if d.tokenizer_sample_docs else "")
     )
     shards = (
-        f"pretrain shards {corpus} --tokenizer {q(str(ab.base.tokenizer_dir))} --out {q(str(ab.base.shards_dir))} "
+        f"pretrain shards {corpus} --tokenizer {q(ab.base.tokenizer_dir)} --out {q(ab.base.shards_dir)} "
         f"--docs-per-shard {d.docs_per_shard}"
     )
     return [f"{tokenizer} {reading}", f"{shards} {reading}"]
@@ -659,12 +662,27 @@ def _print_commands(ab: Ablation) -> list[str]:
         # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
         write_state(arm, {"settings": settings, **read_state(arm), "plan": plan})
         if ab.launch.scheduler == "slurm":
-            lines.append(f"sbatch --job-name=ablate-{arm.name} launch/slurm.sbatch {cfg_path}")
+            lines.append(f"sbatch --job-name={q('ablate-' + arm.name)} launch/slurm.sbatch {q(cfg_path)}")
         else:
-            lines.append(f"launch/single_node.sh {procs} {cfg_path}")
+            lines.append(f"launch/single_node.sh {procs} {q(cfg_path)}")
     write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     lines += [
         "# 3. when the jobs are done: export, downstream evaluation and the report (trained arms are not retrained)",
-        f"pretrain ablate {ab.out / 'ablation.yaml'}",
+        f"pretrain ablate {q(ab.out / 'ablation.yaml')}",
     ]
     return lines
+
+
+def q(path: Path | str) -> str:
+    """A path as a shell word: printed commands are pasted into a shell, spaces and all."""
+    return shlex.quote(str(path))
+
+
+def data_only(ab: Ablation) -> None:
+    """`pretrain ablate --data-only`: the tokenizer and shards the runs share, built as the ablation builds them,
+    and nothing else (step 1 of --print-commands where the data has weighted sources)."""
+    claim_output(ab.out, "ablation", "output_dir")
+    mark_output(ab.out, "ablation")
+    with exclusive(ab.out, BUSY, BUSY_HINT):
+        write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
+        prepare_data(ab)
