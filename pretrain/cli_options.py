@@ -423,14 +423,15 @@ def finetune_args(p):
     add_field_option(p, "--mode", FINETUNE, "mode")  # help, type and choices: FinetuneConfig's field
     # 0 means the mode's default, as in FinetuneConfig (and an ablation's eval:)
     p.add_argument("--epochs", type=non_negative_int, help="epochs (default, or 0: 3 full, 20 probe)")
-    p.add_argument("--lr", type=positive_float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
+    rate = p.add_mutually_exclusive_group()  # one learning rate or a sweep: the sweep's choice replaced --lr
+    rate.add_argument("--lr", type=positive_float, help="peak learning rate (default: 5e-5 full, 1e-2 probe)")
     p.add_argument("--batch-size", type=non_negative_int, help="batch size (default, or 0: 32 full, 64 probe)")
     add_field_option(p, "--max-seq-len", FINETUNE, "max_seq_len", type=non_negative_int)
     add_field_option(p, "--task-type", FINETUNE, "task_type")
     add_field_option(p, "--pooling", FINETUNE, "pooling")
     add_field_option(p, "--max-train", FINETUNE, "max_train", type=non_negative_int)
     add_field_option(p, "--random-init", FINETUNE, "random_init")
-    p.add_argument(
+    rate.add_argument(
         "--lrs",
         type=positive_float,
         nargs="+",

@@ -27,6 +27,12 @@ def test_eval_takes_shards_or_corpus_not_both(tmp_path, capsys):
         evaluate_mlm(tmp_path / "missing", shards=str(tmp_path), corpus=["valid.jsonl"])
 
 
+def test_finetune_takes_one_learning_rate_or_a_sweep_not_both(capsys):
+    """--lr beside --lrs was dropped without a word: the sweep's choice replaced it."""
+    err = _refused(["finetune", "M", "T", "--lr", "0.5", "--lrs", "0.01", "0.02"], capsys)
+    assert "argument --lrs: not allowed with argument --lr" in err
+
+
 @pytest.mark.parametrize(
     "options,expected",
     [

@@ -312,6 +312,9 @@ def test_eval_reads_a_held_out_corpus_as_the_run_read_its_own(tmp_path, capsys):
     assert documents("--corpus", str(held_txt)) == 1  # paragraphs, as the run reads text: one without blank lines
     assert main(["eval", str(tmp_path / "r"), "--corpus", str(held), "--text-field", "text"]) == 2
     assert "'text'" in capsys.readouterr().err  # the field it looked for, named
+    shards = tmp_path / "r" / "shards"  # tokenized already: how to read text means nothing there
+    assert main(["eval", str(tmp_path / "r"), "--shards", str(shards), "--text-documents", "lines"]) == 2
+    assert "--shards are tokenized already" in capsys.readouterr().err
 
 
 @pytest.mark.slow

@@ -4,6 +4,7 @@ decayed there uninterrupted, and leaves its source untouched."""
 
 import json
 import math
+import re
 from dataclasses import replace
 from pathlib import Path
 
@@ -12,7 +13,7 @@ from helpers import one_line_error, run_args, small_corpus, snapshot
 from helpers import run_cli as pretrain
 
 from pretrain.core.config import TrainConfig, read_config
-from pretrain.core.errors import ConfigError
+from pretrain.core.errors import ConfigError, UserError
 from pretrain.train.optim import lr_factor
 
 
@@ -177,3 +178,11 @@ def test_a_decay_branch_stops_where_its_command_says_not_where_its_source_did(tm
     assert (cfg.train.lr, cfg.train.max_minutes, cfg.train.exit_after_steps, cfg.train.max_steps) == (1e-3, 0, 0, 6)
     cfg = decay_config(checkpoint, 2, None, [override, "train.exit_after_steps=1"])[0]
     assert cfg.train.exit_after_steps == 1
+    # what the command sets itself was replaced without a word: refused, naming what sets it
+    for given, said in (
+        ("train.max_steps=100", "train.max_steps itself (the checkpoint's step + --steps); give --steps"),
+        ("train={lr_schedule: cosine}", "train.lr_schedule itself (wsd)"),
+        ("train.decay_steps=1", "train.decay_steps itself (--steps)"),
+    ):
+        with pytest.raises(UserError, match=re.escape(f"{given}: `pretrain decay` sets {said}")):
+            decay_config(checkpoint, 2, None, [override, given])

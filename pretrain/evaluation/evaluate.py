@@ -197,6 +197,8 @@ def evaluate_mlm(
     from pretrain.train.checkpoint import reading_checkpoints
 
     check_held_out(shards, corpus)
+    if shards and (text_field or text_documents):
+        raise UserError("--text-field and --text-documents say how a --corpus is read: --shards are tokenized already")
     if batch_size < 1 or max_samples < 0 or max_seq_len < 0:  # the command line refuses them by option name
         raise UserError(
             f"batch_size must be >= 1 (got {batch_size}), max_samples and max_seq_len >= 0 (got {max_samples}, "

@@ -32,6 +32,12 @@ from pretrain.train.optim import decay_steps, lr_factor
 from pretrain.train.state import TrainState
 
 _SOURCE_LIMITS = ("exit_after_steps", "max_minutes")  # the source's, not inherited (unless given again)
+# What `pretrain decay` sets itself, after the overrides: one given would be replaced without a word
+_DECAY_SETS = {
+    "max_steps": "the checkpoint's step + --steps",
+    "lr_schedule": "wsd",
+    "decay_steps": "--steps",
+}
 BRANCH_FILE = "branch.json"  # in a branch: the source run (or checkpoint), its step and the decay's steps
 
 
@@ -66,6 +72,26 @@ def _with_overrides(saved: dict, overrides: list[str]) -> dict:
     return apply_overrides(data, overrides, REPLACED_BY_PRESET)
 
 
+def _refuse_what_decay_sets(overrides: list[str]) -> None:
+    """An override of a train key `pretrain decay` sets itself (`_DECAY_SETS`), alone or inside train={...}."""
+    for override in overrides:
+        key, _, value = override.partition("=")
+        key = key.strip()
+        given = [key.removeprefix("train.")] if key.startswith("train.") else []
+        if key == "train":
+            try:
+                mapping = yaml.safe_load(value)
+            except yaml.YAMLError:
+                mapping = None  # the override's own parsing names it
+            given = list(mapping) if isinstance(mapping, dict) else []
+        for name in given:
+            if name in _DECAY_SETS:
+                raise UserError(
+                    f"{override}: `pretrain decay` sets train.{name} itself ({_DECAY_SETS[name]}); "
+                    f"{'give --steps' if name != 'lr_schedule' else 'its schedule is wsd'} instead"
+                )
+
+
 def decay_config(
     source: Path, steps: int, name: str | None, overrides: list[str]
 ) -> tuple[RunConfig, Path, TrainState]:
@@ -75,6 +101,7 @@ def decay_config(
 
     if steps < 1:
         raise UserError(f"--steps: the decay needs at least one step, got {steps}")
+    _refuse_what_decay_sets(overrides)
     checkpoint = ckpt.resolve_checkpoint(source)
     state = TrainState.load(checkpoint)
     saved = load_yaml(checkpoint / "config.yaml")
