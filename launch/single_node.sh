@@ -2,9 +2,9 @@
 # One node, several GPUs (or CPU ranks), through the DeepSpeed launcher: `pretrain run`, every stage of a run.
 #   launch/single_node.sh NUM_PROCS CONFIG [key=value ...]
 #   launch/single_node.sh 8 configs/bert-base.yaml train.micro_batch_size=64
-# Data stages (tokenizer, shards) run once on rank 0, skipped where their output exists; the others wait at a
-# barrier, for 30 minutes at most: prepare a corpus that takes longer first (`pretrain tokenizer`, `pretrain
-# shards`, then data.tokenizer= data.shards=). Then training, and the export to <run_dir>/hf.
+# Data stages (tokenizer, shards) run once on rank 0, skipped where their output exists; the others wait for it,
+# however long it takes (they poll the process group's store, outside any collective's timeout). Then training, and
+# the export to <run_dir>/hf.
 # SIGTERM or SIGINT (^C): the ranks finish the step, save a checkpoint and exit 75, and so does this script; the
 # same command resumes.
 set -euo pipefail

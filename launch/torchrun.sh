@@ -23,6 +23,10 @@ if [ "$nnodes" != 1 ]; then
     echo "$0: NNODES=$nnodes needs MASTER_ADDR, an address of node 0 (NODE_RANK=0) that every node reaches" >&2
     exit 2
   fi
+  if [ -z "${NODE_RANK:-}" ]; then  # 0 on every node: each would take the same ranks
+    echo "$0: NNODES=$nnodes needs NODE_RANK on each node: 0 on the node at MASTER_ADDR, 1..$((nnodes - 1)) on the others" >&2
+    exit 2
+  fi
   command=train
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"

@@ -110,8 +110,9 @@ def test_launchers_expand_arrays_that_may_be_empty_safely():
 
 
 def test_torchrun_across_nodes_needs_master_addr(tmp_path):
-    """NNODES > 1: `pretrain train`, on data prepared once and shared; without MASTER_ADDR a one-line error and no
-    torchrun, where 127.0.0.1 left every node but the first waiting for a rendezvous on itself, without a word."""
+    """NNODES > 1: `pretrain train`, on data prepared once and shared; without MASTER_ADDR (or NODE_RANK) a one-line
+    error and no torchrun, where 127.0.0.1 left every node but the first waiting for a rendezvous on itself, without
+    a word (and NODE_RANK 0 on every node gave each the same ranks)."""
     bin_dir = tmp_path / "bin"
     bin_dir.mkdir()
     stand_in(bin_dir, "torchrun", RECORD)
@@ -123,6 +124,10 @@ def test_torchrun_across_nodes_needs_master_addr(tmp_path):
     assert not log.exists(), "torchrun ran"
 
     env["MASTER_ADDR"] = "10.0.0.1"
+    del env["NODE_RANK"]  # it became 0 on every node, each taking the same ranks
+    proc = subprocess.run([LAUNCH / "torchrun.sh", "1", "tiny"], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "needs NODE_RANK on each node" in proc.stderr and not log.exists()
+    env["NODE_RANK"] = "1"
     proc = subprocess.run([LAUNCH / "torchrun.sh", "1", "tiny"], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     args = log.read_text().splitlines()
