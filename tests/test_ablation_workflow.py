@@ -7,7 +7,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import tsv_task
+from helpers import snapshot, tsv_task
 
 from pretrain.core.errors import UserError
 
@@ -421,7 +421,7 @@ def test_print_commands_of_weighted_sources_in_a_directory_with_a_space(tmp_path
     from helpers import small_corpus
 
     from pretrain.cli import build_parser, main
-    from pretrain.evaluation.ablate import print_commands
+    from pretrain.evaluation.ablate import data_only, print_commands
     from pretrain.evaluation.ablation_plan import load_ablation
 
     a, b = small_corpus(tmp_path, slice(0, 12), "a.jsonl"), small_corpus(tmp_path, slice(12, 24), "b.jsonl")
@@ -445,3 +445,9 @@ def test_print_commands_of_weighted_sources_in_a_directory_with_a_space(tmp_path
     assert all(Path(words[2]).is_file() and " " in words[2] for words in launches)
     build_parser().parse_args(shlex.split(again[-1])[1:])  # step 3, one path
     assert shlex.split(again[-1])[2] == str(tmp_path / "my ablations" / "ablation.yaml")
+    # step 1 again with other data settings, while the printed runs may train on the data: refused, nothing rebuilt
+    before = snapshot(ab.base.shards_dir), (ab.out / "ablation.yaml").read_text()
+    changed = [*args, "run.data.docs_per_shard=3"]
+    with pytest.raises(UserError, match=r"ran with other settings \(run.data.docs_per_shard: 2000 -> 3\)"):
+        data_only(load_ablation(tiny, changed))
+    assert (snapshot(ab.base.shards_dir), (ab.out / "ablation.yaml").read_text()) == before

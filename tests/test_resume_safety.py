@@ -203,10 +203,14 @@ def test_a_run_from_init_from_resumes_with_its_directory_gone(corpus, tmp_path):
     args = run_args(tmp_path, corpus, f"model.init_from={init}", "train.save_every=2", "train.keep_checkpoints=1")
     pretrain("run", *args, "train.max_steps=2", "--no-demo", cwd=tmp_path)
     shutil.rmtree(init)
-    proc = pretrain("run", *args, "train.max_steps=6", "--no-demo", cwd=tmp_path)
+    proc = pretrain("run", *args, "train.max_steps=6", cwd=tmp_path)  # to the end: export, demo, plateau note
     ckpts = tmp_path / "r" / "checkpoints"
     assert f"model.init_from {init} is gone: resuming from {ckpts / 'step_00000002'}" in proc.stderr
     assert "resumed from" in proc.stderr and "(step 2" in proc.stderr
-    assert [p.name for p in ckpts.glob("step_*")] == ["step_00000006"]  # step 2, the tokenizer read, rotated away
-    assert (ckpts / "step_00000006" / "tokenizer" / "tokenizer.json").read_bytes() == tokenizer
+    assert [p.name for p in ckpts.glob("step_*")] == ["step_00000006"]  # step 2, rotated away
+    home = tmp_path / "r" / "tokenizer"  # the run's copy of the checkpoint's, which its config now names
+    for where in (home, ckpts / "step_00000006" / "tokenizer"):
+        assert (where / "tokenizer.json").read_bytes() == tokenizer
+    assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["data"]["tokenizer"] == str(home)
     assert json.loads((ckpts / "step_00000006" / "trainer_state.json").read_text())["step"] == 6
+    pretrain("decay", tmp_path / "r", "--steps", "2", cwd=tmp_path)  # a branch of it reads that tokenizer too

@@ -684,5 +684,6 @@ def data_only(ab: Ablation) -> None:
     claim_output(ab.out, "ablation", "output_dir")
     mark_output(ab.out, "ablation")
     with exclusive(ab.out, BUSY, BUSY_HINT):
+        check_settings(ab)  # as every path does first: the runs launched may be training on this data
         write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
         prepare_data(ab)

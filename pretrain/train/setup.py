@@ -45,7 +45,8 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
 def _resumed_without_init_dir(cfg: RunConfig) -> RunConfig | None:
     """A run started from `model.init_from: DIR` and resumed after DIR went (a scratch directory purged): its latest
     checkpoint holds the weights, the architecture its config.yaml was settled with, and the tokenizer it trained
-    with, so those are used (and said) where DIR's would have been. None where DIR is there or nothing resumes."""
+    with (copied to <run_dir>/tokenizer, `_run_home_of`), so those are used (and said) where DIR's would have been.
+    None where DIR is there or nothing resumes."""
     init = Path(cfg.model.init_from) if cfg.model.init_from else None
     if init is None or (init / "config.json").is_file() or not (cfg.run_dir / "checkpoints").is_dir():
         return None
@@ -58,7 +59,9 @@ def _resumed_without_init_dir(cfg: RunConfig) -> RunConfig | None:
     saved = config_from_dict(load_yaml(resumed / "config.yaml"), apply_init_from=False)
     model = replace(cfg.model, **architecture_fields(saved.model))
     reads_init = not cfg.data.tokenizer or Path(cfg.data.tokenizer) == init
-    data = replace(cfg.data, tokenizer=str(resumed / "tokenizer")) if reads_init else cfg.data
+    data = cfg.data
+    if reads_init:
+        data = replace(data, tokenizer=str(_run_home_of(resumed / "tokenizer", cfg.run_dir)))
     print(
         f"[pretrain] model.init_from {init} is gone: resuming from {resumed}, with the architecture"
         + (" and tokenizer" if reads_init else "")
@@ -67,6 +70,32 @@ def _resumed_without_init_dir(cfg: RunConfig) -> RunConfig | None:
         flush=True,
     )
     return replace(cfg, model=model, data=data)
+
+
+def _run_home_of(tokenizer: Path, run_dir: Path) -> Path:
+    """<run_dir>/tokenizer, a copy of a checkpoint's `tokenizer` made once (rotation deletes checkpoints; the run and
+    its config.yaml go on reading their tokenizer after that), for a run whose own tokenizer directory is gone. Made
+    beside and renamed into place, so that ranks resolving the config at once each find it whole."""
+    import os
+    import shutil
+
+    from data_pipeline.tokenizer import tokenizer_hash
+
+    home = run_dir / "tokenizer"
+    if not home.exists():
+        tmp = run_dir / f".tokenizer.tmp-{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(tokenizer, tmp)
+        try:
+            os.replace(tmp, home)
+        except OSError:  # another rank's copy is in place: the same files
+            shutil.rmtree(tmp, ignore_errors=True)
+    if tokenizer_hash(home) != tokenizer_hash(tokenizer):
+        raise UserError(
+            f"{home} is not the tokenizer {tokenizer} holds, which this run trained with: move it away, and the same "
+            "command puts that one there"
+        )
+    return home
 
 
 @dataclass(frozen=True)
