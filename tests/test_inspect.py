@@ -106,3 +106,24 @@ def test_inspect_out_refuses_a_format_it_cannot_write_and_a_file_it_did_not_writ
         assert length_histogram(np.array([3, 30, 300]), path, 128, "lengths").read_bytes() == first, suffix
     assert main([*inspect, str(tmp_path / "x.jpg")]) == 2  # no metadata of ours: not accepted
     assert ".jpg is not a format this command writes" in capsys.readouterr().err
+
+
+def test_inspect_without_out_keeps_a_picture_of_the_users_beside_the_shards(tmp_path, data_dirs, capsys):
+    """Without --out the histogram goes to inspect/ beside the shards, which need not be a run's (a shared shard
+    store): a doc_lengths.png of the user's there was replaced without a word, though --out refused the same path."""
+    import shutil
+
+    tok_dir, shard_dir = data_dirs
+    store = tmp_path / "store"
+    shutil.copytree(shard_dir, store / "shards")
+    mine = store / "inspect" / "doc_lengths.png"
+    mine.parent.mkdir()
+    mine.write_bytes(b"\x89PNG the user's own picture")
+    inspect = ["data", "inspect", str(store / "shards"), "--tokenizer", str(tok_dir), "--samples", "0"]
+    assert main(inspect) == 2
+    err = capsys.readouterr().err
+    assert f"{mine} (where the histogram goes without --out) exists and was not written" in err
+    assert mine.read_bytes() == b"\x89PNG the user's own picture"
+    mine.unlink()
+    assert main(inspect) == 0 and main(inspect) == 0  # its own: written, then replaced
+    assert mine.read_bytes().startswith(b"\x89PNG")

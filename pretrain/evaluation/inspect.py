@@ -76,20 +76,22 @@ def histogram_formats() -> list[str]:
     return sorted(set(FigureCanvasBase.get_supported_filetypes()) & set(_METADATA_KEY))
 
 
-def check_histogram_path(path: Path) -> None:
+def check_histogram_path(path: Path, given: bool = True) -> None:
     """Refuse, before any work, an --out that matplotlib cannot write, or an existing file this command did not write
-    (the user's own picture is never replaced)."""
+    (the user's own picture is never replaced). `given`: False for the default path, beside the shards (which need
+    not be a run's: a shared shard store, or a directory inspected as it is)."""
+    name = f"--out {path}" if given else f"{path} (where the histogram goes without --out)"
     formats = histogram_formats()
     suffix = path.suffix.lower().lstrip(".")
     if suffix not in formats:
         what = f".{suffix} is not a format this command writes" if suffix else "no suffix"
-        raise UserError(f"--out {path}: {what}: give a path ending in one of .{', .'.join(formats)}")
+        raise UserError(f"{name}: {what}: give a path ending in one of .{', .'.join(formats)}")
     if path.is_dir():
-        raise UserError(f"--out {path} is a directory: give the path of the histogram file")
+        raise UserError(f"{name} is a directory: give the path of the histogram file with --out")
     if path.exists() and SIGNATURE.encode() not in path.read_bytes():
         raise UserError(
-            f"--out {path} exists and was not written by `pretrain data inspect`: it was left untouched; choose "
-            "another path (or remove it)"
+            f"{name} exists and was not written by `pretrain data inspect`: it was left untouched; choose "
+            "another path with --out (or remove it)"
         )
 
 
@@ -170,8 +172,8 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
     from objectives import build_objectives, sample_builder_for
     from pretrain.train.setup import build_sample_source
 
-    if out_png:  # the default, in the run's inspect/, is ours to replace
-        check_histogram_path(Path(out_png))
+    png = Path(out_png) if out_png else cfg.shards_dir.parent / "inspect" / "doc_lengths.png"
+    check_histogram_path(png, given=bool(out_png))
     tokenizer = load_tokenizer(cfg.tokenizer_dir)
     tokens = special_tokens(tokenizer)
     # Sizes are checked, checksums are not: inspecting must stay cheap; training verifies in full.
@@ -181,7 +183,6 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
     L = cfg.data.max_seq_len
     seed = cfg.train.seed
 
-    png = Path(out_png) if out_png else cfg.shards_dir.parent / "inspect" / "doc_lengths.png"
     length_histogram(lengths, png, L, f"{shards.num_docs:,} documents, {shards.num_tokens:,} tokens ({cfg.shards_dir})")
 
     objectives = build_objectives(cfg.objectives, tokens)
