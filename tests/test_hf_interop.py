@@ -503,6 +503,28 @@ def test_push_uploads_the_export_dir(stage_inputs, monkeypatch):
     assert json.loads((cfg.hf_dir / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
 
 
+def test_push_sends_only_what_an_export_writes(tmp_path):
+    """The files the Hub client would take (its own matcher, on the patterns the push gives), from an ELECTRA-like
+    export holding the user's files beside its own: 'generator/*' matched the user's notes in generator/ at any depth
+    (fnmatch's '*' crosses '/'), which re-exports keep there, so they went up to a repo that may be public."""
+    from huggingface_hub.utils import filter_repo_objects
+
+    from pretrain.core.outputs import MARKER
+    from pretrain.hf.export import EXPORT_ENTRIES
+    from pretrain.hf.hub import upload_patterns
+
+    ours = ["config.json", "model.safetensors", "README.md", "tokenizer.json", "tokenizer_config.json"]
+    ours += [f"generator/{name}" for name in ours]
+    mine = ["notes.txt", "finetuned/config.json", "generator/notes.txt", "generator/drafts/config.json", MARKER]
+    mine += ["generator/.lock", f"generator/{MARKER}"]
+    for path in ours + mine:
+        (tmp_path / path).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / path).write_text("x")
+    present = sorted(str(p.relative_to(tmp_path)) for p in tmp_path.rglob("*") if p.is_file())
+    sent = list(filter_repo_objects(present, allow_patterns=upload_patterns(EXPORT_ENTRIES)))
+    assert sorted(sent) == sorted(ours)
+
+
 def test_cli_export_flags():
     from pretrain.cli import build_parser
 

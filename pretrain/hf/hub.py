@@ -52,7 +52,7 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
             repo_id=repo_id,
             folder_path=str(folder),
             repo_type="model",
-            allow_patterns=[p for name in sorted(EXPORT_ENTRIES - {MARKER}) for p in (name, f"{name}/*")],
+            allow_patterns=upload_patterns(EXPORT_ENTRIES),
             ignore_patterns=[f"**/{MARKER}", MARKER],
             commit_message=f"Upload {Path(folder).name} exported by pretrain",
         )
@@ -63,6 +63,13 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
             f"{folder}: run the same command again to retry"
         ) from None
     return f"https://huggingface.co/{repo_id}"
+
+
+def upload_patterns(entries: frozenset[str]) -> list[str]:
+    """The exact paths an export writes, for the Hub client's fnmatch (where `*` crosses '/'): each file entry at the
+    top and, for ELECTRA, in generator/. No wildcard: 'generator/*' took the user's notes kept in generator/ too."""
+    files = sorted(entries - {MARKER, "generator"})
+    return [*files, *(f"generator/{name}" for name in files)]
 
 
 def _upload_errors() -> tuple[type[BaseException], ...]:
