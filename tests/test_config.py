@@ -46,6 +46,11 @@ def test_inconsistent_values():
         load_config("tiny", ["model.position_embedding=rope", "model.hidden_size=36", "model.num_heads=4"])
     with pytest.raises(ConfigError, match="model.embedding_size=32: the PLM query stream"):
         load_config("tiny", ["objectives={plm: {}}", "model.embedding_size=32"])
+    # ZeRO hands the optimizer flat slices: LAMB's per-tensor trust ratio changed with the number of ranks
+    for stage in (1, 2, 3):
+        with pytest.raises(ConfigError, match=rf"train.optimizer=lamb: not with train.zero_stage={stage}"):
+            load_config("tiny", ["train.optimizer=lamb", f"train.zero_stage={stage}"])
+    assert load_config("tiny", ["train.optimizer=lamb"]).train.zero_stage == 0
     # an option of an objective the config does not train added it at weight 1 (sentence pairs, silently)
     with pytest.raises(ConfigError, match=r"objectives.sop.swap_prob=0.3: this config does not train sop \(mlm\)"):
         load_config("tiny", ["objectives.sop.swap_prob=0.3"])

@@ -169,6 +169,13 @@ def _check_schedule(t: TrainConfig) -> None:
         raise ConfigError(f"train.ema_decay: must be within (0, 1), or 0 for no EMA; got {t.ema_decay}")
     if t.ema_decay and t.zero_stage == 3:
         raise ConfigError("train.ema_decay: not with train.zero_stage=3 (its weights are partitioned over ranks)")
+    if t.optimizer == "lamb" and t.zero_stage > 0:
+        # ZeRO hands the optimizer one flat slice of fp32 parameters per rank: LAMB's per-tensor trust ratio became
+        # one ratio over whatever a rank's slice held, another update rule on each number of ranks
+        raise ConfigError(
+            f"train.optimizer=lamb: not with train.zero_stage={t.zero_stage} (ZeRO gives the optimizer flat slices of "
+            "many tensors, and LAMB's trust ratio is per tensor); use train.zero_stage=0, or adamw"
+        )
     if t.lr_schedule == "wsd" and t.wsd_decay_steps() > t.max_steps - t.warmup_steps:
         given = (
             f"train.decay_steps ({t.decay_steps})"

@@ -173,7 +173,7 @@ class TrainConfig:
     exit_after_steps: int = doc(
         0, "Stop this invocation after this many steps, with a checkpoint (for time-limited jobs); 0 = off."
     )
-    optimizer: str = doc("adamw", "adamw, or lamb (layer-wise trust ratio, for large batches).")
+    optimizer: str = doc("adamw", "adamw, or lamb (layer-wise trust ratio, for large batches; at zero_stage 0).")
     lr: float = doc(5e-4, "Peak learning rate.")
     warmup_steps: int = doc(100, "Linear warm-up steps, then the lr_schedule.")
     lr_schedule: str = doc(

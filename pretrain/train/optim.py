@@ -8,8 +8,9 @@ were. So the GPU never waits for the host between logging steps; the norm and th
 trainer reads them at a log step. Under DeepSpeed's fp16/bf16 and ZeRO optimizers, DeepSpeed clips and skips.
 
 AdamW is torch's, fused on the devices that have it. LAMB (You et al. 2019, the large-batch BERT optimizer) is
-written here in plain torch because DeepSpeed's fused LAMB needs CUDA; it runs on any device and under every ZeRO
-stage (DeepSpeed wraps it like any torch optimizer), and skips non-finite steps on the device too.
+written here in plain torch because DeepSpeed's fused LAMB needs CUDA; it runs on any device, at ZeRO-0 only (ZeRO
+hands an optimizer flat slices of many tensors, where a per-tensor trust ratio has no tensor: refused in the config
+checks), and skips non-finite steps on the device too.
 """
 
 from __future__ import annotations
