@@ -16,7 +16,6 @@ from __future__ import annotations
 import collections
 import glob
 import gzip
-import io
 import itertools
 import json
 import os
@@ -248,87 +247,10 @@ def _open_binary(path: Path) -> BinaryIO:
     if name.endswith(".gz"):
         return gzip.open(path, "rb")
     if name.endswith((".zst", ".zstd")):
-        try:
-            import zstandard
-        except ImportError:
-            raise DataError(f"{path}: reading .zst needs the 'zstandard' package (pip install zstandard)") from None
-        # BufferedReader gives readline(limit) on top of the raw decompressing reader.
-        return io.BufferedReader(_ZstdRaw(path, zstandard), _BLOCK)
+        from data_pipeline.zstd_stream import open_zstd
+
+        return open_zstd(path, _BLOCK)  # in bounded memory, a cut-off frame an error
     return open(path, "rb")
-
-
-class _ZstdRaw(io.RawIOBase):
-    """Streaming zstd decompression in bounded memory that notices a truncated file.
-
-    zstandard's stream_reader reads across frames into the caller's buffer (memory is that buffer, however well a
-    long line compresses: decompressobj would hand back all the output of a 128 KiB input chunk at once, 260 MiB for a
-    256 MiB line), but ends quietly at a cut-off frame, which would silently drop the rest of a corpus file. So at its
-    end the frames are walked (`_check_zstd_frames`, headers only) and input ending inside a frame raises EOFError.
-    """
-
-    def __init__(self, path: Path, zstandard):
-        super().__init__()
-        self._path = path
-        self._file = open(path, "rb")
-        self._reader = zstandard.ZstdDecompressor().stream_reader(
-            self._file, read_size=1 << 17, read_across_frames=True, closefd=False
-        )
-        self._walked = False
-
-    def readable(self) -> bool:
-        return True
-
-    def readinto(self, buffer) -> int:
-        n = self._reader.readinto(buffer)
-        if n == 0 and not self._walked:
-            self._walked = True
-            _check_zstd_frames(self._path)
-        return n
-
-    def close(self) -> None:
-        self._reader.close()
-        self._file.close()
-        super().close()
-
-
-_ZSTD_FRAME = 0xFD2FB528
-_ZSTD_SKIPPABLE = 0x184D2A50  # ..5F: the low 4 bits are free
-
-
-def _check_zstd_frames(path: Path) -> None:
-    """Raise EOFError where `path` ends inside a zstd frame. Walks the frames without decompressing (RFC 8878): a
-    frame's header, then each block's 3-byte header and a jump past its content, to the block flagged last and the
-    optional checksum; a skippable frame says its own size. What is not a frame is left to the decompressor."""
-    size = path.stat().st_size
-    with open(path, "rb", buffering=0) as f:
-
-        def read(pos: int, n: int) -> int:
-            got = os.pread(f.fileno(), n, pos)
-            if len(got) < n:
-                raise EOFError(f"compressed data ends inside the zstd frame that starts at byte {start}")
-            return int.from_bytes(got, "little")
-
-        start = 0
-        while start < size:
-            magic = read(start, 4)
-            if magic & ~0xF == _ZSTD_SKIPPABLE:
-                end = start + 8 + read(start + 4, 4)
-            elif magic == _ZSTD_FRAME:
-                descriptor = read(start + 4, 1)
-                single_segment = descriptor >> 5 & 1
-                content_size_bytes = (single_segment, 2, 4, 8)[descriptor >> 6]
-                end = start + 5 + (not single_segment) + (0, 1, 2, 4)[descriptor & 3] + content_size_bytes
-                last = False
-                while not last:
-                    block = read(end, 3)  # bit 0: last block; bits 1-2: type (1: RLE, one byte); then its size
-                    last = bool(block & 1)
-                    end += 3 + (1 if block >> 1 & 3 == 1 else block >> 3)
-                end += 4 * (descriptor >> 2 & 1)  # the content checksum
-            else:
-                return
-            if end > size:
-                raise EOFError(f"compressed data ends inside the zstd frame that starts at byte {start}")
-            start = end
 
 
 _SKIPS = "(on_bad_document=skip skips such lines)"
