@@ -398,6 +398,13 @@ TOKENIZER_FILES = (
 )
 
 
+def _replace_json(path: Path, data: dict, sort_keys: bool = False) -> None:
+    """An export's tokenizer file rewritten beside itself and renamed into place (never half-written)."""
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=sort_keys, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
+
+
 # HF architectures whose models add segment (token type) embeddings, and whose tokenizers return token_type_ids for
 # a pair as BertTokenizer does (transformers 5's AlbertTokenizer stopped, huggingface/transformers#48128; 4.x did).
 # RoBERTa's and ModernBERT's tokenizers return none: RoBERTa was pretrained without segments, ModernBERT has no types.
@@ -452,9 +459,7 @@ def strip_space_before_mask(directory: str | os.PathLike) -> None:
         return
     for token in tokens:
         token["lstrip"] = True
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    _replace_json(path, spec)
 
 
 # What the pipeline does to text before a tokenizer whose pieces carry spaces sees it, as normalizers: lines are always
@@ -482,9 +487,7 @@ def join_lines_as_the_pipeline(directory: str | os.PathLike) -> None:
     if steps[-len(_PIPELINE_LINES) :] == _PIPELINE_LINES:
         return
     spec["normalizer"] = {"type": "Sequence", "normalizers": [*steps, *_PIPELINE_LINES]}
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(spec, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    _replace_json(path, spec)
 
 
 def set_model_inputs(directory: str | os.PathLike, token_types: bool, max_length: int | None = None) -> None:
@@ -503,9 +506,7 @@ def set_model_inputs(directory: str | os.PathLike, token_types: bool, max_length
         declared = config.get("model_max_length")
         real = isinstance(declared, (int, float)) and 0 < declared < 1e9  # no limit is stored as ~1e30
         config["model_max_length"] = int(min(declared, max_length)) if real else int(max_length)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(json.dumps(config, indent=2, sort_keys=True, ensure_ascii=False) + "\n", encoding="utf-8")
-    os.replace(tmp, path)
+    _replace_json(path, config, sort_keys=True)
 
 
 def load_tokenizer(directory: str | os.PathLike) -> PreTrainedTokenizerFast:

@@ -167,7 +167,8 @@ def resolve_shards(
 
     files = expand_inputs(corpus)
     # the reading is in the key only where it is not the default, so caches built before it was keep their names
-    said = sorted((k, v) for k, v in reading.items() if v != getattr(DataConfig(), k))
+    default = DataConfig()
+    said = sorted((k, v) for k, v in reading.items() if v != getattr(default, k))
     key = [sorted(map(str, files)), tokenizer_hash(tokenizer_dir), *([said] if said else [])]
     out = cache_root / f"eval-shards-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
     build_shards(files, tokenizer_dir, out, num_workers=0, **reading)  # a cache hit when it exists
@@ -216,7 +217,7 @@ def evaluate_mlm(
         elif limit is not None and max_seq_len > limit:
             raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
         cache_root = Path(target) if not hf_dir else Path(target).parent
-        reading = corpus_reading(Path(target), hf_dir, text_field, text_documents)
+        reading = corpus_reading(Path(target), hf_dir, text_field, text_documents) if corpus else {}
         shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))

@@ -75,16 +75,8 @@ def _with_overrides(saved: dict, overrides: list[str]) -> dict:
 def _refuse_what_decay_sets(overrides: list[str]) -> None:
     """An override of a train key `pretrain decay` sets itself (`_DECAY_SETS`), alone or inside train={...}."""
     for override in overrides:
-        key, _, value = override.partition("=")
-        key = key.strip()
-        given = [key.removeprefix("train.")] if key.startswith("train.") else []
-        if key == "train":
-            try:
-                mapping = yaml.safe_load(value)
-            except yaml.YAMLError:
-                mapping = None  # the override's own parsing names it
-            given = list(mapping) if isinstance(mapping, dict) else []
-        for name in given:
+        given = apply_overrides({}, [override]).get("train")
+        for name in given if isinstance(given, dict) else ():
             if name in _DECAY_SETS:
                 raise UserError(
                     f"{override}: `pretrain decay` sets train.{name} itself ({_DECAY_SETS[name]}); "
