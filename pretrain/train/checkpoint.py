@@ -245,11 +245,10 @@ def save_checkpoint(
         torch.save(rng, path / f"rng_rank{rank}.pt")
         if rank == 0:
             (path / "config.yaml").write_text(config_text)
-            source = _tokenizer_source(tokenizer_dir, previous)
-            if source is not None and not (path / "tokenizer").exists():
+            if tokenizer_dir and Path(tokenizer_dir).is_dir() and not (path / "tokenizer").exists():
                 from data_pipeline.tokenizer import copy_tokenizer_files
 
-                copy_tokenizer_files(source, path / "tokenizer")
+                copy_tokenizer_files(tokenizer_dir, path / "tokenizer")
             for name, tensors in (extra or {}).items():
                 torch.save(tensors, path / name)
             state.save(path)
@@ -270,16 +269,6 @@ def save_checkpoint(
         rotate(root, keep, path)
     _barrier()
     return path
-
-
-def _tokenizer_source(tokenizer_dir: Path | None, previous: Path | None) -> Path | None:
-    """Where a checkpoint's tokenizer copy comes from: the run's tokenizer directory, or where that is gone (a run
-    resumed with its tokenizer read from a checkpoint that rotation has since removed), the previous checkpoint's."""
-    if tokenizer_dir and Path(tokenizer_dir).is_dir():
-        return Path(tokenizer_dir)
-    if previous is not None and (previous / "tokenizer").is_dir():
-        return previous / "tokenizer"
-    return None
 
 
 def _clear_the_way(path: Path) -> None:
