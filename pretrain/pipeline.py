@@ -17,8 +17,8 @@ def say(message: str) -> None:
 
 
 def stage_tokenizer(cfg: RunConfig) -> Path:
-    from data_pipeline.mixing import source_inputs
-    from data_pipeline.readers import expand_inputs
+    """The run's own tokenizer: trained, or kept where it was trained with what the config gives now (or where a
+    checkpoint trained on it, `_tokenizer_settings_changed`); a tokenizer the config names is used as it is."""
     from data_pipeline.tokenizer import train_tokenizer
 
     out = cfg.tokenizer_dir
@@ -28,10 +28,9 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         if not changed:
             say(f"tokenizer: {out} exists, skipped")
             return out
-        # trained by this run for other settings, and no checkpoint yet: nothing trained on it, so it is replaced
+        # trained by this run for other settings or text, and nothing trained on it: it is replaced
         say(f"tokenizer: {out} was trained with {', '.join(changed)}: training it again")
-    sources = source_inputs(d.sources) if d.sources else None  # one tokenizer, each source its weight's share
-    files = sorted({f for _, fs, _ in sources for f in fs}) if sources else expand_inputs(d.corpus)
+    sources, files = _tokenizer_inputs(d)
     named = ", ".join(f"{n} (weight {w:g})" for n, _, w in sources) if sources else ", ".join(d.corpus)
     say(f"tokenizer: training {d.tokenizer_type} (vocab {d.vocab_size}) on {named}")
     train_tokenizer(
@@ -48,23 +47,84 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
         max_document_bytes=d.max_document_bytes,
         on_bad=d.on_bad_document,
         sources=[(fs, w) for _, fs, w in sources] if sources else None,
-        # as the config writes them, so that `_tokenizer_settings_changed` compares them like the other data.* keys
-        recorded={"corpus": list(d.corpus), "sources": to_dict(d.sources)},
+        # as the config writes them, so that `_tokenizer_settings_changed` compares them like the other data.* keys;
+        # and what the files were (path, bytes, mtime), which a corpus edited under its name changes
+        recorded={"corpus": list(d.corpus), "sources": to_dict(d.sources), INPUTS: _fingerprints(files)},
     )
     return out
 
 
+INPUTS = "input_files"  # the key of a tokenizer's training inputs in its training_settings.json
+
+
+def _tokenizer_inputs(d) -> tuple[list | None, list]:
+    """(each source's (name, files, weight), or None without data.sources; every input file) of the data config."""
+    from data_pipeline.mixing import source_inputs
+    from data_pipeline.readers import expand_inputs
+
+    sources = source_inputs(d.sources) if d.sources else None  # one tokenizer, each source its weight's share
+    return sources, (sorted({f for _, fs, _ in sources for f in fs}) if sources else expand_inputs(d.corpus))
+
+
+def _fingerprints(files: list) -> list:
+    """[path, bytes, mtime_ns] of each input file, sorted (the order a tokenizer reads a whole corpus in does not
+    change what it learns)."""
+    from data_pipeline.readers import input_fingerprint
+
+    return sorted(fp for f in files for fp in input_fingerprint(Path(f)))
+
+
 def _tokenizer_settings_changed(cfg: RunConfig) -> list[str]:
     """'data.KEY=OLD (now NEW)' for each setting the run's own tokenizer was trained with that its config changes,
-    where nothing has trained on it yet. A tokenizer the config names (data.tokenizer) is the user's, used as it is;
-    one a checkpoint trained on is held to its settings by the resume's fingerprint (`pretrain.train.fingerprint`)."""
-    from data_pipeline.tokenizer import trained_settings
-
+    and 'corpus files since (edited: ...)' where the files it read changed, while nothing has trained on it yet. A
+    tokenizer the config names (data.tokenizer) is the user's, used as it is; one a checkpoint trained on is held to
+    its settings by the resume's fingerprint (`pretrain.train.fingerprint`) and to its data by the shards' content
+    hash."""
     if cfg.data.tokenizer or latest_checkpoint(cfg.run_dir / "checkpoints") is not None:
         return []
+    return [describe_change(*change) for change in tokenizer_changes(cfg)]
+
+
+FILES = "corpus files"  # `tokenizer_changes`'s key where the files a tokenizer read changed
+
+
+def describe_change(key: str, recorded, now, now_word: str = "now") -> str:
+    """One of `tokenizer_changes`, as the tokenizer stage and `pretrain ablate` say it."""
+    return f"{FILES} that changed since ({now})" if key == FILES else f"data.{key}={recorded} ({now_word} {now})"
+
+
+def tokenizer_changes(cfg: RunConfig, inputs: bool = True) -> list[tuple[str, object, object]]:
+    """(KEY, recorded, now) of each data.KEY the run's own tokenizer was trained with that the config gives
+    otherwise; with `inputs`, (FILES, ..., what changed) where the files it read are not as they were. With
+    the whole corpus read (data.tokenizer_sample_docs=0) its files decide, not how the config groups or weighs them.
+    A settings file of an older version compares the keys it has."""
+    from data_pipeline.tokenizer import trained_settings
+
     recorded = trained_settings(cfg.tokenizer_dir) or {}
     now = to_dict(cfg.data)
-    return [f"data.{k}={v} (now {now[k]})" for k, v in recorded.items() if k in now and now[k] != v]
+    whole = INPUTS in recorded and recorded.get("tokenizer_sample_docs") == now["tokenizer_sample_docs"] == 0
+    skip = ("corpus", "sources") if inputs and whole else ()  # the files compared in their place
+    changed = [(k, v, now[k]) for k, v in recorded.items() if k in now and k not in skip and now[k] != v]
+    if inputs and INPUTS in recorded:
+        files = _input_changes(recorded[INPUTS], _fingerprints(_tokenizer_inputs(cfg.data)[1]))
+        if files:
+            changed.append((FILES, "as they were", files))
+    return changed
+
+
+def _input_changes(then: list, now: list) -> str:
+    """'edited: A; added: B; removed: C' between two `_fingerprints` lists ('' where they are the same)."""
+    old, new = ({path: rest for path, *rest in fps} for fps in (then, now))
+    kinds = {
+        "edited": [p for p in new if p in old and old[p] != new[p]],
+        "added": [p for p in new if p not in old],
+        "removed": [p for p in old if p not in new],
+    }
+
+    def some(paths):
+        return ", ".join(paths[:3]) + (f" and {len(paths) - 3} more" if len(paths) > 3 else "")
+
+    return "; ".join(f"{kind}: {some(paths)}" for kind, paths in kinds.items() if paths)
 
 
 def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:

@@ -274,6 +274,15 @@ def test_a_tokenizer_trained_for_other_settings_is_refused(tmp_path):
     with pytest.raises(UserError, match=r"the arms mlm trained on it\. Put the config back"):
         prepare_data(ab)
 
+    # the files it read, where no arm trained on it: refused as a setting is (an arm's shards hash holds them after)
+    ab = load_ablation(tiny, [*args, "run.data.vocab_size=512", f"output_dir={tmp_path / 'ab2'}"])
+    tok = ab.base.tokenizer_dir
+    tok.mkdir(parents=True)
+    (tok / "tokenizer.json").write_text("{}")
+    (tok / "training_settings.json").write_text(json.dumps({"vocab_size": 512, "input_files": [["/gone", 1, 2]]}))
+    with pytest.raises(UserError, match=r"corpus files that changed since \(added: .*removed: /gone\).* Remove"):
+        prepare_data(ab)
+
 
 PARENT = """
 import subprocess, sys

@@ -206,6 +206,7 @@ def test_a_run_from_init_from_resumes_with_its_directory_gone(corpus, tmp_path):
     proc = pretrain("run", *args, "train.max_steps=6", cwd=tmp_path)  # to the end: export, demo, plateau note
     ckpts = tmp_path / "r" / "checkpoints"
     assert f"model.init_from {init} is gone: resuming from {ckpts / 'step_00000002'}" in proc.stderr
+    assert proc.stderr.count("is gone: resuming") == 1, proc.stderr  # the config is resolved more than once
     assert "resumed from" in proc.stderr and "(step 2" in proc.stderr
     assert [p.name for p in ckpts.glob("step_*")] == ["step_00000006"]  # step 2, rotated away
     home = tmp_path / "r" / "tokenizer"  # the run's copy of the checkpoint's, which its config now names
@@ -214,3 +215,20 @@ def test_a_run_from_init_from_resumes_with_its_directory_gone(corpus, tmp_path):
     assert yaml.safe_load((tmp_path / "r" / "config.yaml").read_text())["data"]["tokenizer"] == str(home)
     assert json.loads((ckpts / "step_00000006" / "trainer_state.json").read_text())["step"] == 6
     pretrain("decay", tmp_path / "r", "--steps", "2", cwd=tmp_path)  # a branch of it reads that tokenizer too
+
+
+def test_the_note_of_a_gone_init_from_is_said_by_rank_0_only(corpus, tmp_path, monkeypatch, capsys):
+    """Every rank resolves the config: the note that model.init_from is gone came once per rank."""
+    from pretrain.train.setup import load_config
+
+    init = tiny_bert(tmp_path / "init", PAIR_WORDS)
+    args = run_args(tmp_path, corpus, f"model.init_from={init}", "train.max_steps=2", "train.save_every=2")
+    pretrain("run", *args, "--no-demo", cwd=tmp_path)
+    shutil.rmtree(init)
+    said = {}
+    for rank in ("0", "1"):
+        monkeypatch.setenv("RANK", rank)
+        cfg = load_config(args[0], args[1:])
+        said[rank] = capsys.readouterr().err
+        assert cfg.data.tokenizer == str(tmp_path / "r" / "tokenizer")  # resolved alike on each rank
+    assert "is gone: resuming" in said["0"] and "is gone" not in said["1"]

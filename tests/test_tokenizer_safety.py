@@ -461,3 +461,43 @@ def test_a_run_trains_its_tokenizer_again_when_what_it_was_trained_on_changes(co
     settings.write_text(json.dumps({k: recorded[k] for k in keys}))
     assert _tokenizer_settings_changed(config("data.tokenizer_sample_docs=3", f"data.corpus=[{other}]")) == []
     assert _tokenizer_settings_changed(config("data.vocab_size=1024")) == ["data.vocab_size=512 (now 1024)"]
+
+
+def test_a_run_trains_its_tokenizer_again_when_its_corpus_files_change(corpus, tmp_path, capsys):
+    """A corpus edited under its name (or a file added to its directory) before the first checkpoint rebuilt the
+    shards with the tokenizer fitted to the old text: the config's data.corpus had not changed. The files' sizes and
+    times are recorded and compared; how a whole-corpus tokenizer's files are grouped and weighed is not (a weight
+    tweak retrained it, byte-identical, over the whole corpus)."""
+    from data_pipeline.tokenizer import tokenizer_hash
+    from pretrain.pipeline import _tokenizer_settings_changed, stage_tokenizer
+    from pretrain.train.setup import load_config
+
+    data = tmp_path / "data"
+    data.mkdir()
+    text = corpus.read_text().splitlines()
+    (data / "a.jsonl").write_text("\n".join(text[:3]) + "\n")
+    base = [f"output_dir={tmp_path}", "name=r", "data.vocab_size=512"]
+
+    def config(*overrides):
+        return load_config("tiny", [*base, f"data.corpus=[{data}]", *overrides])
+
+    out = stage_tokenizer(config())
+    first = tokenizer_hash(out)
+    assert _tokenizer_settings_changed(config()) == []
+    (data / "a.jsonl").write_text("\n".join(text[3:]) + "\n")  # edited in place
+    assert _tokenizer_settings_changed(config()) == [f"corpus files that changed since (edited: {data / 'a.jsonl'})"]
+    capsys.readouterr()
+    stage_tokenizer(config())
+    assert "corpus files that changed since (edited:" in capsys.readouterr().err and tokenizer_hash(out) != first
+    (data / "b.jsonl").write_text(text[0] + "\n")
+    assert _tokenizer_settings_changed(config()) == [f"corpus files that changed since (added: {data / 'b.jsonl'})"]
+
+    def mixed(weight, sample_docs=0):
+        sources = f"data.sources=[{{name: a, corpus: [{data}], weight: {weight}}}]"
+        return config("data.corpus=[]", sources, f"data.tokenizer_sample_docs={sample_docs}")
+
+    stage_tokenizer(mixed(1))
+    assert _tokenizer_settings_changed(mixed(3)) == []  # the whole corpus read: its weight changes nothing
+    assert _tokenizer_settings_changed(config()) == []  # nor grouping the same files as data.corpus
+    stage_tokenizer(mixed(1, sample_docs=2))
+    assert [c.split("=")[0] for c in _tokenizer_settings_changed(mixed(3, sample_docs=2))] == ["data.sources"]

@@ -106,13 +106,14 @@ def check_tokenizer(ab: Ablation) -> None:
     """Refuse a tokenizer in the ablation's directory trained with other data settings than its config gives (an
     invocation stopped after the data stage and run again with another vocabulary or casing, or data built by hand):
     the ablation names its tokenizer, which the tokenizer stage uses as it is, so the arms trained on it as it was."""
-    from data_pipeline.tokenizer import trained_settings
-    from pretrain.core.parsing import to_dict
+    from pretrain.pipeline import describe_change, tokenizer_changes
 
-    recorded, now = trained_settings(ab.base.tokenizer_dir) or {}, to_dict(ab.base.data)
-    changed = [f"data.{k}={v} (the config gives {now[k]})" for k, v in recorded.items() if k in now and now[k] != v]
+    used = sorted(p.parent.name for p in (ab.out / "arms").glob("*/state.json"))
+    # the files it read are held by the shards' content hash once an arm trained (`check_shards`); a record copied
+    # to another machine (`copy_record`) meets its corpus with other times
+    changes = tokenizer_changes(ab.base, inputs=not used)
+    changed = [describe_change(*change, now_word="the config gives") for change in changes]
     if changed:
-        used = sorted(p.parent.name for p in (ab.out / "arms").glob("*/state.json"))
         raise UserError(
             f"{ab.path}: the tokenizer in {ab.base.tokenizer_dir} was trained with {', '.join(changed)}: the arms "
             + (

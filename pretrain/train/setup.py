@@ -4,6 +4,7 @@ from that config and the tokenizer; and a checkpoint loaded back as a model."""
 
 from __future__ import annotations
 
+import os
 import sys
 from dataclasses import dataclass, replace
 from pathlib import Path
@@ -62,13 +63,14 @@ def _resumed_without_init_dir(cfg: RunConfig) -> RunConfig | None:
     data = cfg.data
     if reads_init:
         data = replace(data, tokenizer=str(_run_home_of(resumed / "tokenizer", cfg.run_dir)))
-    print(
-        f"[pretrain] model.init_from {init} is gone: resuming from {resumed}, with the architecture"
-        + (" and tokenizer" if reads_init else "")
-        + " it was trained with (the weights are the checkpoint's)",
-        file=sys.stderr,
-        flush=True,
-    )
+    if os.environ.get("RANK", "0") == "0":  # every rank resolves the config; the note is said once
+        print(
+            f"[pretrain] model.init_from {init} is gone: resuming from {resumed}, with the architecture"
+            + (" and tokenizer" if reads_init else "")
+            + " it was trained with (the weights are the checkpoint's)",
+            file=sys.stderr,
+            flush=True,
+        )
     return replace(cfg, model=model, data=data)
 
 
@@ -76,7 +78,6 @@ def _run_home_of(tokenizer: Path, run_dir: Path) -> Path:
     """<run_dir>/tokenizer, a copy of a checkpoint's `tokenizer` made once (rotation deletes checkpoints; the run and
     its config.yaml go on reading their tokenizer after that), for a run whose own tokenizer directory is gone. Made
     beside and renamed into place, so that ranks resolving the config at once each find it whole."""
-    import os
     import shutil
 
     from data_pipeline.tokenizer import tokenizer_hash
