@@ -347,11 +347,28 @@ def test_an_arms_pretrain_is_typed_as_a_bool_setting(monkeypatch):
     from pretrain.evaluation.ablation_plan import load_ablation
 
     monkeypatch.chdir(ROOT)
-    arm = "arms={{x: {{pretrain: {}, objectives: {{mlm: {{}}}}}}}}"
-    assert [a.pretrain for a in load_ablation(TINY, [arm.format('"false"')]).arms] == [False]
-    assert [a.pretrain for a in load_ablation(TINY, [arm.format("yes")]).arms] == [True]
+    arm = "arms={{{}: {{pretrain: {}, objectives: {{mlm: {{}}}}}}}}"
+    assert [a.pretrain for a in load_ablation(TINY, [arm.format("none", '"false"')]).arms] == [False]
+    assert [a.pretrain for a in load_ablation(TINY, [arm.format("x", "yes")]).arms] == [True]
     with pytest.raises(ConfigError, match=r"ablation-tiny\.yaml: arms\.x\.pretrain: value 'nope' is not a valid bool"):
-        load_ablation(TINY, [arm.format("nope")])
+        load_ablation(TINY, [arm.format("x", "nope")])
+    # the report finds the random encoder by its name: another untrained arm was compared as a pretrained one
+    with pytest.raises(ConfigError, match=r"arms\.random: pretrain: false: the random-encoder .* rename this arm"):
+        load_ablation(TINY, [arm.format("random", "false")])
+    with pytest.raises(ConfigError, match=r"arms\.none: pretrain: true: .* give this pretrained arm another name"):
+        load_ablation(TINY, [arm.format("none", "true")])
+
+
+@pytest.mark.parametrize("name", ["../../notes", "a/b", "a|b", "..", "-x", "a b", "x."])
+def test_an_arm_name_that_is_no_plain_file_name_is_refused(name, tmp_path, monkeypatch):
+    """An arm's name names its run directories and config files: '../../notes' wrote <out>/../notes.yaml over a
+    user's file; 'a|b' shifted the report table's columns."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    with pytest.raises(ConfigError, match=rf"arms: '{re.escape(name)}' cannot name an arm: use letters, digits"):
+        load_ablation(TINY, [f"output_dir={tmp_path / 'ab'}", f'arms={{"{name}": {{objectives: {{mlm: {{}}}}}}}}'])
+    assert not list(tmp_path.iterdir())
 
 
 @pytest.mark.parametrize("spec", ["3", "true", "[mlm]", "mlm"])

@@ -154,3 +154,13 @@ def test_runs_without_a_known_wall_time_are_compared(tmp_path):
     out, _ = compare_runs([old_dir, old2_dir], tmp_path / "cmp2")  # no run's wall time known: empty panels
     assert (out / "vs_time.png").read_bytes()[:8] == PNG
     assert "Wall time is not known for old, old2:" in (out / "compare.md").read_text()
+
+
+def test_a_run_directory_named_with_a_pipe_keeps_the_tables_columns(tmp_path):
+    """A '|' in a run's directory name began another column: its values sat under the next run's header."""
+    records = [{"step": s, "tokens": 512 * s, "loss": 7.0 - s / 10, "time": float(s)} for s in (2, 4)]
+    runs = [_run_dir(tmp_path / "a|x", records), _run_dir(tmp_path / "b", records)]
+    out, _ = compare_runs(runs, tmp_path / "cmp")
+    lines = [line for line in (out / "compare.md").read_text().splitlines() if line.startswith("|")]
+    assert {len(line.replace("\\|", "").split("|")) for line in lines} == {5}, lines  # 3 columns
+    assert table_rows((out / "compare.md").read_text().replace("\\|", "/"))["final loss"] == ["6.6000", "6.6000"]

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -153,6 +154,20 @@ def _shared_run(run: dict, out: Path, path: Path) -> tuple[dict, RunConfig]:
         raise ConfigError(f"{path}: run: {err}") from None
 
 
+BASELINE = "none"  # the random-encoder arm's name
+ARM_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+=-]*")  # a directory and file name, and markdown as it is
+
+
+def _check_arm_name(name: str, path: Path) -> None:
+    """An arm's name names its runs' directories and config files, and its rows in the report's tables: a name with
+    '/' or '..' wrote them outside the ablation's directory (over a user's file), one with '|' shifted the columns."""
+    if not ARM_NAME.fullmatch(name) or name.endswith("."):
+        raise ConfigError(
+            f"{path}: arms: '{name}' cannot name an arm: use letters, digits and _ . + = - (starting with a letter "
+            "or digit); it names the arm's run directories and its rows in the report"
+        )
+
+
 def _run_name(arm: str, seed: int, several: bool, runs: Path) -> str:
     """A run's name (its directory under `runs`): the arm's, or <arm>-seed<S> with several seeds. A run recorded under
     the other of the two at this seed (before seeds were added, or after they were taken away) keeps its name: it is
@@ -178,9 +193,16 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
             f"(e.g. {{objectives: {{mlm: {{}}}}}}), got {spec!r}"
         )
     spec = dict(spec or {})
+    _check_arm_name(name, path)
     _refuse_what_the_ablation_sets(spec, f"{path}: arms.{name}")
     # typed as a bool setting is: bool() took the text "false" (quoted) or "nope" as true, and trained the baseline
-    pretrain = coerce(spec.pop("pretrain", name != "none"), bool, f"{path}: arms.{name}.pretrain")
+    pretrain = coerce(spec.pop("pretrain", name != BASELINE), bool, f"{path}: arms.{name}.pretrain")
+    if pretrain != (name != BASELINE):  # the report finds the random encoder by its name
+        raise ConfigError(
+            f"{path}: arms.{name}: pretrain: {str(pretrain).lower()}: the random-encoder baseline is the arm named "
+            f"'{BASELINE}' (untrained; every pretrained arm is compared with it), and only it: "
+            + (f"rename this arm '{BASELINE}'" if not pretrain else "give this pretrained arm another name")
+        )
     overrides = deep_merge({}, spec)  # as written, for the results: what this arm changes
     data = dict(shared)
     if "objectives" in spec:

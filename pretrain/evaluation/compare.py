@@ -207,6 +207,11 @@ def _fmt_time(seconds: float | None) -> str:
     return f"{seconds / 3600:.2f} h"
 
 
+def _cell(text: str) -> str:
+    """A table cell as markdown reads it: a '|' in a run's directory name began another column."""
+    return text.replace("|", "\\|")
+
+
 def table(runs: list[Run], summaries: list[dict], keys: list[str]) -> str:
     """Markdown: one column per run, one row per quantity."""
     rows = [
@@ -221,8 +226,8 @@ def table(runs: list[Run], summaries: list[dict], keys: list[str]) -> str:
     ]
     rows[4][1].extend(_fmt_time(s["wall_time_s"]) for s in summaries)
     rows += [(f"final {key}", [_fmt(run.final.get(key)) for run in runs]) for key in keys if key not in THROUGHPUT]
-    lines = ["| | " + " | ".join(r.label for r in runs) + " |", "|---|" + "---:|" * len(runs)]
-    lines += [f"| {name} | " + " | ".join(cells) + " |" for name, cells in rows]
+    lines = ["| | " + " | ".join(_cell(r.label) for r in runs) + " |", "|---|" + "---:|" * len(runs)]
+    lines += [f"| {name} | " + " | ".join(_cell(c) for c in cells) + " |" for name, cells in rows]
     return "\n".join(lines)
 
 

@@ -175,8 +175,8 @@ class AblationConfig:
     )
     arms: dict[str, Any] = doc(
         factory=dict,
-        text="Arm name -> overrides of run (objectives replace the shared ones; train options such as lr may differ; "
-        "pretrain: false for the random-encoder baseline).",
+        text="Arm name (letters, digits, _ . + = -) -> overrides of run (objectives replace the shared ones; train "
+        "options such as lr may differ); the arm named none is the random-encoder baseline (pretrain: false).",
     )
     seeds: list[int] = doc(factory=list, text="Pretraining seeds: each arm runs once per seed (empty = run's seed).")
     budget: BudgetConfig = field(default_factory=BudgetConfig)

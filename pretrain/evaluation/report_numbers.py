@@ -12,6 +12,7 @@ from pathlib import Path
 import numpy as np
 
 from pretrain.core.errors import UserError
+from pretrain.evaluation.ablation_plan import BASELINE
 from pretrain.evaluation.stats import (
     ALPHA,
     compare,
@@ -25,7 +26,6 @@ from pretrain.evaluation.stats import (
 )
 from pretrain.evaluation.task_files import stale
 
-BASELINE = "none"
 PRIMARY, SECONDARY = "primary", "secondary"
 SEED_TEST_MIN = 3  # a sign-flip test over fewer per-seed differences cannot go below p = 0.5
 
