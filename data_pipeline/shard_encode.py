@@ -8,12 +8,14 @@ corpus.
 
 from __future__ import annotations
 
+import functools
 import io
 import itertools
 import json
 import multiprocessing as mp
 import os
 import re
+import unicodedata
 from collections import deque
 from collections.abc import Iterator
 from pathlib import Path
@@ -162,7 +164,54 @@ def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     sent_starts[np.cumsum(sent_lens)[:-1]] = True  # the first token of each sentence (but the first)
     starts = np.ones(n, bool)  # [n]
     starts[1:] = (word[1:] != word[:-1]) | sent_starts[1:n] | (word[1:] < 0)
+    _script_word_starts(flat, encodings, starts, np.cumsum(sent_lens) - sent_lens)
     return ids, starts, sent_lens, doc_sents
+
+
+# CJK ideographs, each a word of its own as BERT's tokenizer makes them (BertNormalizer's handle_chinese_chars, the
+# ranges of BERT's _is_chinese_char). Written without spaces, a Chinese sentence was one pre-tokenizer word for
+# byte-level BPE and a paragraph one for Unigram's Metaspace: whole-word masking then masked all of it or none.
+_CJK = re.compile(
+    "[\u3400-\u4dbf\u4e00-\u9fff\uf900-\ufaff\U00020000-\U0002a6df\U0002a700-\U0002ceaf\U0002f800-\U0002fa1f]"
+)
+
+
+@functools.cache
+def _is_mark(c: str) -> bool:
+    """A combining mark (Unicode category M): it continues the word before it. Byte-level BPE's pre-tokenizer
+    (letters as \\p{L}+) split Indic words at every vowel sign and virama, each piece a word to mask apart."""
+    return unicodedata.category(c)[0] == "M"
+
+
+@functools.cache
+def _is_cjk(c: str) -> bool:
+    return _CJK.match(c) is not None
+
+
+def _needs_script_starts(text: str) -> bool:
+    return not text.isascii() and any(_is_mark(c) or _is_cjk(c) for c in set(text))
+
+
+def _script_word_starts(sentences: list[str], encodings, starts: np.ndarray, first: np.ndarray) -> None:
+    """Word starts (in place, [n] over the sentences' tokens; `first` [S] each sentence's first token) where the
+    pre-tokenizer's words are not a script's: a CJK ideograph is a word, a combining mark continues the word it marks.
+    Byte-level pieces may hold the end of one character and the start of the next: what decides is the first
+    character a token brings that the tokens before it did not."""
+    for text, e, base in zip(sentences, encodings, first):
+        if not _needs_script_starts(text):
+            continue
+        end, last = 0, " "  # the characters the previous tokens cover, and the last of them
+        for t, (a, b) in enumerate(e.offsets):
+            new = text[max(a, end) : b]
+            piece = new.lstrip()
+            if not piece:  # within the characters before (another byte of one), or spaces only
+                continue
+            if t > 0:
+                if _is_cjk(piece[0]) or _is_cjk(last):
+                    starts[base + t] = True
+                elif a == end and piece == new and (_is_mark(piece[0]) or (_is_mark(last) and piece[0].isalpha())):
+                    starts[base + t] = False  # a mark, or a letter right after one ('न' after 'ि' in 'हिन्दी')
+            end, last = b, text[b - 1]
 
 
 def _npy(array: np.ndarray) -> bytes:

@@ -75,8 +75,9 @@ def _build(kind: str, lowercase: bool, strip_accents: bool):
         return tok, trainers.WordPieceTrainer, {"continuing_subword_prefix": "##"}
 
     steps = [normalizers.NFKC()]
-    if strip_accents:
-        steps += [normalizers.NFD(), normalizers.StripAccents(), normalizers.NFC()]
+    if strip_accents:  # the nonspacing marks, as BertNormalizer: StripAccents also took spacing ones (Mc), the vowel
+        # signs of Indic scripts ('हिन्दी' became 'हनद')
+        steps += [normalizers.NFD(), normalizers.Replace(Regex(r"\p{Mn}"), ""), normalizers.NFC()]
     if lowercase:
         steps.append(normalizers.Lowercase())
     if kind == "bpe":

@@ -485,3 +485,33 @@ def test_unigram_plateaus_by_hand():
     assert unigram_cross_entropy(held, held, 6, (0, 1)) >= unigram_entropy(held, (0, 1))
     with pytest.raises(ValueError, match="beyond the vocabulary of 4"):
         unigram_cross_entropy(train, held, vocab_size=4, special_ids=(0, 1))
+
+
+CHINESE = "我们今天去公园散步。他们明天要来学校看书。天气很好，大家都很高兴。"
+HINDI = "हिन्दी भाषा बहुत सुंदर है"  # 5 words, with vowel signs (Mc) and a virama (Mn) inside them
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_word_starts_of_unspaced_and_marked_scripts(tmp_path, kind):
+    """Whole-word masking's words, for every tokenizer kind as BERT's makes them: each CJK ideograph a word (Chinese
+    written without spaces was one word per sentence for byte-level BPE, one per paragraph for Unigram, so a sample
+    was masked whole or not at all), and a combining mark inside the word it marks (byte-level BPE cut Hindi words at
+    each vowel sign). The default strip_accents removes only nonspacing marks, as BertNormalizer does (StripAccents took
+    Hindi's vowel signs too)."""
+    from tokenizers.normalizers import BertNormalizer
+    from transformers import AutoTokenizer
+
+    english = [d for d in make_docs(30, seed=3)]
+    path = write_jsonl(tmp_path / "c.jsonl", english + [CHINESE, HINDI] * 5)
+    train_tokenizer([str(path)], tmp_path / "tok", kind=kind, vocab_size=512, show_progress=False)
+    normalized = AutoTokenizer.from_pretrained(tmp_path / "tok").backend_tokenizer.normalizer.normalize_str(HINDI)
+    assert normalized == BertNormalizer(strip_accents=True).normalize_str(HINDI) == "हिनदी भाषा बहत सदर ह"  # Mn only
+    docs = write_jsonl(tmp_path / "d.jsonl", [CHINESE, HINDI])
+    build_shards([str(docs)], tmp_path / "tok", tmp_path / "s", num_workers=0, show_progress=False)
+    shards = ShardSet(tmp_path / "s")
+    ideographs = sum("\u4e00" <= c <= "\u9fff" for c in CHINESE)
+    chinese = shards.doc_word_starts(0)
+    bounds = np.flatnonzero(np.append(chinese, True))
+    # at most a character's 3 bytes and a space piece each
+    assert chinese.sum() >= ideographs and np.diff(bounds).max() <= 4, (kind, chinese.astype(int).tolist())
+    assert shards.doc_word_starts(1).sum() == 5, (kind, shards.doc_word_starts(1).astype(int).tolist())
