@@ -314,11 +314,26 @@ def test_export_matches_transformers(tokens, tokenizer_dir, tmp_path, variant):
     assert has_projection == projections
     fresh = make_model(tokens, seed=9, cfg=cfg, disentangled=disentangled)
     load_init_from(fresh, out)  # the import `model.init_from` runs: discriminator and generator/
+    if disentangled:  # into a run without it: the option to set is named
+        with pytest.raises(UserError, match=r"trained with objectives\.rtd\.disentangled=true; set it to import"):
+            load_init_from(make_model(tokens, seed=9, cfg=cfg), out)
     again_disc, again_gen = to_hf_electra_state_dicts(fresh)
     for ref, again in ((disc_sd, again_disc), (gen_sd, again_gen)):
         assert ref.keys() == again.keys()
         for name in ref:
             assert torch.allclose(ref[name], again[name], atol=1e-6), name
+
+
+def test_a_sentence_head_beside_rtd_is_said_to_be_left_out_of_the_export(tokens, tokenizer_dir, tmp_path):
+    """rtd + sop: ElectraForPreTraining has no place for the sop head, and the export dropped it with no word."""
+    from pretrain.hf.interop import select_architecture
+
+    torch.manual_seed(0)
+    model = PretrainingModel(CFG, build_objectives({"rtd": {}, "sop": {}}, tokens)).eval()
+    said = "the sop head has no place in ElectraForPreTraining and is not exported"
+    assert said in select_architecture(model).notes  # `pretrain export` and the run's export say each note
+    out = export_electra(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)
+    assert said in (out / "README.md").read_text() and said not in (out / "generator" / "README.md").read_text()
 
 
 def test_fill_mask_on_the_generator_and_bert_export_refuses(tokens, tokenizer_dir, tmp_path):

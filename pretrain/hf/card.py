@@ -92,7 +92,7 @@ def model_card(
         "",
         role.intro or intro_line(arch, hf_class, bool(card.get("init_from"))),
         "",
-        *([f"Notes: {'; '.join(card['notes'])}.", ""] if card.get("notes") else []),
+        *([f"Notes: {'; '.join(notes)}.", ""] if (notes := [*(card.get("notes") or []), *role.notes]) else []),
         "## Training",
         "",
         f"- Objective(s): {'; '.join(described)}",

@@ -69,6 +69,8 @@ class Card:
     """A fill-mask model: the Hub's pipeline tag and the fill-mask usage example."""
     usage: str = ""
     """A "## Usage" section replacing the fill-mask one."""
+    notes: tuple[str, ...] = ()
+    """What this directory leaves out (a head its class has no place for), beside the run's notes."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ BERT's with `bert.` read as `electra.`.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -133,7 +134,16 @@ def electra_target(model: nn.Module) -> Target:
     require_global(cfg, "electra")
     if getattr(cfg, "share_layers", False):  # factorized embeddings are ELECTRA's own (embeddings_project)
         raise UserError("ELECTRA export has no shared layers on the discriminator (model.share_layers=true)")
-    return Target("electra", DISCRIMINATOR, ("the generator is in generator/ (ElectraForMaskedLM)",))
+    return Target("electra", DISCRIMINATOR, ("the generator is in generator/ (ElectraForMaskedLM)", *_dropped(model)))
+
+
+def _dropped(model: nn.Module) -> tuple[str, ...]:
+    """A sentence head trained beside rtd (rtd + sop, rtd + nsp): ElectraForPreTraining has no place for it."""
+    return tuple(
+        f"the {h} head has no place in {DISCRIMINATOR} and is not exported"
+        for h in sorted(model.heads)
+        if h in ("nsp", "sop")
+    )
 
 
 def hf_electra_config(model_cfg: ModelConfig, body: ModelConfig, tokens, architecture: str) -> Any:
@@ -212,7 +222,9 @@ def electra_parts(model: nn.Module, target: Target, tokens) -> list[Part]:
     disc_config = hf_electra_config(model.config, model.config, tokens, DISCRIMINATOR)
     gen_config = hf_electra_config(model.config, gen_cfg, tokens, GENERATOR)
     return [
-        Part("", DISCRIMINATOR, disc_config, disc_state, model.config, DISCRIMINATOR_CARD),
+        Part(
+            "", DISCRIMINATOR, disc_config, disc_state, model.config, replace(DISCRIMINATOR_CARD, notes=_dropped(model))
+        ),
         Part(GENERATOR_DIR, GENERATOR, gen_config, gen_state, gen_cfg, GENERATOR_CARD),
     ]
 
@@ -265,7 +277,14 @@ def _merge_generator(model: nn.Module, state: dict, gen_state: dict, where: str)
         if name.startswith("encoder.embeddings.") and name in state and not torch.equal(state[name], tensor):
             if name == word and disentangled:
                 continue  # handled below
-            raise UserError(f"{where}: the generator's {name} differs from the discriminator's; ours share it")
+            raise UserError(
+                f"{where}: the generator's {name} differs from the discriminator's; ours share it"
+                + (  # an export of objectives.rtd.disentangled=true: the discriminator's table is shared + delta
+                    ": this checkpoint was trained with objectives.rtd.disentangled=true; set it to import both parts"
+                    if name == word
+                    else ""
+                )
+            )
     if disentangled:
         return {**state, **gen_state, "encoder.embeddings.word_embeddings.delta": state[word] - gen_state[word]}
     return {**gen_state, **state}
