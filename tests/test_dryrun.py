@@ -125,3 +125,16 @@ def test_dry_run_refuses_zero_ranks(capsys):
             main(["train", "tiny", "--dry-run", option, "0"])
         assert exit_.value.code == 2
         assert f"argument {option}: must be a whole number above 0, got '0'" in capsys.readouterr().err
+
+
+def test_a_warm_up_as_long_as_the_run_is_said(capsys):
+    """bert-mini's 1000 warm-up steps kept when train.max_steps was cut to 500: the whole run was warm-up, at no more
+    than half of train.lr, and nothing said so. The dry run (and the trainer at its start) says it."""
+    from pretrain.train.optim import warmup_note
+    from pretrain.train.setup import load_config
+
+    assert main(["train", "bert-mini", "--dry-run", "train.max_steps=500"]) == 0
+    said = "note: train.warmup_steps=1000 is not shorter than train.max_steps=500: the run ends inside its warm-up"
+    assert said in capsys.readouterr().out
+    assert "at most 50% of train.lr (0.00025)" in warmup_note(load_config("bert-mini", ["train.max_steps=500"]).train)
+    assert warmup_note(load_config("bert-mini", ["train.max_steps=1001"]).train) is None

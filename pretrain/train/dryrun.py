@@ -22,6 +22,7 @@ from pretrain.core.parsing import to_dict
 from pretrain.core.schedule import Schedule
 from pretrain.train.distributed import BF16_AUTOCAST
 from pretrain.train.engine import deepspeed_config
+from pretrain.train.optim import warmup_note
 
 
 def _vocab_size(cfg: RunConfig) -> int:
@@ -180,6 +181,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
             if t.loss_normalization == "step"
             else "each micro-batch, then averaged (train.loss_normalization=micro_batch)"
         ),
+        *([f"note: {note}"] if (note := warmup_note(t)) else []),
         "",
         *(schedule_lines(cfg, schedule, plan, world) if plan is not None else []),
         "# parameters",

@@ -175,6 +175,20 @@ def lr_factor(step: int, train_cfg) -> float:
     return floor + (1.0 - floor) * _remaining(shape, min(1.0, progress))
 
 
+def warmup_note(train_cfg) -> str | None:
+    """A warm-up as long as the run or longer (a preset's kept when train.max_steps was cut): the run ends inside
+    it, never at train.lr. None otherwise."""
+    t = train_cfg
+    if t.warmup_steps < max(2, t.max_steps):
+        return None
+    reached = lr_factor(t.max_steps - 1, t)
+    return (
+        f"train.warmup_steps={t.warmup_steps} is not shorter than train.max_steps={t.max_steps}: the run ends inside "
+        f"its warm-up, its learning rate at most {reached:.0%} of train.lr ({reached * t.lr:.3g}); give a shorter "
+        "warm-up (1-10% of the steps is usual)"
+    )
+
+
 def build_scheduler(optimizer: torch.optim.Optimizer, train_cfg) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: lr_factor(step, train_cfg))
 

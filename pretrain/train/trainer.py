@@ -49,7 +49,7 @@ from pretrain.train.engine import Engine, build_engine, fp32_masters
 from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
 from pretrain.train.flops import count_step_flops, device_peak_tflops, throughput_metrics
 from pretrain.train.metrics import MetricsLogger, MetricSums, read_metrics
-from pretrain.train.optim import apply_hyperparameters
+from pretrain.train.optim import apply_hyperparameters, warmup_note
 from pretrain.train.setup import (
     ResolvedRun,
     build_model,
@@ -303,8 +303,9 @@ class Trainer:
                 else ""
             )
         )
-        if note := slow_precision_note(run.precision):
-            logger.write(f"note: {note}")
+        for note in (slow_precision_note(run.precision), warmup_note(t)):
+            if note:
+                logger.write(f"note: {note}")
         return cls(run, config_text, engine, data, state, logger, ema)
 
     def run(self, flag: StopFlag) -> dict:
