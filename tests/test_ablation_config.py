@@ -48,6 +48,7 @@ def tiny_model(directory: Path) -> Path:
         ("eval.max_seq_len=4096", r"eval\.max_seq_len=4096 is longer than the arms' encoder takes"),
         ("ouput_dir=x", r"unknown config key 'ouput_dir' \(did you mean 'output_dir'\?\)"),
         ("launch.jobs=0", r"ablation-tiny\.yaml: launch\.jobs: expected >= 1, got 0"),
+        ("launch.procs=0", r"ablation-tiny\.yaml: launch\.procs: expected >= 1, got 0"),
         ("launch.threads=-2", r"launch\.threads: expected >= 0, got -2"),
     ],
 )
@@ -389,10 +390,24 @@ def test_an_arms_own_length_is_refused_where_the_budget_sets_it(monkeypatch):
     longer = "arms.mlm={objectives: {mlm: {}}, train: {max_steps: 40}}"
     with pytest.raises(ConfigError, match=r"arms\.mlm: train\.max_steps=40: the tokens budget sets every arm's"):
         load_ablation(TINY, [longer])
-    timed = load_ablation(TINY, [longer, "budget={kind: time, amount: 1}"])  # steps: a time budget's upper bound
-    assert timed.arms[0].cfg.train.max_steps == 40
+    # under a time budget, run.train.max_steps bounds every arm alike; one arm's own cut it short of the others
+    timed = load_ablation(TINY, ["run.train.max_steps=40", "budget={kind: time, amount: 1}"])
+    assert {arm.cfg.train.max_steps for arm in timed.arms} == {40}
+    with pytest.raises(ConfigError, match=r"arms\.mlm: train\.max_steps=40: the time budget sets every arm's max_min"):
+        load_ablation(TINY, [longer, "budget={kind: time, amount: 1}"])
     with pytest.raises(ConfigError, match=r"arms\.mlm: train\.max_minutes=5: the time budget sets every arm's"):
         load_ablation(TINY, ["arms.mlm={train: {max_minutes: 5}}", "budget={kind: time, amount: 1}"])
+
+
+def test_an_arm_that_changes_the_schedule_phases_is_refused(monkeypatch):
+    """An arm's schedule.phases trained it on other sequence lengths than the others at the same budget, compared
+    as equals; the arms' sequence length was held only through data.max_seq_len."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    monkeypatch.chdir(ROOT)
+    phases = "schedule: {phases: [{start: 0, max_seq_len: 16, micro_batch_size: 32}]}"
+    with pytest.raises(ConfigError, match=r"arms\.mlm: an arm may change .* not the encoder, seed, sequence length or"):
+        load_ablation(TINY, [f"arms.mlm={{objectives: {{mlm: {{}}}}, {phases}}}"])
 
 
 @pytest.mark.parametrize(

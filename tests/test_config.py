@@ -126,6 +126,16 @@ def test_defects_that_used_to_crash_late_fail_when_read(tmp_path):
         load_config(str(tmp_path / "self.yaml"))
     with pytest.raises(ConfigError, match=r"model.num_layers: must be >= 1, got 0"):
         load_config("tiny", ["model.num_layers=0"])
+    for key, value, rule in (  # a torch traceback at the model's build, or NaN RoPE tables at the first step
+        ("vocab_size", -5, ">= 0"),
+        ("embedding_size", -5, ">= 0"),
+        ("initializer_range", -1, ">= 0"),
+        ("layer_norm_eps", -1, "> 0"),
+        ("rope_theta", 0, "> 0"),
+        ("type_vocab_size", 0, ">= 1"),
+    ):
+        with pytest.raises(ConfigError, match=rf"^model\.{key}: must be {rule}.*, got {value}"):
+            load_config("tiny", [f"model.{key}={value}"])
     with pytest.raises(ConfigError, match=r"every weight is 0 \(mlm.weight=0\).*nothing"):
         load_config("tiny", ["objectives.mlm.weight=0"])
     with pytest.raises(ConfigError, match=r"train.log_every: must be >= 1"):
@@ -243,6 +253,28 @@ def test_base_resolution_is_shared_by_every_config_kind(tmp_path):
     assert run["train"]["lr"] == 1.0 and run["model"]["num_layers"] == 2
     assert deep_merge({"a": {"b": 1}}, {"a": {"c": 2}}) == {"a": {"b": 1, "c": 2}}
     assert nearest("hiden", ["hidden", "heads"]) == " (did you mean 'hidden'?)"
+
+
+def test_a_relative_base_is_found_beside_its_file_or_among_the_presets_never_in_the_current_directory(
+    tmp_path, monkeypatch
+):
+    """`base: parent.yaml` not beside its file was taken from the current directory: the same config resolved to
+    another base in another directory (and a user's ./tiny.yaml shadowed the preset `base: tiny.yaml`)."""
+    from pretrain.core.parsing import load_yaml_with_base
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "c.yaml").write_text("base: parent.yaml\nname: c\n")
+    (tmp_path / "parent.yaml").write_text("name: from-cwd\nx: 1\n")
+    (tmp_path / "tiny.yaml").write_text("name: shadow\n")
+    (tmp_path / "sub" / "d.yaml").write_text("base: tiny.yaml\n")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(ConfigError, match=r"c\.yaml: base: config 'parent\.yaml' not found"):
+        load_yaml_with_base(tmp_path / "sub" / "c.yaml")
+    assert load_yaml_with_base(tmp_path / "sub" / "d.yaml")["name"] == "tiny"  # the preset
+    for bad in ("5", "[tiny]", "true"):
+        (tmp_path / "e.yaml").write_text(f"base: {bad}\n")
+        with pytest.raises(ConfigError, match=r"e\.yaml: base: expected a preset name or a file path, got"):
+            load_yaml_with_base(tmp_path / "e.yaml")
 
 
 def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stands(monkeypatch):

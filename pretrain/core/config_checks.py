@@ -94,9 +94,18 @@ def check_values(cfg: RunConfig) -> None:
             f"model.embedding_size={cfg.model.embedding_size}: the PLM query stream starts from a vector as wide as "
             f"the encoder (hidden_size {cfg.model.hidden_size}); leave embedding_size at 0 for plm"
         )
-    for key in ("num_layers", "num_heads", "hidden_size", "intermediate_size"):
+    for key in ("num_layers", "num_heads", "hidden_size", "intermediate_size", "type_vocab_size"):
         if getattr(cfg.model, key) < 1:
             raise ConfigError(f"model.{key}: must be >= 1, got {getattr(cfg.model, key)}")
+    for key, ok, rule in (  # torch's tracebacks, or NaN RoPE tables and a run that stops at its first step
+        ("vocab_size", cfg.model.vocab_size >= 0, ">= 0 (0: the tokenizer's)"),
+        ("embedding_size", cfg.model.embedding_size >= 0, ">= 0 (0: hidden_size)"),
+        ("initializer_range", cfg.model.initializer_range >= 0, ">= 0"),
+        ("layer_norm_eps", cfg.model.layer_norm_eps > 0, "> 0"),
+        ("rope_theta", cfg.model.rope_theta > 0, "> 0"),
+    ):
+        if not ok:
+            raise ConfigError(f"model.{key}: must be {rule}, got {getattr(cfg.model, key)}")
     _check_local_attention(cfg)
     _check_schedule_section(cfg)
 

@@ -291,10 +291,11 @@ def deep_merge(base: dict, extra: dict, replace: tuple[str, ...] = ()) -> dict:
     return out
 
 
-def resolve_preset(name_or_path: str) -> Path:
-    """A config argument is a path, or the name of a preset in configs/ (with or without .yaml)."""
+def resolve_preset(name_or_path: str, paths: bool = True) -> Path:
+    """A config argument is a path, or the name of a preset in configs/ (with or without .yaml); with `paths` false,
+    a preset only (a `base:` not found beside its file: the current directory must not decide what it is)."""
     path = Path(name_or_path)
-    if path.is_file():
+    if paths and path.is_file():
         return path
     for candidate in (CONFIG_DIR / name_or_path, CONFIG_DIR / f"{name_or_path}.yaml"):
         if candidate.is_file():
@@ -349,10 +350,12 @@ def merge_base(block: dict, path: Path, replace: tuple[str, ...] = (), _chain: t
     base = block.pop("base", None)
     if not base:
         return block
+    if not isinstance(base, str):
+        raise ConfigError(f"{path}: base: expected a preset name or a file path, got {base!r}")
     base_path = (Path(path).parent / base) if not Path(base).is_absolute() else Path(base)
     if not base_path.is_file():
         try:
-            base_path = resolve_preset(str(base))
+            base_path = resolve_preset(base, paths=Path(base).is_absolute())
         except ConfigError as err:
             raise ConfigError(f"{path}: base: {err}") from None
     return deep_merge(load_yaml_with_base(base_path, replace, _chain), block, replace=replace)

@@ -222,12 +222,13 @@ def _arm_runs(name: str, spec: Any, shared: dict, base: RunConfig, seeds: list[i
         if (
             cfg.model != base.model
             or cfg.data.max_seq_len != base.data.max_seq_len
+            or cfg.schedule.phases != base.schedule.phases  # a phase's sequence length, micro-batch, rope_theta
             or "seed" in (spec.get("train") or {})
         ):
             raise ConfigError(
                 f"{path}: arms.{name}: an arm may change objectives and training options, not the "
-                "encoder, seed or sequence length (they are what the arms share; seeds: sets the "
-                "pretraining seeds of every arm)"
+                "encoder, seed, sequence length or schedule phases (they are what the arms share; seeds: sets the "
+                "pretraining seeds of every arm, run.schedule the phases)"
             )
         runs.append(Arm(run_name, cfg, pretrain, str(name), seed, overrides))
     return runs
@@ -258,11 +259,13 @@ def _refuse_what_the_budget_sets(cfg: AblationConfig, path: Path) -> None:
     key = "max_minutes" if cfg.budget.kind == "time" else "max_steps"
     for name, spec in cfg.arms.items():
         train = spec.get("train") if isinstance(spec, dict) else None
-        if isinstance(train, dict) and key in train:
-            raise ConfigError(
-                f"{path}: arms.{name}: train.{key}={train[key]}: the {cfg.budget.kind} budget sets every arm's "
-                f"{key} (budget.amount={cfg.budget.amount:g}), the same for each; leave it out of the arm"
-            )
+        for own in ("max_minutes", "max_steps") if isinstance(train, dict) else ():
+            if own in train:  # under a time budget, an arm's max_steps cut it short of the others' minutes
+                raise ConfigError(
+                    f"{path}: arms.{name}: train.{own}={train[own]}: the {cfg.budget.kind} budget sets every arm's "
+                    f"{key} (budget.amount={cfg.budget.amount:g}), the same for each; leave train.{own} out of "
+                    "the arm"
+                )
 
 
 def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:

@@ -187,8 +187,9 @@ class AblationConfig:
         if not self.output_dir:
             raise ConfigError(f"{where}: output_dir: the ablation directory is required")
         _positive(self.budget.amount, f"{where}: budget.amount")
-        if self.launch.jobs < 1:
-            raise ConfigError(f"{where}: launch.jobs: expected >= 1, got {self.launch.jobs}")
+        for key in ("jobs", "procs"):
+            if getattr(self.launch, key) < 1:
+                raise ConfigError(f"{where}: launch.{key}: expected >= 1, got {getattr(self.launch, key)}")
         if self.launch.threads < 0:
             raise ConfigError(f"{where}: launch.threads: expected >= 0, got {self.launch.threads}")
         if not self.arms:
