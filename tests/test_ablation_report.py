@@ -288,6 +288,24 @@ def _table(modes=("probe",), n=100, full_gain=0.1) -> dict:
     return out
 
 
+def _regression_table(diverged: bool) -> dict:
+    """{probe: {"t": {arm: Cell}}} of a regression task scored by pearson; with `diverged`, mlm's second downstream
+    seed predicted one NaN."""
+    import numpy as np
+
+    from pretrain.evaluation.report import Cell
+
+    rng = np.random.default_rng(0)
+    y = rng.normal(size=50)
+    arms = {}
+    for arm, noise in (("mlm", 0.5), ("span", 1.0), ("none", 2.0)):
+        preds = (y + rng.normal(scale=noise, size=(1, 2, 50))).copy()  # [S, P, N]
+        if diverged and arm == "mlm":
+            preds[0, 1, 7] = np.nan
+        arms[arm] = Cell("pearson", y, preds)
+    return {"probe": {"t": arms}}
+
+
 def _cmp(a, b="none", diff=0.05, p_holm=1.0, p=None, mode="probe", seeds=(0.05, 0.04), seed_p_holm=None, se=0.02):
     from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison
 
@@ -390,6 +408,11 @@ SITUATIONS = {
         (_ab(seeds=6), _table(), [_cmp("mlm", diff=0.1, p_holm=0.001, seeds=FIVE + (0.1,), seed_p_holm=0.03)], _pre()),
         lambda d: d and ([i["a"] for i in d[0]["held"]], [i["a"] for i in d[0]["not_held"]]),
     ),
+    "diverged": (
+        (_ab(), _regression_table(diverged=False), FLAT, _pre()),
+        (_ab(), _regression_table(diverged=True), FLAT, _pre()),
+        lambda d: d and [(i["arm"], i["runs"], i["of"]) for i in d[0]["items"]],
+    ),
     "detectable": (
         (_ab(), _table(), FLAT, _pre()),
         (_ab(), _table(), [_cmp("mlm", se=0.01), _cmp("span", se=0.01), FLAT[2]], _pre()),
@@ -411,6 +434,23 @@ SITUATIONS = {
         lambda d: d and d[0]["objectives"],
     ),
 }
+
+
+def test_a_diverged_regression_fine_tuning_is_scored_0_in_both_places_and_said(capsys):
+    """One NaN prediction made a seed's pearson nan in the run's own record and 0 in the report, with no word."""
+    import numpy as np
+
+    from pretrain.evaluation.finetune import Task, task_metrics
+    from pretrain.evaluation.report import render_note
+
+    cell = _regression_table(diverged=True)["probe"]["t"]["mlm"]
+    task = Task("t", "regression", False, [], ([], None, []), ([], None, list(cell.labels)))
+    assert task_metrics(task, cell.preds[0, 1], cell.labels) == {"pearson": 0.0, "spearman": 0.0}
+    assert "1 of 50 dev predictions are not finite (the fine-tuning diverged)" in capsys.readouterr().err
+    scores = [task_metrics(task, p, cell.labels)["pearson"] for p in cell.preds[0]]
+    assert cell.mean == pytest.approx(np.mean(scores))  # the report's score is the runs' own
+    (note,) = _kinds(_ab(), _regression_table(diverged=True), FLAT, _pre())["diverged"]
+    assert "mlm on t (probe): 1 of 2" in render_note("diverged", note)
 
 
 def test_every_kind_of_note_is_tested():
@@ -505,6 +545,35 @@ def test_few_seeds_says_the_seeds_each_family_needs():
     assert huge["needed"] is None and "smaller families" in render_note("few_seeds", huge)
     single = render_note("few_seeds", few_seeds(fams, 1))
     assert "11 or more" in single and "5 or more" not in single
+
+
+def test_seed_notes_count_the_seeds_each_family_paired_up(tmp_path):
+    """6 seeds per arm and the random encoder's 6th run failed: the comparisons with it pair up 5 seeds, the pairs of
+    arms 6. The notes took the fewest of all for everything: "with 5 seeds per arm ... p cannot go below 0.0625",
+    then listed a pair that held at p 0.031 across 6."""
+    from pretrain.evaluation.report import render_note
+
+    six = FIVE + (0.07,)
+    found = [
+        _cmp("mlm", diff=0.1, p_holm=0.001, seeds=FIVE, seed_p_holm=0.0625),
+        _cmp("span", seeds=FIVE, seed_p_holm=1.0),
+        _cmp("mlm", "span", diff=0.1, p_holm=0.001, seeds=six, seed_p_holm=0.031),
+    ]
+    kinds = _kinds(_ab(seeds=6), _table(), found, _pre())
+    (few,) = kinds["few_seeds"]
+    assert few["seeds"] == 6 and few["families"]["primary"] == {"comparisons": 2, "needed": 7, "seeds": 5}
+    assert "pair up only 5 (runs failed or are missing)" in render_note("few_seeds", few)
+    (level,) = kinds["seed_level"]
+    assert (level["seeds"], level["fewest"]) == (6, 5) and [(i["a"], i["b"]) for i in level["held"]] == [
+        ("mlm", "span")
+    ]
+    text = render_note("seed_level", level)
+    assert "Across the 5 to 6 pretraining seeds" in text and "0.0312 with 6 seeds, 0.0625 with 5" in text
+    # a significant comparison its failed runs left untested is said to be so, not listed as "does not hold"
+    found[0] = _cmp("mlm", diff=0.1, p_holm=0.001, seeds=(0.1, 0.1))
+    (level,) = _kinds(_ab(seeds=6), _table(), found, _pre())["seed_level"]
+    assert [i["a"] for i in level["untested"]] == ["mlm"] and all(i["b"] == "span" for i in level["not_held"])
+    assert "not tested (fewer than 3 seeds paired up" in render_note("seed_level", level)
 
 
 def test_a_task_dropped_from_the_config_leaves_the_report(tmp_path):

@@ -204,12 +204,16 @@ def test_the_record_of_an_ablation_goes_on_elsewhere_without_its_weights(ablatio
     extra = make_pair_task(tmp / "extra")
     args = ablation_args(tmp / "elsewhere", corpus, task)
     args[args.index(f"eval.tasks=[{task}]")] = f"eval.tasks=[{task},{extra}]"
+    timed = json.loads((record / "arms" / "none" / "state.json").read_text())["eval_s"]
     proc = pretrain(*args, cwd=ROOT, rc=2)
     assert "arm mlm FAILED (UserError: arm mlm: trained, but its weights are not in" in proc.stdout
     assert "Copy its hf/ or checkpoints/ from where it trained" in proc.stdout
     none = json.loads((record / "arms" / "none" / "state.json").read_text())
     assert set(none["downstream"]["probe"]) == {task.name, "extra"} and (record / "arms/none/hf/config.json").is_file()
     assert none["downstream"]["probe"][task.name] == original["runs"]["none"]["downstream"]["probe"][task.name]
+    # its time grows by the new task's: it was replaced by it, and --within-minutes then expected the arm's next
+    # seed to take those few seconds
+    assert none["eval_s"] > timed
 
 
 def test_a_run_is_expected_to_take_as_long_as_the_runs_timed_so_far(tmp_path):

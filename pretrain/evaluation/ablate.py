@@ -427,7 +427,9 @@ def run_arm(ab: Ablation, arm: Arm, sharing: int = 1) -> dict:
         write_state(arm, state)
 
     state["downstream"] = downstream(ab, arm.cfg.hf_dir, state.get("downstream"), save)
-    state["eval_s"] = time.time() - started
+    # added to what the run took before: an invocation that re-opens a finished run (a task added) takes seconds,
+    # and recorded alone they were what `--within-minutes` expected another seed of the arm to take
+    state["eval_s"] = state.get("eval_s", 0.0) + time.time() - started
     state["host"] = host_record(sharing)
     state["evaluated"] = True
     write_state(arm, state)

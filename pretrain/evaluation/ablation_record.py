@@ -77,10 +77,10 @@ def finished(ab: Ablation, state: dict) -> bool:
 
 def timed_seconds(state: dict, sharing: int = 1) -> float:
     """How long a finished run should take again with `sharing` runs to its device (launch.jobs): its seconds from
-    start to evaluated (`eval_s`, as recorded by the invocation that finished it: a run resumed from an earlier
-    invocation's checkpoint records only its last part), times the sharing's growth since (`runs_per_device`, as
-    recorded; never less: s runs sharing a device take at most s times as long as one alone, and a run timed while
-    others shared its device is not assumed faster alone)."""
+    start to evaluated (`eval_s`: the invocations that finished it, or re-opened it for a task added since; one
+    resumed from an earlier invocation's checkpoint records only its last part), times the sharing's growth since
+    (`runs_per_device`, as recorded; never less: s runs sharing a device take at most s times as long as one alone,
+    and a run timed while others shared its device is not assumed faster alone)."""
     then = (state.get("host") or {}).get("runs_per_device", 1)
     return state["eval_s"] * max(1.0, sharing / then)
 

@@ -241,6 +241,14 @@ def _pearson(a: np.ndarray, b: np.ndarray) -> float:
 
 def task_metrics(task: Task, predictions: np.ndarray, labels: np.ndarray) -> dict[str, float]:
     if task.kind == "regression":
+        bad = int((~np.isfinite(predictions)).sum())
+        if bad:  # a diverged fine-tuning: its correlation is undefined, its pearson was nan here and 0 in the report
+            print(
+                f"warning: {task.name}: {bad} of {len(predictions)} dev predictions are not finite (the fine-tuning "
+                "diverged): scored as a constant prediction is, pearson and spearman 0 (the report says so too)",
+                file=sys.stderr,
+            )
+            return {"pearson": 0.0, "spearman": 0.0}
         return {"pearson": _pearson(predictions, labels), "spearman": _pearson(_rank(predictions), _rank(labels))}
     out = {"accuracy": float((predictions == labels).mean())}
     if task.num_labels == 2:

@@ -41,6 +41,7 @@ NOTE_KINDS = (
     "pairs",
     "seeds_untested",
     "seed_level",
+    "diverged",
     "detectable",
     "rtd_auc",
     "probe",
@@ -61,10 +62,11 @@ def notes(
     fams = families(found, main) if fams is None else fams
     detect = detectable(table, found, fams, main) if detect is None else detect
     trained = {a: v for a, v in pre.items() if v["steps"]}
-    # The fewest pretraining seeds any comparison pairs up: what the tests across seeds can use.
-    seeds = min((len(c.seed_diffs) for c in found), default=len(ab.seeds)) or len(ab.seeds)
+    # The pretraining seeds each arm was given; a family that pairs up fewer (a run failed or is missing) is judged
+    # on its own count (`families`: its fewest seeds)
+    seeds = max(1, len(ab.seeds))
     out = scale_notes(trained) + [budget_note(ab, trained)] + method_notes(ab, fams, main, seeds)
-    out += task_notes(table, found) + verdict_notes(found) + seed_notes(found, fams, seeds)
+    out += task_notes(table, found) + verdict_notes(found) + seed_notes(found, fams) + diverged_notes(table)
     if detect:
         out.append(("detectable", {"items": detect, "power": POWER, "alpha": ALPHA}))
     return out + pretraining_notes(ab, table, pre, trained)
@@ -116,8 +118,12 @@ def few_seeds(fams: dict, seeds: int) -> dict | None:
     """The seeds each family needs for a sign-flip test to hold after Holm (m x 2/2^n < alpha), where `seeds` is
     short of it in any family (None where not): a fixed count such as 5 cannot do (2/2^5 > 0.05 even for m = 1)."""
     sizes = {f: v["comparisons"] for f, v in fams.items()}
-    short = {f: {"comparisons": m, "needed": seeds_needed(m)} for f, m in sizes.items()}
-    short = {f: v for f, v in short.items() if v["needed"] is None or seeds < v["needed"]}
+    have = {f: min(seeds, v.get("seeds", seeds)) for f, v in fams.items()}  # fewer where runs failed or are missing
+    short = {
+        f: {"comparisons": m, "needed": seeds_needed(m), **({"seeds": have[f]} if have[f] < seeds else {})}
+        for f, m in sizes.items()
+    }
+    short = {f: v for f, v in short.items() if v["needed"] is None or have[f] < v["needed"]}
     if (sizes and not short) or (not sizes and seeds >= seeds_needed(1)):  # nothing compared: as one comparison
         return None
     reachable = [v["needed"] for v in short.values() if v["needed"] is not None] or ([] if short else [seeds_needed(1)])
@@ -173,25 +179,47 @@ def verdict_notes(found: list[Comparison]) -> list[Note]:
     return out
 
 
-def seed_notes(found: list[Comparison], fams: dict, seeds: int) -> list[Note]:
+def seed_notes(found: list[Comparison], fams: dict) -> list[Note]:
     """Whether the significant differences hold across pretraining seeds (or, with too few, their per-seed values)."""
     significant = [c for c in found if c.significant]
-    if seeds < SEED_TEST_MIN:
+    tested = [len(c.seed_diffs) for c in found if c.seed_p is not None]  # seeds of each comparison tested across them
+    if not tested:  # fewer than SEED_TEST_MIN seeds paired up anywhere
         if not significant:
             return []
         items = [{**_item(c), "seed_diffs": c.seed_diffs} for c in significant]
-        return [("seeds_untested", {"seeds": seeds, "items": items})]
+        return [("seeds_untested", {"seeds": max(len(c.seed_diffs) for c in significant), "items": items})]
     if not any(c.significant or c.holds_across_seeds for c in found):
         return []
     level = {
-        "seeds": seeds,
-        "floor": sign_flip_floor(seeds),
+        # the seeds the tests had (fewer than `seeds` where a run failed): their floors, from the most seeds down
+        "seeds": max(tested),
+        "fewest": min(tested),
+        "floor": sign_flip_floor(max(tested)),
         "held": [_item(c) for c in significant if c.holds_across_seeds],
-        "not_held": [{**_item(c), "seed_p_holm": c.seed_p_holm} for c in significant if not c.holds_across_seeds],
+        "untested": [_item(c) for c in significant if c.seed_p is None],
+        "not_held": [
+            {**_item(c), "seed_p_holm": c.seed_p_holm}
+            for c in significant
+            if c.seed_p is not None and not c.holds_across_seeds
+        ],
         "seeds_only": [_item(c) for c in found if c.holds_across_seeds and not c.significant],
         "family_floors": {f: v["seed_floor"] for f, v in fams.items() if v["seed_floor"] is not None},
     }
     return [("seed_level", level)]
+
+
+def diverged_notes(table: dict) -> list[Note]:
+    """Regression fine-tunings that diverged (a non-finite dev prediction): their correlation is undefined, and is
+    scored as a constant prediction's, 0 (`stats.metric_batch`), which pulls their arm down: said, per cell."""
+    items = []
+    for mode, tasks in table.items():
+        for task, arms in tasks.items():
+            for arm, cell in arms.items():
+                if cell.metric == "pearson":
+                    bad = ~np.isfinite(np.asarray(cell.preds, float)).all(-1)  # [S, P]
+                    if bad.any():
+                        items.append({"arm": arm, "task": task, "mode": mode, "runs": int(bad.sum()), "of": bad.size})
+    return [("diverged", {"items": items})] if items else []
 
 
 def pretraining_notes(ab, table: dict, pre: dict, trained: dict) -> list[Note]:

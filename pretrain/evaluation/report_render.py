@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 from pretrain.evaluation.report_numbers import BASELINE, PRIMARY, SECONDARY, SEED_TEST_MIN
-from pretrain.evaluation.stats import ALPHA
+from pretrain.evaluation.stats import ALPHA, sign_flip_floor
 
 LISTED = 8  # comparisons named in one note at most; the rest are counted
 
@@ -124,6 +124,7 @@ def _few_seeds(d: dict) -> str:
     needs = "; ".join(
         f"the {f} family's {v['comparisons']} comparison(s) need "
         + (f"{v['needed']} seeds" if v["needed"] is not None else "more than any number of seeds can give")
+        + (f", and pair up only {v['seeds']} (runs failed or are missing)" if "seeds" in v else "")
         for f, v in d["families"].items()
     )
     return (
@@ -213,18 +214,38 @@ def _seed_level(d: dict) -> str:
         )
     if d["seeds_only"]:
         parts.append("significant across seeds only: " + _names(d["seeds_only"], False, pair=True))
+    if d.get("untested"):
+        parts.append(
+            f"not tested (fewer than {SEED_TEST_MIN} seeds paired up, runs failed or missing): "
+            + _names(d["untested"], False, pair=True)
+        )
     closed = [f"{f} ({x:.3g})" for f, x in d["family_floors"].items() if x >= ALPHA]
+    fewest = d.get("fewest", d["seeds"])
+    seeds = f"{d['seeds']}" if fewest == d["seeds"] else f"{fewest} to {d['seeds']}"
     return (
-        f"Across the {d['seeds']} pretraining seeds (exact sign-flip test over the per-seed differences, Holm "
-        f"within each family; it cannot give p below {d['floor']:.3g}): "
+        f"Across the {seeds} pretraining seeds ("
+        + ("fewer where runs failed or are missing; " if fewest != d["seeds"] else "")
+        + "exact sign-flip test over the per-seed differences, Holm "
+        f"within each family; it cannot give p below {d['floor']:.3g}"
+        + (f" with {d['seeds']} seeds, {sign_flip_floor(fewest):.3g} with {fewest}" if fewest != d["seeds"] else "")
+        + "): "
         + "; ".join(parts)
         + "."
         + (
             f" The smallest adjusted p across seeds is not below {ALPHA} in the {' and '.join(closed)} "
-            f"family: no comparison there can hold across {d['seeds']} seeds."
+            f"family: no comparison there can hold across {fewest} seeds."
             if closed
             else ""
         )
+    )
+
+
+def _diverged(d: dict) -> str:
+    shown = "; ".join(f"{i['arm']} on {i['task']} ({i['mode']}): {i['runs']} of {i['of']}" for i in d["items"])
+    return (
+        "Some fine-tunings diverged (non-finite dev predictions), and are scored as a constant prediction is, "
+        f"correlation 0, which lowers their arm's score: {shown}. A smaller learning rate (`eval.lr`, or a sweep "
+        "with `eval.lrs`) may keep them finite."
     )
 
 
@@ -299,6 +320,7 @@ WORDING = {
     "pairs": _pairs,
     "seeds_untested": _seeds_untested,
     "seed_level": _seed_level,
+    "diverged": _diverged,
     "detectable": _detectable,
     "rtd_auc": _rtd_auc,
     "probe": _probe,
