@@ -190,7 +190,8 @@ def test_heldout_split_is_deterministic_disjoint_and_from_train_only(tmp_path):
     sweep = sweep_lr(task, FinetuneConfig(mode="probe", lrs=[0.001, 0.01, 0.1]), score)
     assert sweep["chosen"] == 0.01 and sweep["heldout_scores"] == [0.5, 0.8, 0.8]  # ties: the first
     assert sweep["heldout_examples"] == 4 and sweep["fit_examples"] == 36
-    for view, _ in seen:  # never a dev sentence, in either part
+    for view, _ in seen:  # never a dev sentence, in either part; its warnings name the part, not "dev"
+        assert view.name == f"{task.name} (held-out part of train)"
         sentences = view.train[0] + view.dev[0]
         assert all(s.endswith(" train") for s in sentences) and len(set(sentences)) == len(sentences) == 40
 

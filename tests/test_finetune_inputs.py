@@ -32,21 +32,21 @@ def test_a_byte_order_mark_is_not_part_of_the_first_column(tmp_path):
 @pytest.mark.parametrize(
     "rows,message",
     [
-        # the quote closes two lines on: the rows between would be one example (its text holding '\t1\n...')
-        (
-            ['"Hello world\t1', 'other text" said\t0', "fine\t1"],
-            r"train\.tsv:2: a field holds a tab \(this row runs on",
-        ),
+        # the quote closes a line on, text after it: the rows between would be one example (its text '\t1\n...')
+        (['"Hello world\t1', 'other text" said\t0', "fine\t1"], r"train\.tsv:2: .* text may not follow that quote"),
         # never closed: the rest of the file would be one field
-        (['"Hello world\t1', "other text\t0", "fine\t1"], r"train\.tsv:2: a field holds a tab \(this row runs on"),
-        (["a\t1", '"tab\tinside"\t0'], r"train\.tsv:3: a field holds a tab: the file's quoting is off"),
+        (['"Hello world\t1', "other text\t0", "fine\t1"], r'train\.tsv:2: a field that starts with " and has no'),
+        (["a\t1", '"tab\tinside"\t0'], r"train\.tsv:3: a quoted field holds a tab, which a task's text may not"),
+        # GLUE-style text that opens with a quote: read as a quoted field, its quotes were dropped with no word
+        (['"Yes," she said.\t1'], r"train\.tsv:2: .* a field that starts with \" is read as quoted"),
+        (['"The Extra Girl" (1923) is a film\t0'], r"train\.tsv:2: .* text may not follow that quote"),
     ],
 )
 def test_a_field_swallowing_tabs_or_lines_is_refused_as_quoting(tmp_path, rows, message):
     task = write_task(tmp_path / "t", "\n".join(["sentence\tlabel", *rows, "last\t0"]) + "\n")
     with pytest.raises(UserError, match=message) as err:
         load_task(task)
-    assert "quoting is off" in str(err.value)
+    assert "quot" in str(err.value)
     # a quote inside a field, quotes around a whole field (lines and all), and a trailing tab are fine
     write_task(tmp_path / "t", 'sentence\tlabel\t\nsay "hi"\t1\n"quoted"\t0\n"two\nlines"\t1\t\n')
     assert load_task(tmp_path / "t").train[0] == ['say "hi"', "quoted", "two lines"]
@@ -189,3 +189,30 @@ def test_the_sweeps_seeds_are_options_of_pretrain_finetune(monkeypatch):
     argv = ["finetune", "model", "task", "--lrs", "1e-4", "3e-4", "--heldout-seed", "7", "--sweep-seeds", "2"]
     assert main(argv) == 0
     assert got == {"seeds": [1, 2, 3], "heldout_seed": 7, "sweep_seeds": 2}
+
+
+def test_label_errors_name_the_line(tmp_path):
+    """A regression label that is not a number named 'example 3' (on line 5: a blank line and the header before
+    it); a dev label unseen in train named no line at all."""
+    reg = write_task(tmp_path / "reg", "sentence\tlabel\na\t0.5\n\nb\t1.5\nc\tn/a\n", "sentence\tlabel\na\t0.5\n")
+    with pytest.raises(UserError, match=r"reg/train\.tsv:5: label 'n/a' is not a number"):
+        load_task(reg, "regression")
+    unseen = write_task(tmp_path / "u", "sentence\tlabel\na\tyes\nb\tno\n", "sentence\tlabel\na\tyes\nb\tmaybe\n")
+    with pytest.raises(UserError, match=r"u/dev\.tsv:3: label\(s\) \['maybe'\] never appear in train\.tsv"):
+        load_task(unseen)
+
+
+def test_a_max_seq_len_that_leaves_no_text_is_refused(tmp_path, capsys):
+    """--max-seq-len 3 kept neither sentence of a pair ([CLS] [SEP] [SEP]), 4 only the second, 2 no text at all:
+    scores at chance, with no word."""
+    from pretrain.cli import main
+
+    model = tiny_bert(tmp_path / "m", PAIR_WORDS)
+    pair = write_task(tmp_path / "pair", "sentence1\tsentence2\tlabel\na b\tc d\t0\nc d\ta b\t1\n")
+    single = write_task(tmp_path / "single", "sentence\tlabel\na b\t0\nc d\t1\n")
+    for task, length, said in (
+        (pair, 4, "--max-seq-len 4 leaves a sentence pair of pair no room for both sentences"),
+        (single, 2, "max_seq_len: 2 leaves no room for text ([CLS] and [SEP] take 2); give at least 3"),
+    ):
+        assert main(["finetune", str(model), str(task), "--max-seq-len", str(length), "--seeds", "1"]) == 2
+        assert said in capsys.readouterr().err

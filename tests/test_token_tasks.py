@@ -153,7 +153,7 @@ def test_finetune_cli_full_and_probe(model_dir, tmp_path, capsys):
     probe = json.loads(out.read_text())
     assert probe["mode"] == "probe" and 0 <= probe["summary"]["chunk_f1"]["mean"] <= 1
     assert probe["dev_words_without_token"] == 1 and len(probe["per_seed"]) == 2
-    assert "1 dev word(s) lie beyond --max-seq-len 7" in capsys.readouterr().err
+    assert "1 word(s) scored on lie beyond --max-seq-len 7" in capsys.readouterr().err
 
 
 def test_fine_tuned_model_loads_with_identical_logits(model_dir, tmp_path):

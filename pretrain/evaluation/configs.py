@@ -16,6 +16,7 @@ from pretrain.core.errors import ConfigError
 from pretrain.core.parsing import doc, nearest
 
 MODES = ("probe", "full")
+MIN_SEQ_LEN, MIN_PAIR_SEQ_LEN = 3, 5  # [CLS] a [SEP]; [CLS] a [SEP] b [SEP]: a token of each sentence
 BUDGET_KINDS = ("tokens", "flops", "time")
 MODE_DEFAULTS = {
     "full": {"epochs": 3, "lr": 5e-5, "batch_size": 32},
@@ -74,6 +75,11 @@ class FinetuneConfig:
     def check(self, where: str = "", lrs_key: str = "lrs") -> FinetuneConfig:
         """Ranges; `where` prefixes the keys in messages, `lrs_key` names the list of learning rates there."""
         _not_negative(self, ("epochs", "lr", "batch_size", "max_train", "max_seq_len"), where)
+        if 0 < self.max_seq_len < MIN_SEQ_LEN:  # [CLS] [SEP] and no text: scores at chance, with no word
+            raise ConfigError(
+                f"{where}max_seq_len: {self.max_seq_len} leaves no room for text ([CLS] and [SEP] take 2); give at "
+                f"least {MIN_SEQ_LEN} ({MIN_PAIR_SEQ_LEN} for a sentence pair), or 0 for the model's positions"
+            )
         for i, lr in enumerate(self.lrs):
             _positive(lr, f"{where}{lrs_key}[{i}]")
         if len(set(self.lrs)) < len(self.lrs):

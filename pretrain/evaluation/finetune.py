@@ -37,7 +37,7 @@ from tqdm import tqdm
 from data_pipeline.tokenizer import TOKEN_TYPE_ARCHS, takes_token_types
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import from_dict
-from pretrain.evaluation.configs import FinetuneConfig, missing_task_hint
+from pretrain.evaluation.configs import MIN_PAIR_SEQ_LEN, FinetuneConfig, missing_task_hint
 from pretrain.evaluation.fit import autocast, batches, fit, load_with_head, precision
 from pretrain.evaluation.token_tasks import (
     SPLITS,
@@ -71,61 +71,102 @@ class Task:
         return 1 if self.kind == "regression" else len(self.labels)
 
 
-def read_tsv(path: Path) -> tuple[list[str], list[str] | None, list[str]]:
-    """Columns of a GLUE-format TSV; a malformed row fails naming the file and line."""
+def read_tsv(path: Path, lines: list[int] | None = None) -> tuple[list[str], list[str] | None, list[str]]:
+    """Columns of a GLUE-format TSV; a malformed row fails naming the file and line. `lines` (given) gets each
+    example's line. A field that starts with " is CSV-quoted: it ends at the next lone " (a doubled "" is one), and
+    text after that closing quote is an error, never dropped quotes (strict)."""
     if not path.is_file():
         raise UserError(f"{path}: task file not found (a task directory needs train.tsv and dev.tsv)")
     with io.StringIO(read_task_text(path), newline="") as f:  # newline="": as the csv module wants a file opened
-        rows = csv.reader(f, delimiter="\t")
-        header = next(rows, None)
-        if not header:
-            raise UserError(f"{path}:1: empty file, expected a header row (sentence<TAB>label)")
-        header = [h.strip() for h in header]
-        while header and not header[-1]:  # a trailing tab (spreadsheet exports write one): no column
-            header.pop()
-        if "label" not in header:
-            raise UserError(f"{path}:1: no 'label' column in header {header}")
-        pair = next((p for p in PAIR_COLUMNS if all(c in header for c in p)), None)
-        if pair:
-            text_cols = [header.index(c) for c in pair]
-        elif "sentence" in header:
-            text_cols = [header.index("sentence")]
-        else:
-            raise UserError(
-                f"{path}:1: header {header} needs 'sentence', 'sentence1' and 'sentence2', or 'question' and 'sentence'"
+        rows = csv.reader(f, delimiter="\t", strict=True)
+        at = [1]  # the first line of the row being read
+        try:
+            return _read_rows(path, _Tracked(rows, at), [] if lines is None else lines)
+        except csv.Error as err:  # '"Yes," she said.': read as the quoted field 'Yes,' and dropped its quotes
+            what = (
+                'a field that starts with " and has no closing " (the rest of the file would be one field)'
+                if "end of data" in str(err)
+                else f'{err}: a field that starts with " is read as quoted up to the next ", and text may not follow '
+                "that quote"
             )
-        label_col = header.index("label")
-        unread = [h for i, h in enumerate(header) if i not in (*text_cols, label_col) and h not in ID_COLUMNS]
-        if unread:  # a text column not read would be dropped from every example without a word
             raise UserError(
-                f"{path}:1: column(s) {unread} of header {header} are neither text nor label: a task reads "
-                f"{' and '.join(header[i] for i in text_cols)}, and label (besides an id column: "
-                f"{', '.join(ID_COLUMNS)}); remove or rename them"
+                f'{path}:{at[0]}: {what}; quote the whole field and double each " in it (as csv writers do)'
+            ) from None
+
+
+class _Tracked:
+    """A csv reader that keeps `at[0]`, the first physical line of the row it reads next (for its errors)."""
+
+    def __init__(self, rows, at: list[int]):
+        self.rows, self.at = rows, at
+
+    @property
+    def line_num(self) -> int:
+        return self.rows.line_num
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> list[str]:
+        self.at[0] = self.rows.line_num + 1
+        return next(self.rows)
+
+
+def _read_rows(path: Path, rows, lines: list[int]) -> tuple[list[str], list[str] | None, list[str]]:
+    """`read_tsv` of a file's csv rows (`_Tracked`)."""
+    header = next(rows, None)
+    if not header:
+        raise UserError(f"{path}:1: empty file, expected a header row (sentence<TAB>label)")
+    header = [h.strip() for h in header]
+    while header and not header[-1]:  # a trailing tab (spreadsheet exports write one): no column
+        header.pop()
+    if "label" not in header:
+        raise UserError(f"{path}:1: no 'label' column in header {header}")
+    pair = next((p for p in PAIR_COLUMNS if all(c in header for c in p)), None)
+    if pair:
+        text_cols = [header.index(c) for c in pair]
+    elif "sentence" in header:
+        text_cols = [header.index("sentence")]
+    else:
+        raise UserError(
+            f"{path}:1: header {header} needs 'sentence', 'sentence1' and 'sentence2', or 'question' and 'sentence'"
+        )
+    label_col = header.index("label")
+    unread = [h for i, h in enumerate(header) if i not in (*text_cols, label_col) and h not in ID_COLUMNS]
+    if unread:  # a text column not read would be dropped from every example without a word
+        raise UserError(
+            f"{path}:1: column(s) {unread} of header {header} are neither text nor label: a task reads "
+            f"{' and '.join(header[i] for i in text_cols)}, and label (besides an id column: "
+            f"{', '.join(ID_COLUMNS)}); remove or rename them"
+        )
+    first, second, labels = [], [], []
+    end = rows.line_num
+    for row in rows:
+        line, end = end + 1, rows.line_num  # the row's first and last physical lines
+        if not row or (len(row) == 1 and not row[0].strip()):
+            continue  # blank line
+        if len(row) > len(header) and not any(f.strip() for f in row[len(header) :]):
+            row = row[: len(header)]  # trailing empty fields
+        if any("\t" in f for f in row):  # a `"` opening a field swallowed separators up to the next `"`
+            raise UserError(
+                f"{path}:{line}: a field holds a tab (this row runs on to line {end}): the file's quoting is off; "
+                'a field that starts with " runs to the next " (remove the quote, or quote the whole field and '
+                'double each " in it)'
+                if end > line
+                else f"{path}:{line}: a quoted field holds a tab, which a task's text may not: replace it with a "
+                'space (or, if the " was not meant to quote the field, remove it)'
             )
-        first, second, labels = [], [], []
-        end = rows.line_num
-        for row in rows:
-            line, end = end + 1, rows.line_num  # the row's first and last physical lines
-            if not row or (len(row) == 1 and not row[0].strip()):
-                continue  # blank line
-            if len(row) > len(header) and not any(f.strip() for f in row[len(header) :]):
-                row = row[: len(header)]  # trailing empty fields
-            if any("\t" in f for f in row):  # a `"` opening a field swallowed separators up to the next `"`
-                runs_on = f" (this row runs on to line {end})" if end > line else ""
-                raise UserError(
-                    f"{path}:{line}: a field holds a tab{runs_on}: the file's quoting is off; a field that starts "
-                    'with " runs to the next " (remove the quote, or quote the whole field and double each " in it)'
-                )
-            row = [" ".join(f.split()) if "\n" in f or "\r" in f else f for f in row]  # a quoted field's lines
-            if len(row) != len(header):
-                raise UserError(f"{path}:{line}: {len(row)} tab-separated field(s), the header has {len(header)}")
-            label = row[label_col].strip()
-            if not label:
-                raise UserError(f"{path}:{line}: empty label")
-            first.append(row[text_cols[0]])
-            if len(text_cols) == 2:
-                second.append(row[text_cols[1]])
-            labels.append(label)
+        row = [" ".join(f.split()) if "\n" in f or "\r" in f else f for f in row]  # a quoted field's lines
+        if len(row) != len(header):
+            raise UserError(f"{path}:{line}: {len(row)} tab-separated field(s), the header has {len(header)}")
+        label = row[label_col].strip()
+        if not label:
+            raise UserError(f"{path}:{line}: empty label")
+        first.append(row[text_cols[0]])
+        if len(text_cols) == 2:
+            second.append(row[text_cols[1]])
+        labels.append(label)
+        lines.append(line)
     if not labels:
         raise UserError(f"{path}: no examples after the header")
     return first, (second if len(text_cols) == 2 else None), labels
@@ -161,8 +202,9 @@ def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Ta
             f"{task_dir}: --task-type token needs a CoNLL task: {' and '.join(SPLITS)} in that directory, one token "
             "per line (the token first, its BIO tag last) and a blank line between sentences"
         )
-    train_1, train_2, train_y = read_tsv(task_dir / "train.tsv")
-    dev_1, dev_2, dev_y = read_tsv(task_dir / "dev.tsv")
+    lines: dict[str, list[int]] = {"train.tsv": [], "dev.tsv": []}  # each example's line, for the label errors
+    train_1, train_2, train_y = read_tsv(task_dir / "train.tsv", lines["train.tsv"])
+    dev_1, dev_2, dev_y = read_tsv(task_dir / "dev.tsv", lines["dev.tsv"])
     if (train_2 is None) != (dev_2 is None):
         raise UserError(f"{task_dir}: train.tsv and dev.tsv disagree on single sentence vs sentence pair columns")
     everything = train_y + dev_y
@@ -184,7 +226,7 @@ def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Ta
         for split, ys in (("train.tsv", train_y), ("dev.tsv", dev_y)):
             bad = next((i for i, y in enumerate(ys) if not _is_float(y)), None)
             if bad is not None:
-                raise UserError(f"{task_dir / split}: label '{ys[bad]}' of example {bad + 1} is not a number")
+                raise UserError(f"{task_dir / split}:{lines[split][bad]}: label '{ys[bad]}' is not a number")
         names: list[str] = []
         train_lab, dev_lab = [float(y) for y in train_y], [float(y) for y in dev_y]
     else:
@@ -197,7 +239,11 @@ def load_task(task_dir: Path, task_type: str = "auto", max_train: int = 0) -> Ta
         index = {y: i for i, y in enumerate(names)}
         unseen = sorted(set(dev_y) - set(index))
         if unseen:
-            raise UserError(f"{task_dir / 'dev.tsv'}: label(s) {unseen[:5]} never appear in train.tsv")
+            first = lines["dev.tsv"][dev_y.index(unseen[0])]
+            raise UserError(
+                f"{task_dir / 'dev.tsv'}:{first}: label(s) {unseen[:5]} never appear in train.tsv (the first on this "
+                "line)"
+            )
         train_lab, dev_lab = [index[y] for y in train_y], [index[y] for y in dev_y]
     if max_train and len(train_lab) > max_train:  # a fixed subset: the same for every model and seed
         keep = np.sort(np.random.default_rng(0).permutation(len(train_lab))[:max_train])
@@ -480,8 +526,10 @@ def _take(split: tuple, idx: np.ndarray) -> tuple:
 
 
 def heldout_task(task: Task | TokenTask, fit: np.ndarray, held: np.ndarray) -> Task | TokenTask:
-    """The task as the sweep sees it: train is train's fit part, dev its held-out part; the real dev is not in it."""
-    return replace(task, train=_take(task.train, fit), dev=_take(task.train, held))
+    """The task as the sweep sees it: train is train's fit part, dev its held-out part; the real dev is not in it
+    (and its name says so in what it warns of: a warning about 'dev' words during the sweep read as dev in use)."""
+    name = f"{task.name} (held-out part of train)"
+    return replace(task, name=name, train=_take(task.train, fit), dev=_take(task.train, held))
 
 
 def sweep_lr(task: Task | TokenTask, cfg: FinetuneConfig, score) -> dict:
@@ -559,6 +607,11 @@ def run_finetune(model_dir: Path, task_dir: Path, seeds: list[int], cfg: Finetun
     cfg = cfg.check().resolved()
     cfg = replace(cfg, max_seq_len=fit_max_seq_len(Path(model_dir), cfg.max_seq_len))
     task = load_task(Path(task_dir), cfg.task_type, cfg.max_train)
+    if getattr(task, "pair", False) and cfg.max_seq_len < MIN_PAIR_SEQ_LEN:  # 4 kept only B; 3 neither sentence
+        raise UserError(
+            f"--max-seq-len {cfg.max_seq_len} leaves a sentence pair of {task.name} no room for both sentences "
+            f"([CLS] A [SEP] B [SEP]): give at least {MIN_PAIR_SEQ_LEN}"
+        )
     features = None
     if cfg.mode == "probe" and task.kind != "token":  # computed once: they do not depend on the seed or the lr
         features = encoder_features(Path(model_dir), task, cfg.pooling, cfg.max_seq_len, random_init=cfg.random_init)

@@ -449,8 +449,8 @@ def finetune_tokens(
             runs.append(predicted)
     if missing:
         print(
-            f"warning: {task.name}: {missing} dev word(s) lie beyond --max-seq-len {max_seq_len} tokens (or have no "
-            "token): predicted O, scored as misses",
+            f"warning: {task.name}: {missing} word(s) scored on lie beyond --max-seq-len {max_seq_len} tokens (or have "
+            "no token): predicted O, scored as misses",
             file=sys.stderr,
         )
     scores = [conlleval(task.dev[2], predicted) for predicted in runs]
