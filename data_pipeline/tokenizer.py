@@ -118,6 +118,25 @@ def _pad_vocab(tok):
     return Tokenizer.from_str(json.dumps(spec))
 
 
+class _NoText(Exception):
+    """The corpus gave the trainer no line of text."""
+
+
+class _Counted:
+    """An iterator of lines that counts what it gave."""
+
+    def __init__(self, lines: Iterator[str]):
+        self.lines, self.count = lines, 0
+
+    def __iter__(self):
+        return self
+
+    def __next__(self) -> str:
+        line = next(self.lines)
+        self.count += 1
+        return line
+
+
 def _training_text(documents) -> Iterator[str]:
     # Lines, not whole documents: Unigram seeds pieces per "sentence" and very long inputs slow it down.
     for doc in documents:
@@ -270,7 +289,14 @@ def train_tokenizer(
             f"empty corpus: no usable documents in {describe_inputs(paths)}: {describe_skipped(skipped, text_field)}"
         )
     trainer = dict(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress)
-    tok = _train(kind, built, lowercase, strip_accents, trainer, itertools.chain([first], docs), documents)
+    text = _Counted(_training_text(itertools.chain([first], docs)))
+    try:
+        tok = _train(kind, built, lowercase, strip_accents, trainer, text, documents)
+    except _NoText:  # documents of Unicode spaces only (a .txt's blank test sees ASCII ones): nothing was learned
+        raise DataError(
+            f"empty corpus: the documents of {describe_inputs(paths)} hold only whitespace, nothing to train a "
+            "tokenizer on"
+        ) from None
     fast = _wrap(tok, lowercase, strip_accents)
     settings = dict(
         tokenizer_type=kind,
@@ -307,8 +333,8 @@ def trained_settings(directory: str | os.PathLike) -> dict | None:
 
 def _train(kind: str, built: tuple, lowercase: bool, strip_accents: bool, trainer: dict, docs, documents):
     """The trained, canonical tokenizer with BERT's [CLS]/[SEP] template and its vocabulary padded. `built` is
-    `_build`'s (tokenizer, trainer class, options); `docs` the stream to train on; `documents()` a fresh pass over
-    the corpus (WordPiece reads it once more for its alphabet)."""
+    `_build`'s (tokenizer, trainer class, options); `docs` the lines to train on (`_Counted`); `documents()` a fresh
+    pass over the corpus (WordPiece reads it once more for its alphabet)."""
     from tokenizers import processors
 
     tok, trainer_cls, options = built
@@ -320,7 +346,9 @@ def _train(kind: str, built: tuple, lowercase: bool, strip_accents: bool, traine
     )
     if kind != "unigram":
         trainer_options["min_frequency"] = trainer["min_frequency"]
-    tok.train_from_iterator(_training_text(docs), trainer_cls(**trainer_options))
+    tok.train_from_iterator(docs, trainer_cls(**trainer_options))
+    if not docs.count:
+        raise _NoText
     tok = _canonical(tok, kind)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
     if [ids[t] for t in SPECIALS] != list(range(len(SPECIALS))):

@@ -23,6 +23,15 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
 
     out = cfg.tokenizer_dir
     d = cfg.data
+    if d.tokenizer and (out / "tokenizer.json").is_file():  # the user's, used as it is: what it holds decides
+        kept = [(k, v, now) for k, v, now in tokenizer_changes(cfg, inputs=False) if k in TOKENIZER_DEFINED]
+        if kept:
+            said = ", ".join(f"{k}={v}" for k, v, _ in kept)
+            given = ", ".join(f"data.{k}={now}" for k, _, now in kept)
+            say(
+                f"note: data.tokenizer {out} was trained with {said}: it is used as it is, and the config's {given} "
+                "do not apply"
+            )
     if (out / "tokenizer.json").is_file():
         changed = _tokenizer_settings_changed(cfg)
         if not changed:
@@ -55,6 +64,8 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
 
 
 INPUTS = "input_files"  # the key of a tokenizer's training inputs in its training_settings.json
+# What a named tokenizer (data.tokenizer) decides whatever the config's data section gives
+TOKENIZER_DEFINED = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents")
 
 
 def _tokenizer_inputs(d) -> tuple[list | None, list]:

@@ -261,6 +261,14 @@ def test_empty_corpus_and_missing_tokenizer(tmp_path):
     assert not (tmp_path / "tok").exists()
     with pytest.raises(DataError, match="no tokenizer.json in .*missing"):
         load_tokenizer(tmp_path / "missing")
+    # a .txt whose only text is Unicode spaces: a document to the reader, no line to the trainer (Unigram's
+    # traceback, WordPiece's useless tokenizer)
+    spaces = tmp_path / "spaces.txt"
+    spaces.write_text(" \u3000 \n\n\u2003\n", encoding="utf-8")
+    for kind in ("wordpiece", "bpe", "unigram"):
+        with pytest.raises(DataError, match=r"empty corpus: the documents of .*spaces\.txt hold only whitespace"):
+            train_tokenizer([str(spaces)], tmp_path / "tok", kind=kind, show_progress=False)
+        assert not (tmp_path / "tok").exists()
 
 
 # ---------------------------------------------------------------------------------------------- shards

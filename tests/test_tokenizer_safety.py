@@ -501,3 +501,23 @@ def test_a_run_trains_its_tokenizer_again_when_its_corpus_files_change(corpus, t
     assert _tokenizer_settings_changed(config()) == []  # nor grouping the same files as data.corpus
     stage_tokenizer(mixed(1, sample_docs=2))
     assert [c.split("=")[0] for c in _tokenizer_settings_changed(mixed(3, sample_docs=2))] == ["data.sources"]
+
+
+def test_a_named_tokenizer_trained_otherwise_than_the_config_says_is_said(corpus, tmp_path, capsys):
+    """data.tokenizer names a tokenizer used as it is: a config asking for cased BPE at 8192 ran on an uncased
+    WordPiece of 512 with no word, and its config.yaml said cased BPE."""
+    from pretrain.pipeline import stage_tokenizer
+    from pretrain.train.setup import load_config
+
+    own = stage_tokenizer(load_config("tiny", [f"output_dir={tmp_path}", "name=a", f"data.corpus=[{corpus}]"]))
+    capsys.readouterr()
+
+    def named(*overrides):
+        base = [f"output_dir={tmp_path}", "name=b", f"data.corpus=[{corpus}]", f"data.tokenizer={own}"]
+        stage_tokenizer(load_config("tiny", [*base, *overrides]))
+        return capsys.readouterr().err
+
+    assert "note:" not in named()  # trained with what this config gives
+    said = named("data.tokenizer_type=bpe", "data.lowercase=false")
+    assert f"note: data.tokenizer {own} was trained with tokenizer_type=wordpiece, lowercase=True: it is used" in said
+    assert "the config's data.tokenizer_type=bpe, data.lowercase=False do not apply" in said
