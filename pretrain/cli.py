@@ -145,6 +145,15 @@ def cmd_data_inspect(args) -> int:
         cfg = load_config(
             args.config, args.overrides + ([f"data.tokenizer={args.tokenizer}"] if args.tokenizer else [])
         )
+        from pretrain.pipeline import shards_to_rebuild
+
+        for stale in shards_to_rebuild(cfg):  # reported as they are; a run would train on others
+            print(
+                f"warning: {stale} is not what `pretrain run` would train on now: its corpus files (or the tokenizer "
+                "or data settings) changed since it was built, and a run would build it again; the figures below "
+                "are of the shards as they are",
+                file=sys.stderr,
+            )
     print(format_report(inspect_data(cfg, args.out, args.samples)))
     return 0
 

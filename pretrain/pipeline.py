@@ -174,6 +174,29 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     return manifest
 
 
+def shards_to_rebuild(cfg: RunConfig) -> list[str]:
+    """The run's built shard directories `pretrain run` would build again now (their corpus files changed since, or
+    the tokenizer or a data setting did): what `data inspect` would otherwise report as the data a run trains on.
+    Shards the config names (data.shards) are the user's, used as they are or refused (`_refuse_other_inputs`)."""
+    from data_pipeline.mixing import source_inputs
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.shards import shards_current
+
+    d = cfg.data
+    if d.shards:
+        return []
+    if d.sources:
+        parts = [(cfg.shards_dir / name, files) for name, files, _ in source_inputs(d.sources)]
+    else:
+        parts = [(cfg.shards_dir, expand_inputs(d.corpus))] if d.corpus else []
+    return [
+        str(where)
+        for where, files in parts
+        if (where / "manifest.json").is_file()
+        and not shards_current(files, cfg.tokenizer_dir, where, **_shard_settings(d))
+    ]
+
+
 def _shard_settings(d) -> dict:
     """The data.* settings a shard build takes (one corpus's, or each source's)."""
     return dict(
@@ -382,7 +405,7 @@ def _refuse_other_mixture(cfg: RunConfig, sources: list, built: dict, rebuilt: d
     changed = "; ".join(
         [f"changed on disk: {', '.join(old)}"] * bool(old) + [f"not in the run's shards: {', '.join(new)}"] * bool(new)
     )
-    changed = changed or "their names or weights changed"
+    changed = changed or "their names, weights or order changed"  # the interleaving follows their order too
     raise UserError(
         f"cannot resume {checkpoint}: data.sources ({changed}) no longer give the data this run trained on (shard "
         f"content {now[:12]}... now, {then[:12]}... in the checkpoint). The run directory and its shards were left "

@@ -112,6 +112,12 @@ def test_tokenizer_sample_split_by_weight(tmp_path):
     docs = list(iter_documents_weighted([[str(a)], [str(b)]], [0.25, 0.75], 20))
     assert [d.source for d in docs] == [str(a)] * 5 + [str(b)] * 15
     assert [d.line for d in docs] == list(range(1, 6)) + list(range(1, 16))  # deterministic: the first of each
+    # a source with fewer documents than its share gives them again, as training repeats it: 1:1 was 88/12
+    small = tmp_path / "small.jsonl"
+    small.write_text("\n".join(lines[:4]) + "\n")
+    docs = list(iter_documents_weighted([[str(b)], [str(small)]], [1, 1], 30))
+    assert [d.source for d in docs] == [str(b)] * 15 + [str(small)] * 15
+    assert [d.line for d in docs[15:]] == [1, 2, 3, 4] * 3 + [1, 2, 3]
 
 
 def sources_override(*sources: tuple[str, str, float]) -> str:

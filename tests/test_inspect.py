@@ -127,3 +127,22 @@ def test_inspect_without_out_keeps_a_picture_of_the_users_beside_the_shards(tmp_
     mine.unlink()
     assert main(inspect) == 0 and main(inspect) == 0  # its own: written, then replaced
     assert mine.read_bytes().startswith(b"\x89PNG")
+
+
+def test_inspect_says_when_a_run_would_build_its_shards_again(tmp_path, capsys):
+    """inspect read a run's shards as they were after its corpus grew: the counts, histogram and samples of data the
+    next `pretrain run` would not train on, with no word."""
+    from pretrain.pipeline import stage_shards, stage_tokenizer
+
+    corpus = write_jsonl(tmp_path / "docs.jsonl", make_docs(40, seed=5))
+    args = [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=256"]
+    cfg = load_config("tiny", args)
+    stage_tokenizer(cfg)
+    stage_shards(cfg)
+    inspect = ["data", "inspect", "tiny", *args, "--out", str(tmp_path / "h.png"), "--samples", "1"]
+    capsys.readouterr()
+    assert main(inspect) == 0 and "warning:" not in capsys.readouterr().err
+    write_jsonl(corpus, make_docs(50, seed=5))  # the corpus grew
+    assert main(inspect) == 0
+    err = capsys.readouterr().err
+    assert f"warning: {cfg.shards_dir} is not what `pretrain run` would train on now" in err
