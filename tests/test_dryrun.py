@@ -138,3 +138,16 @@ def test_a_warm_up_as_long_as_the_run_is_said(capsys):
     assert said in capsys.readouterr().out
     assert "at most 50% of train.lr (0.00025)" in warmup_note(load_config("bert-mini", ["train.max_steps=500"]).train)
     assert warmup_note(load_config("bert-mini", ["train.max_steps=1001"]).train) is None
+
+
+def test_settings_a_phase_from_step_0_replaces_are_said_unused(capsys):
+    """bert-base-two-phase with data.max_seq_len=256 and train.micro_batch_size=16: its phase from step 0 trains at
+    128 x 32, and the dry run's activation estimate was labelled 'micro-batch 16, seq 256', with no word."""
+    assert main(["train", "bert-base-two-phase", "--dry-run", "train.micro_batch_size=16", "data.max_seq_len=256"]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "note: schedule.phases[0] sets the run's settings from step 0: data.max_seq_len=256 (the phase: 128), "
+        "train.micro_batch_size=16 (the phase: 32) not used"
+    ) in out
+    assert "activations (estimate, micro-batch 32, seq 128, the largest phase)" in out
+    assert main(["train", "bert-base-two-phase", "--dry-run"]) == 0 and "note: schedule" not in capsys.readouterr().out

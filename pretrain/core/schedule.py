@@ -288,6 +288,27 @@ def config_at(cfg: RunConfig, step: int) -> RunConfig:
     )
 
 
+def unused_by_first_phase(cfg: RunConfig) -> str | None:
+    """The run's own settings a phase from step 0 replaces with other values, said: they are never trained with (an
+    override of data.max_seq_len over bert-base-two-phase trained at its phase's 128). None where none is."""
+    first = next((p for p in cfg.schedule.phases if p.start == 0), None)
+    if first is None:
+        return None
+    at = config_at(cfg, 0)
+    unused = [
+        f"{name}={mine:g} (the phase: {theirs:g})"
+        for name, mine, theirs in (
+            ("data.max_seq_len", cfg.data.max_seq_len, at.data.max_seq_len),
+            ("train.micro_batch_size", cfg.train.micro_batch_size, at.train.micro_batch_size),
+            ("model.rope_theta", cfg.model.rope_theta, at.model.rope_theta),
+        )
+        if mine != theirs
+    ]
+    if not unused:
+        return None
+    return f"schedule.phases[0] sets the run's settings from step 0: {', '.join(unused)} not used"
+
+
 COMPARED = ("phase", "max_seq_len", "rope_theta", "global_batch")
 """What a resume must not change for a step already trained; the micro-batch may change (it only splits the batch)."""
 

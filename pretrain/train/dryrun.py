@@ -19,7 +19,7 @@ import yaml
 from pretrain.core.config import GLOBAL_BATCH, RunConfig
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import to_dict
-from pretrain.core.schedule import Schedule
+from pretrain.core.schedule import Schedule, unused_by_first_phase
 from pretrain.train.distributed import BF16_AUTOCAST
 from pretrain.train.engine import deepspeed_config
 from pretrain.train.optim import warmup_note
@@ -155,7 +155,9 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     schedule = Schedule.of(cfg)
     schedule.check_split(world, t.max_steps)  # what the run itself would refuse
     plan = schedule.arrays(np.arange(t.max_steps), world) if schedule.active else None
-    act_bytes = 34 * cfg.data.max_seq_len * t.micro_batch_size * m.hidden_size * m.num_layers
+    # the largest micro-batch of tokens any phase trains with (a phase from step 0 replaces the run's own)
+    micro, seq = max(((p.micro_batch_size, p.max_seq_len) for p in schedule.phases), key=lambda x: x[0] * x[1])
+    act_bytes = 34 * seq * micro * m.hidden_size * m.num_layers
     act_bytes *= 2 if precision == "fp32" else 1
     ds = deepspeed_config(run)
 
@@ -181,7 +183,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
             if t.loss_normalization == "step"
             else "each micro-batch, then averaged (train.loss_normalization=micro_batch)"
         ),
-        *([f"note: {note}"] if (note := warmup_note(t)) else []),
+        *(f"note: {note}" for note in (warmup_note(t), unused_by_first_phase(cfg)) if note),
         "",
         *(schedule_lines(cfg, schedule, plan, world) if plan is not None else []),
         "# parameters",
@@ -203,7 +205,9 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
         lines.append("model states, DeepSpeed's estimator:")
         lines.append(_zero_estimate(t.zero_stage, total, largest, per_node, nodes))
     lines.append(
-        f"activations (estimate, micro-batch {t.micro_batch_size}, seq {cfg.data.max_seq_len}): {_gib(act_bytes)}"
+        f"activations (estimate, micro-batch {micro}, seq {seq}"
+        + (", the largest phase" if len(schedule.phases) > 1 else "")
+        + f"): {_gib(act_bytes)}"
     )
     lines += ["", "# DeepSpeed config (derived)", yaml.safe_dump(ds, sort_keys=False).rstrip()]
     return "\n".join(lines)

@@ -38,7 +38,7 @@ from pretrain.core.files import write_atomic
 from pretrain.core.outputs import claim_output, exclusive, mark_output, shared
 from pretrain.core.parsing import to_dict
 from pretrain.core.provenance import run_provenance, write_provenance
-from pretrain.core.schedule import Phase, Schedule, config_at
+from pretrain.core.schedule import Phase, Schedule, config_at, unused_by_first_phase
 from pretrain.core.tokens import SpecialTokens
 from pretrain.model.encoder import set_rope_theta
 from pretrain.model.fp8 import use_float8
@@ -303,7 +303,7 @@ class Trainer:
                 else ""
             )
         )
-        for note in (slow_precision_note(run.precision), warmup_note(t)):
+        for note in (slow_precision_note(run.precision), warmup_note(t), unused_by_first_phase(cfg)):
             if note:
                 logger.write(f"note: {note}")
         return cls(run, config_text, engine, data, state, logger, ema)
