@@ -336,10 +336,19 @@ def cmd_eval(args) -> int:
 
 
 def cmd_finetune(args) -> int:
+    from pretrain.evaluation.configs import FinetuneConfig
     from pretrain.evaluation.finetune import finetune, format_finetune
 
     json_path = json_output(args.json)
     seeds = list(range(1, args.seeds + 1)) if args.seed_list is None else args.seed_list
+    defaults = FinetuneConfig()
+    sweep_only = [
+        f"--{name.replace('_', '-')} {getattr(args, name)}"
+        for name in ("heldout_fraction", "heldout_seed", "sweep_seeds")
+        if getattr(args, name) != getattr(defaults, name)
+    ]
+    if sweep_only and args.lrs is None:  # taken with no word, and nothing they set happened
+        raise UserError(f"{', '.join(sweep_only)}: only with --lrs (they set up its learning-rate sweep)")
     result = finetune(
         Path(args.model_dir),
         Path(args.task_dir),

@@ -418,8 +418,9 @@ def finetune_args(p):
         help="directory with train.tsv and dev.tsv, or with train.txt and dev.txt in CoNLL columns (token-level: "
         "BIO tags, scored by chunk F1)",
     )
-    p.add_argument("--seeds", type=positive_int, default=3, help="number of seeds, 1..N (default: 3)")
-    p.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
+    seeds = p.add_mutually_exclusive_group()  # one way to give the seeds: --seed-list replaced --seeds
+    seeds.add_argument("--seeds", type=positive_int, default=3, help="number of seeds, 1..N (default: 3)")
+    seeds.add_argument("--seed-list", type=int, nargs="+", help="explicit seeds (instead of --seeds)")
     add_field_option(p, "--mode", FINETUNE, "mode")  # help, type and choices: FinetuneConfig's field
     # 0 means the mode's default, as in FinetuneConfig (and an ablation's eval:)
     p.add_argument("--epochs", type=non_negative_int, help="epochs (default, or 0: 3 full, 20 probe)")

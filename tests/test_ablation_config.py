@@ -248,6 +248,27 @@ def test_a_budget_follows_an_arms_schedule_and_refuses_to_cut_off_a_phase():
         plan("tokens", 200 * 512, phases)
 
 
+def test_a_warm_up_cut_by_the_budget_is_said_and_recorded(capsys):
+    """The budget cuts the warm-up to a tenth of an arm's steps (a preset's warm-up over a short budget left the
+    whole run below its learning rate); it did so with no word, to another length per arm under a FLOPs budget."""
+    from types import SimpleNamespace
+
+    from pretrain.evaluation.ablation_plan import apply_budget
+    from pretrain.train.setup import load_config
+
+    def plan(warmup):
+        cfg = load_config("tiny", ["train.max_steps=1000", f"train.warmup_steps={warmup}"])
+        arm = SimpleNamespace(name="mlm", cfg=cfg)
+        ab = SimpleNamespace(path="ab.yaml", budget_kind="tokens", budget_amount=50 * 512)  # 50 steps of 8 x 64
+        return apply_budget(ab, arm, [0]), arm, capsys.readouterr().out
+
+    p, arm, said = plan(20)
+    assert p["warmup_steps"] == arm.cfg.train.warmup_steps == 5
+    assert "note: arm mlm: train.warmup_steps 20 cut to 5, a tenth of the 50 steps its tokens budget gives" in said
+    p, arm, said = plan(3)
+    assert p["warmup_steps"] == arm.cfg.train.warmup_steps == 3 and "cut to" not in said
+
+
 @pytest.mark.parametrize("preset", ["ablation", "ablation-gpu"])
 def test_preset_seed_comments_say_what_their_seeds_can_show(preset):
     """The comment over `seeds:` states the sign-flip floor of that many seeds and the seeds each Holm family of the
@@ -418,6 +439,7 @@ def test_an_arm_that_changes_the_schedule_phases_is_refused(monkeypatch):
         ("arms.mlm={objectives: {mlm: {}}, name: mine}", "arms.mlm: name"),
         ("run.data.tokenizer=my-tokenizer", "run: data.tokenizer"),
         ("run.data.shards=my-shards", "run: data.shards"),
+        ("run.output_dir=/tmp/elsewhere", "run: output_dir"),
     ],
 )
 def test_what_the_ablation_sets_is_refused_not_overridden(override, where, monkeypatch):

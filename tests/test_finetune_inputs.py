@@ -79,6 +79,12 @@ def test_a_seed_given_twice_is_refused(tmp_path, capsys):
     task = write_task(tmp_path / "t", "sentence\tlabel\na b\t0\nc d\t1\n")
     assert main(["finetune", str(tmp_path / "model"), str(task), "--seed-list", "1", "1", "1"]) == 2
     assert "seeds [1, 1, 1] repeat [1]: give each seed once" in capsys.readouterr().err
+    # what was taken and then dropped with no word: --seeds beside --seed-list, a sweep's options with no sweep
+    with pytest.raises(SystemExit):
+        main(["finetune", str(tmp_path / "model"), str(task), "--seeds", "10", "--seed-list", "7"])
+    assert "not allowed with argument" in capsys.readouterr().err
+    assert main(["finetune", str(tmp_path / "model"), str(task), "--heldout-fraction", "0.3"]) == 2
+    assert "--heldout-fraction 0.3: only with --lrs" in capsys.readouterr().err
 
 
 def long_tasks(tmp_path):

@@ -273,6 +273,8 @@ def load_ablation(config: str, overrides: list[str] | None = None) -> Ablation:
     path, raw, cfg = _read(config, overrides or [])
     _check_tasks(cfg.eval.tasks, path)
     out = Path(cfg.output_dir)
+    # where the runs go is the ablation's (a run.output_dir was dropped with no word; a run.name comes with a preset)
+    _refuse_what_the_ablation_sets(cfg.run, f"{path}: run", ("output_dir",))
     run = merge_base(cfg.run, path, REPLACED_BY_PRESET)  # `run.base:`: a preset, or a file relative to this one
     shared, base = _shared_run(run, out, path)
     seeds = list(cfg.seeds) or [base.train.seed]
@@ -371,15 +373,18 @@ def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1)
             f"{ab.path}: budget.amount {ab.budget_amount:g} {ab.budget_kind} is less than one step "
             f"of arm '{arm.name}' ({tokens[0]} tokens, {flops[0]:.3g} FLOPs)"
         )
-    # warmup must fit in the budget; keep the shared value unless it would eat most of the run
+    # the warm-up at most a tenth of the budgeted steps (a preset's, kept over a short budget, left the whole run
+    # below its learning rate), said where it is cut: under a FLOPs budget the arms' steps, and so their cuts, differ
+    warmup = min(t.warmup_steps, max(1, steps // 10))
+    if warmup < t.warmup_steps:
+        say(
+            f"note: arm {arm.name}: train.warmup_steps {t.warmup_steps} cut to {warmup}, a tenth of the {steps} steps "
+            f"its {ab.budget_kind} budget gives"
+        )
     arm.cfg = replace(
         arm.cfg,
         train=replace(
-            t,
-            max_steps=steps,
-            max_minutes=minutes,
-            save_every=min(t.save_every, steps),
-            warmup_steps=min(t.warmup_steps, max(1, steps // 10)),
+            t, max_steps=steps, max_minutes=minutes, save_every=min(t.save_every, steps), warmup_steps=warmup
         ),
     )
     try:  # what the budget's length may break: a phase or ramp point past the end, a WSD decay longer than the run
@@ -392,6 +397,7 @@ def apply_budget(ab: Ablation, arm: Arm, phase_flops: list[int], world: int = 1)
         "kind": ab.budget_kind,
         "amount": ab.budget_amount,
         "max_steps": steps,
+        "warmup_steps": warmup,
         "global_batch": int(arm.cfg.train.global_batch(world)),
         "tokens_per_step": per_step[0] if per_step[0] % 1 else int(per_step[0]),
         "flops_per_step": per_step[1],
