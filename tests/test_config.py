@@ -94,9 +94,17 @@ def test_bad_yaml_names_file_and_line(tmp_path):
         load_config(str(tmp_path / "minus.yaml"), ["train={lr: 0.001}"])
     with pytest.raises(ConfigError, match=r"^train.max_steps: must be >= 1, got -3"):
         load_config(str(tmp_path / "minus.yaml"), ["train={max_steps: -3}"])
+    # a key written in the file it is based on: that file is named (no file was), as a top-level key (no file)
+    # and a check across two keys (the one the file wrote)
     (tmp_path / "top.yaml").write_text("base: typo.yaml\n")
-    with pytest.raises(ConfigError, match=r"^unknown config key 'model.hiden_size'"):
+    with pytest.raises(ConfigError, match=rf"^{typo}: unknown config key 'model.hiden_size'"):
         load_config(str(tmp_path / "top.yaml"))
+    (tmp_path / "name.yaml").write_text("base: tiny\nnmae: x\n")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'name.yaml'}: unknown config key 'nmae'"):
+        load_config(str(tmp_path / "name.yaml"))
+    (tmp_path / "heads.yaml").write_text("base: tiny\nmodel: {num_heads: 3}\n")
+    with pytest.raises(ConfigError, match=rf"^{tmp_path / 'heads.yaml'}: model.hidden_size \(64\) must be divisible"):
+        load_config(str(tmp_path / "heads.yaml"))
     (tmp_path / "b.yaml").write_text("base: tinyy\n")
     with pytest.raises(ConfigError, match=rf"^{tmp_path / 'b.yaml'}: base: config 'tinyy' not found"):
         load_config(str(tmp_path / "b.yaml"))

@@ -96,9 +96,10 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     try:
         cfg = build_config(apply_overrides(data, overrides or [], REPLACED_BY_PRESET))
     except ConfigError as err:
-        if path is None or path.parent.resolve() == CONFIG_DIR.resolve() or not _written_in(path, err, overrides):
-            raise  # a preset's name says where already; a value from an override or a base file is not this file's
-        raise ConfigError(f"{path}: {err}") from None
+        where = _written_where(path, err, overrides) if path is not None else None
+        if where is None:
+            raise  # a preset's name says where already; a value from an override is not a file's
+        raise ConfigError(f"{where}: {err}") from None
     # Here, not in build_config: a checkpoint's config is built too, and exporting it must not need the package
     if cfg.tensorboard.enabled:
         require_tensorboard()
@@ -107,19 +108,31 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
     return cfg
 
 
-def _written_in(path: Path, err: ConfigError, overrides: list[str] | None) -> bool:
-    """Whether the setting `err` names is written in the file `path` itself (not only in its base, nor set by an
-    override): the file to name in the message."""
-    found = re.search(r"\b([a-z_]+(?:\.[a-z_0-9]+)+)", str(err))
-    if found is None:
-        return False
-    key = found.group(1)
-    if any(_given_by(override, key) for override in overrides or []):
-        return False
-    try:
-        node = yaml.safe_load(path.read_text())
-    except (OSError, yaml.YAMLError):
-        return False
+def _written_where(path: Path, err: ConfigError, overrides: list[str] | None) -> Path | None:
+    """The file of `path`'s chain (itself, then its `base:` files, not the presets, whose names say where) that
+    writes a setting `err` names, unless an override sets it: the file to name in the message. Every key the
+    message names counts (a check across two keys names the one a file wrote), an unknown top-level key too."""
+    text = str(err)
+    keys = re.findall(r"\b([a-z_]+(?:\.[a-z_0-9]+)+)", text) + re.findall(r"config key '([a-z_0-9.]+)'", text)
+    if not keys or any(_given_by(o, key) for o in overrides or [] for key in keys):
+        return None
+    chain: set[Path] = set()
+    while path is not None and path.parent.resolve() != CONFIG_DIR.resolve() and path.resolve() not in chain:
+        chain.add(path.resolve())
+        try:
+            node = yaml.safe_load(path.read_text())
+        except (OSError, yaml.YAMLError):
+            return None
+        if any(_holds(node, key) for key in keys):
+            return path
+        base = node.get("base") if isinstance(node, dict) else None
+        path = path.parent / base if isinstance(base, str) else None  # an absolute base stays itself
+        path = path if path is not None and path.is_file() else None
+    return None
+
+
+def _holds(node, key: str) -> bool:
+    """Whether the mapping `node` (a file as read) writes the dotted `key`."""
     for part in key.split("."):
         if not isinstance(node, dict) or part not in node:
             return False
