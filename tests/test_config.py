@@ -387,3 +387,14 @@ def test_a_key_written_twice_in_a_file_is_refused_with_both_lines(tmp_path):
     train = load_yaml_with_base(path)["train"]
     assert (train["lr"], train["max_steps"]) == (0.1, 5)
     assert load_config("tiny", ["train.lr=1", "train.lr=2"]).train.lr == 2.0
+
+
+def test_an_override_of_a_list_item_and_a_far_key_say_what_to_do():
+    """schedule.phases.1.start=5 said "expected a list, got {'1': ...}"; a key nothing resembles was given the
+    nearest of all ('roberta' for 'parent.yaml')."""
+    from pretrain.core.parsing import nearest
+
+    with pytest.raises(ConfigError, match=r"schedule\.phases is a list, whose items cannot be set one by one; give"):
+        load_config("bert-base-two-phase", ["schedule.phases.1.start=5"])
+    assert nearest("parent.yaml", ["bert", "roberta", "albert"]) == ""
+    assert nearest("hiden", ["hidden", "heads"]) == " (did you mean 'hidden'?)"

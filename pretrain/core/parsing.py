@@ -55,8 +55,9 @@ may name one."""
 
 
 def nearest(key: str, options: typing.Iterable[str]) -> str:
-    """ " (did you mean 'x'?)" for the option closest to `key`, to append to an error; "" when there are none."""
-    match = difflib.get_close_matches(str(key), [str(o) for o in options], n=1, cutoff=0.0)
+    """ " (did you mean 'x'?)" for the option close to `key`, to append to an error; "" when none is (below a 0.6
+    similarity: 'roberta' for 'parent.yaml' helped no one)."""
+    match = difflib.get_close_matches(str(key), [str(o) for o in options], n=1, cutoff=0.6)
     return f" (did you mean '{match[0]}'?)" if match else ""
 
 
@@ -374,7 +375,13 @@ def apply_overrides(data: dict, overrides: typing.Iterable[str], replace: tuple[
         key, _, raw = item.partition("=")
         parts = key.strip().split(".")
         node = data
-        for part in parts[:-1]:
+        for i, part in enumerate(parts[:-1]):
+            if isinstance(node.get(part), list):  # data.sources.0.weight=2 was "expected a list, got {'0': ...}"
+                listed = ".".join(parts[: i + 1])
+                raise ConfigError(
+                    f"override '{item}': {listed} is a list, whose items cannot be set one by one; give the whole "
+                    f"list ({listed}=[...])"
+                )
             if not isinstance(node.get(part), dict):
                 node[part] = {}
             node = node[part]
