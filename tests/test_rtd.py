@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 
 import numpy as np
 import pytest
@@ -314,6 +315,13 @@ def test_export_matches_transformers(tokens, tokenizer_dir, tmp_path, variant):
     assert has_projection == projections
     fresh = make_model(tokens, seed=9, cfg=cfg, disentangled=disentangled)
     load_init_from(fresh, out)  # the import `model.init_from` runs: discriminator and generator/
+    if variant == "plain":  # a generator of another depth or width than the run builds: the options are named
+        for options, said in (
+            ({"generator_layers": 1}, "num_hidden_layers 2 (this run's: 1)"),
+            ({"generator_size": 0.5}, "hidden_size 12 (this run's: 24)"),
+        ):
+            with pytest.raises(UserError, match=rf"{re.escape(said)}: set objectives\.rtd\.generator_layers"):
+                load_init_from(make_model(tokens, seed=9, cfg=cfg, **options), out)
     if disentangled:  # into a run without it: the option to set is named
         with pytest.raises(UserError, match=r"trained with objectives\.rtd\.disentangled=true; set it to import"):
             load_init_from(make_model(tokens, seed=9, cfg=cfg), out)

@@ -261,11 +261,29 @@ def electra_import(model: nn.Module, directory: Path, sd: dict, classes: list[st
     gen_dir = Path(directory) / GENERATOR_DIR
     if "rtd" not in model.heads or not (gen_dir / "config.json").is_file():
         return state, absent, unused
+    _check_generator_shape(model.heads["rtd"].generator.config, gen_dir)
     gen_sd = normalise(read_hf_weights(gen_dir), "electra")
     gen_table = generator_table(model.heads["rtd"].generator)
     gen_state, gen_absent, gen_unused = from_hf_state_dict(gen_sd, model, "electra", f"{where}/generator", gen_table)
     state = _merge_generator(model, state, gen_state, where)
     return fill_aliases(model, state), absent + gen_absent, unused + [f"generator/{k}" for k in gen_unused]
+
+
+def _check_generator_shape(ours: ModelConfig, gen_dir: Path) -> None:
+    """The generator an rtd run builds (objectives.rtd.generator_size and generator_layers, which config.json cannot
+    give it) against the checkpoint's: another depth loaded its first layers and left the rest behind with a warning,
+    another width failed on a tensor's shape; either is named with the options to set."""
+    import json
+
+    theirs = json.loads((gen_dir / "config.json").read_text())
+    mine = {"num_hidden_layers": ours.num_layers, "hidden_size": ours.hidden_size}
+    differ = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) not in (None, v)}
+    if differ:
+        said = ", ".join(f"{k} {a} (this run's: {b})" for k, (a, b) in differ.items())
+        raise UserError(
+            f"model.init_from {gen_dir}: the checkpoint's generator has {said}: set objectives.rtd.generator_layers "
+            "(its depth) and objectives.rtd.generator_size (its width over the encoder's) to the checkpoint's"
+        )
 
 
 def _merge_generator(model: nn.Module, state: dict, gen_state: dict, where: str) -> dict:
