@@ -83,6 +83,13 @@ def factorization(
     rank[ids == tokens.cls] = n
     rank[eligible] = rng.permutation(len(eligible))
     num_targets = math.ceil(len(eligible) / k)
+    if num_targets == len(eligible) > 0 and not (rank == CONTEXT_RANK).any():
+        # the first target in the order would see no key, and a query with none attends to every key, its own
+        # token's included (`attention_bias`): the pipeline's samples end with [SEP], which every target sees
+        raise ValueError(
+            "plm: a sample with every token a target needs a token all of them see ([SEP], as the pipeline's "
+            "samples have); add one, or give predict_fraction_k > 1"
+        )
     targets = eligible[rank[eligible] >= len(eligible) - num_targets]
     labels = np.full(n, IGNORE_INDEX, np.int64)
     labels[targets] = ids[targets]

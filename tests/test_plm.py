@@ -95,6 +95,20 @@ def test_targets_are_the_last_ceil_n_over_k_of_the_order():
     assert pad.any() and (batch["plm_order"][pad] == PAD_RANK).all() and (batch["plm_labels"][pad] == -100).all()
 
 
+def test_a_sample_whose_first_target_would_see_nothing_is_refused():
+    """Every token a target and no [SEP]: the first target in the order saw no key, and a query with none attends
+    to every key, its own token's included. The pipeline's samples end with [SEP]; a sample built otherwise is
+    refused, not trained on its own answer."""
+    (plm,) = build_objectives({"plm": {"predict_fraction_k": 1}}, TOKENS)
+    rng = np.random.default_rng(0)
+    ids = np.array([TOKENS.cls, 10, 11, 12, 13], np.int64)
+    with pytest.raises(ValueError, match=r"plm: a sample with every token a target needs a token all of them see"):
+        plm.prepare({"input_ids": ids, "token_type_ids": np.zeros(5, np.int64)}, rng)
+    with_sep = np.append(ids, TOKENS.sep)
+    out = plm.prepare({"input_ids": with_sep, "token_type_ids": np.zeros(6, np.int64)}, rng)
+    assert (out["plm_labels"] != IGNORE_INDEX).sum() == 4  # with [SEP]: every token a target, each sees [SEP]
+
+
 def test_content_and_query_masks(model):
     plm = model.objectives[0]
     batch = make_batch(plm)
