@@ -453,6 +453,15 @@ def test_a_diverged_regression_fine_tuning_is_scored_0_in_both_places_and_said(c
     assert "mlm on t (probe): 1 of 2" in render_note("diverged", note)
 
 
+def test_the_budget_note_with_no_run_trained_has_no_empty_list():
+    """Every run failed: the note read "also used more compute (FLOPs: );"."""
+    from pretrain.evaluation.report import render_note
+
+    for kind in ("tokens", "flops"):
+        text = render_note("budget", {"budget_kind": kind, "amount": 1e6, "spent": {}, "partial": {}})
+        assert "()" not in text and ": )" not in text and "( " not in text
+
+
 def test_every_kind_of_note_is_tested():
     from pretrain.evaluation.report import NOTE_KINDS
     from pretrain.evaluation.report_render import WORDING

@@ -97,8 +97,9 @@ class Comparison:
 
 
 def cells(ab, results: dict) -> dict[str, dict[str, dict[str, Cell]]]:
-    """{mode: {task: {arm: Cell}}} from the runs' downstream results on the configured tasks (runs that failed or
-    lack a result are left out, and an arm needs the same downstream seeds in all its runs)."""
+    """{mode: {task: {arm: Cell}}} from the runs' downstream results on the configured tasks (runs that lack a result
+    are left out; a run that failed after scoring a task keeps that result, which is whole; an arm needs the same
+    downstream seeds in all its runs)."""
     out: dict = {}
     order = {Path(t).name: i for i, t in enumerate(ab.eval["tasks"])}
     paths = {Path(t).name: t for t in ab.eval["tasks"]}

@@ -61,17 +61,18 @@ def _budget(d: dict) -> str:
 
 
 def _budget_kind(d: dict) -> str:
+    # each trained arm's tokens (FLOPs budget) or FLOPs (tokens budget); none where no run trained
+    spent = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
     if d["budget_kind"] == "flops":
-        seen = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
         return (
             f"The budget is FLOPs ({d['amount']:.3g} per arm): an arm that costs less per token trains on more "
-            f"tokens ({seen}). That is the comparison that holds compute equal."
+            f"tokens{f' ({spent})' if spent else ''}. That is the comparison that holds compute equal."
         )
     if d["budget_kind"] == "tokens":
-        spent = ", ".join(f"{a} {_fmt_num(v)}" for a, v in d["spent"].items())
         return (
-            f"The budget is tokens: arms that cost more per token also used more compute (FLOPs: {spent}); for "
-            "claims across objectives, a FLOPs budget (budget.kind=flops) holds compute equal."
+            "The budget is tokens: arms that cost more per token also used more compute"
+            f"{f' (FLOPs: {spent})' if spent else ''}; for claims across objectives, a FLOPs budget "
+            "(budget.kind=flops) holds compute equal."
         )
     return (
         "The budget is wall-clock time, on a machine shared with other work: the steps each arm got carry that noise."
