@@ -9,7 +9,7 @@ import pytest
 import torch
 from helpers import CONLL_NOUNS as NOUNS
 from helpers import CONLL_VERBS as VERBS
-from helpers import tiny_bert, write_conll
+from helpers import make_docs, tiny_bert, write_conll, write_jsonl
 
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
@@ -127,6 +127,23 @@ def test_labels_on_the_first_sub_token_and_truncated_words(model_dir):
     assert first.tolist() == [[1, 2, -1], [1, -1, -1]] and tt._words_without_token(first, sentences) == 1
     preds = torch.tensor([[0, 1, 2, 2], [0, 1, 0, 0]])
     assert tt.word_tags(preds, first, sentences, ["O", "B-NP", "I-NP"]) == [["B-NP", "I-NP", "O"], ["B-NP"]]
+
+
+@pytest.mark.parametrize("kind", ["bpe", "unigram"])
+def test_a_word_is_labelled_past_a_bare_space_piece(kind, tmp_path):
+    """Byte-level BPE and Unigram give a word they cannot join to its space ('Ġ' ',', '▁' 'd' 'o' 'g') a bare
+    space piece first: the word's tag sat on that piece, which holds nothing of the word (a fifth of CoNLL's words)."""
+    from data_pipeline.tokenizer import train_tokenizer
+
+    corpus = write_jsonl(tmp_path / "c.jsonl", make_docs(30, seed=1))
+    tok = train_tokenizer([str(corpus)], tmp_path / kind, kind=kind, vocab_size=320, show_progress=False)
+    sentences = [["the", ",", "dog"]]
+    enc, first = tt.encode_words(tok, sentences, 16)
+    pieces = tok.convert_ids_to_tokens(enc["input_ids"][0])
+    assert any(p in tt.SPACE_PIECES for p in pieces)  # the case is there
+    words = tok(sentences, is_split_into_words=True).word_ids(0)
+    for w, pos in enumerate(first[0].tolist()):
+        assert pos >= 0 and pieces[pos] not in tt.SPACE_PIECES and words[pos] == w, (w, pieces)
 
 
 # ----------------------------------------------------------------------------------------------

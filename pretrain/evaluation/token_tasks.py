@@ -232,11 +232,15 @@ def conlleval(gold: list[list[str]], pred: list[list[str]]) -> dict:
 # Tokens
 
 
+# Byte-level BPE's and Metaspace's space pieces: a word they cannot join ('Ġ' + ',' for a comma) starts with one alone
+SPACE_PIECES = ("Ġ", "▁")
+
+
 def encode_words(
     tokenizer, sentences: list[list[str]], max_seq_len: int
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """(inputs [N, L] padded to the longest, `first` [N, W]: each word's first sub-token position, -1 where the word
-    has no token: cut by max_seq_len, or nothing left of it after the tokenizer's normalisation)."""
+    """(inputs [N, L] padded to the longest, `first` [N, W]: each word's first sub-token position (past a bare space
+    piece), -1 where the word has no token: cut by max_seq_len, or nothing left of it after normalisation)."""
     if not getattr(tokenizer, "is_fast", False):
         raise UserError("token classification needs a fast tokenizer (tokenizer.json) to map words to sub-tokens")
     enc = tokenizer(
@@ -244,9 +248,12 @@ def encode_words(
     )
     first = torch.full((len(sentences), max(map(len, sentences))), -1, dtype=torch.long)
     for i in range(len(sentences)):
+        pieces = enc.tokens(i)
         for pos, w in enumerate(enc.word_ids(i)):
-            if w is not None and first[i, w] < 0:
-                first[i, w] = pos
+            if w is None:
+                continue
+            if first[i, w] < 0 or (pieces[first[i, w]] in SPACE_PIECES and first[i, w] == pos - 1):
+                first[i, w] = pos  # a bare space piece ('Ġ' before ',') holds nothing of the word: the next one does
     return dict(enc), first
 
 
