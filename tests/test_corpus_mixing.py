@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from pathlib import Path
 
 import numpy as np
@@ -373,6 +374,12 @@ def test_run_and_inspect_with_two_sources(tmp_path):
     ]
     proc = run_cli("run", *args, "--no-demo", cwd=tmp_path)
     assert "shards: source speeches_a (weight 3)" in proc.stderr
+    # each source's epoch, not their sum (a small source repeats by its weight)
+    said = re.search(
+        r"per epoch of each source: speeches_a (\d+) \(weight 3\), speeches_b (\d+) \(weight 1\)",
+        proc.stdout + proc.stderr,
+    )
+    assert said and int(said.group(1)) > 0 and int(said.group(2)) > 0, proc.stderr[-2000:]
     state = json.loads((tmp_path / "r" / "checkpoints" / "step_00000003" / "trainer_state.json").read_text())
     assert state["step"] == 3
     assert state["fingerprint"]["data (content of the shards)"] == ShardSet(tmp_path / "r" / "shards").content_hash()

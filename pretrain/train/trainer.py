@@ -27,6 +27,7 @@ import torch.distributed as dist
 import yaml
 
 from data_pipeline.loader import PhaseBatchSampler, PretrainDataset, sampler_loader
+from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import FULL_WINDOWS, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -350,6 +351,10 @@ class Trainer:
             self.state.phase, self.state.phase_start_samples = phase.index, self.state.consumed_samples
         dataset = self.data.open(phase, self.state.consumed_samples)
         epoch = f"{len(dataset)} sequences of {phase.max_seq_len} tokens per epoch"
+        if isinstance(dataset.builder, MixedSamples):  # each source its own epochs: a small one repeats by weight
+            mixed = dataset.builder
+            shares = ", ".join(f"{n} {k} (weight {w:g})" for n, k, w in zip(mixed.names, mixed.lengths, mixed.weights))
+            epoch = f"sequences of {phase.max_seq_len} tokens per epoch of each source: {shares}, drawn by weight"
         if self.schedule.active:
             set_rope_theta(self.engine.ds.module, phase.rope_theta)
             epoch = f"phase {phase.index} from step {self.state.step}: micro-batch {phase.micro_batch_size}, {epoch}"
