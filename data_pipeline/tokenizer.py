@@ -118,15 +118,23 @@ def _pad_vocab(tok):
     return Tokenizer.from_str(json.dumps(spec))
 
 
-class _NoText(Exception):
-    """The corpus gave the trainer no line of text."""
+def _lines(documents, paths: list[str], text_field: str) -> _Counted:
+    """The lines to train on, from `documents(skipped)`; no document at all is an empty corpus, named with why."""
+    skipped: collections.Counter = collections.Counter()
+    docs = documents(skipped)
+    first = next(docs, None)
+    if first is None:  # every input was read through: the counts say why nothing was left
+        raise DataError(
+            f"empty corpus: no usable documents in {describe_inputs(paths)}: {describe_skipped(skipped, text_field)}"
+        )
+    return _Counted(_training_text(itertools.chain([first], docs)), describe_inputs(paths))
 
 
 class _Counted:
-    """An iterator of lines that counts what it gave."""
+    """An iterator of lines that counts what it gave; `where`: the inputs they come from, for an error."""
 
-    def __init__(self, lines: Iterator[str]):
-        self.lines, self.count = lines, 0
+    def __init__(self, lines: Iterator[str], where: str):
+        self.lines, self.count, self.where = lines, 0, where
 
     def __iter__(self):
         return self
@@ -281,22 +289,8 @@ def train_tokenizer(
             return iter_documents_sample(paths, sample_docs, skipped=skipped, **read)
         return iter_documents(paths, skipped=skipped, **read)
 
-    skipped: collections.Counter = collections.Counter()
-    docs = documents(skipped)
-    first = next(docs, None)
-    if first is None:  # every input was read through: the counts say why nothing was left
-        raise DataError(
-            f"empty corpus: no usable documents in {describe_inputs(paths)}: {describe_skipped(skipped, text_field)}"
-        )
     trainer = dict(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress)
-    text = _Counted(_training_text(itertools.chain([first], docs)))
-    try:
-        tok = _train(kind, built, lowercase, strip_accents, trainer, text, documents)
-    except _NoText:  # documents of Unicode spaces only (a .txt's blank test sees ASCII ones): nothing was learned
-        raise DataError(
-            f"empty corpus: the documents of {describe_inputs(paths)} hold only whitespace, nothing to train a "
-            "tokenizer on"
-        ) from None
+    tok = _train(kind, built, lowercase, strip_accents, trainer, _lines(documents, paths, text_field), documents)
     fast = _wrap(tok, lowercase, strip_accents)
     settings = dict(
         tokenizer_type=kind,
@@ -347,8 +341,10 @@ def _train(kind: str, built: tuple, lowercase: bool, strip_accents: bool, traine
     if kind != "unigram":
         trainer_options["min_frequency"] = trainer["min_frequency"]
     tok.train_from_iterator(docs, trainer_cls(**trainer_options))
-    if not docs.count:
-        raise _NoText
+    if not docs.count:  # documents of Unicode spaces only (a .txt's blank test sees ASCII ones): nothing was learned
+        raise DataError(
+            f"empty corpus: the documents of {docs.where} hold only whitespace, nothing to train a tokenizer on"
+        )
     tok = _canonical(tok, kind)
     ids = {t: tok.token_to_id(t) for t in SPECIALS}
     if [ids[t] for t in SPECIALS] != list(range(len(SPECIALS))):

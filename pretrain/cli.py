@@ -145,7 +145,7 @@ def cmd_data_inspect(args) -> int:
         cfg = load_config(
             args.config, args.overrides + ([f"data.tokenizer={args.tokenizer}"] if args.tokenizer else [])
         )
-        from pretrain.pipeline import shards_to_rebuild
+        from pretrain.evaluation.inspect import shards_to_rebuild
 
         for stale in shards_to_rebuild(cfg):  # reported as they are; a run would train on others
             print(

@@ -156,7 +156,7 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     paths = expand_inputs(d.corpus)
     if named is not None:
         _refuse_other_inputs(cfg, named, paths)
-    settings = _shard_settings(d)
+    settings = shard_settings(d)
     if (
         resuming is not None
         and (cfg.shards_dir / "manifest.json").is_file()
@@ -174,30 +174,7 @@ def stage_shards(cfg: RunConfig, resuming: Path | None = None) -> dict:
     return manifest
 
 
-def shards_to_rebuild(cfg: RunConfig) -> list[str]:
-    """The run's built shard directories `pretrain run` would build again now (their corpus files changed since, or
-    the tokenizer or a data setting did): what `data inspect` would otherwise report as the data a run trains on.
-    Shards the config names (data.shards) are the user's, used as they are or refused (`_refuse_other_inputs`)."""
-    from data_pipeline.mixing import source_inputs
-    from data_pipeline.readers import expand_inputs
-    from data_pipeline.shards import shards_current
-
-    d = cfg.data
-    if d.shards:
-        return []
-    if d.sources:
-        parts = [(cfg.shards_dir / name, files) for name, files, _ in source_inputs(d.sources)]
-    else:
-        parts = [(cfg.shards_dir, expand_inputs(d.corpus))] if d.corpus else []
-    return [
-        str(where)
-        for where, files in parts
-        if (where / "manifest.json").is_file()
-        and not shards_current(files, cfg.tokenizer_dir, where, **_shard_settings(d))
-    ]
-
-
-def _shard_settings(d) -> dict:
+def shard_settings(d) -> dict:
     """The data.* settings a shard build takes (one corpus's, or each source's)."""
     return dict(
         text_field=d.text_field,
@@ -368,7 +345,7 @@ def _build_sources(cfg: RunConfig, sources: list, resuming: Path | None) -> tupl
     from data_pipeline.shards import build_shards, shards_current
 
     d, out = cfg.data, cfg.shards_dir
-    settings = _shard_settings(d)
+    settings = shard_settings(d)
     built: dict[str, dict] = {}
     rebuilt: dict[str, Path] = {}  # source -> where it was built beside the run's shards
     try:

@@ -163,6 +163,30 @@ def render_sample(original: dict, prepared: dict, tokenizer) -> list[str]:
     return [", ".join(stats)] + ["    " + line for line in lines]
 
 
+def shards_to_rebuild(cfg) -> list[str]:
+    """The run's built shard directories `pretrain run` would build again now (their corpus files changed since, or
+    the tokenizer or a data setting did): what `data inspect` would otherwise report as the data a run trains on.
+    Shards the config names (data.shards) are the user's, used as they are or refused (`_refuse_other_inputs`)."""
+    from data_pipeline.mixing import source_inputs
+    from data_pipeline.readers import expand_inputs
+    from data_pipeline.shards import shards_current
+    from pretrain.pipeline import shard_settings
+
+    d = cfg.data
+    if d.shards:
+        return []
+    if d.sources:
+        parts = [(cfg.shards_dir / name, files) for name, files, _ in source_inputs(d.sources)]
+    else:
+        parts = [(cfg.shards_dir, expand_inputs(d.corpus))] if d.corpus else []
+    return [
+        str(where)
+        for where, files in parts
+        if (where / "manifest.json").is_file()
+        and not shards_current(files, cfg.tokenizer_dir, where, **shard_settings(d))
+    ]
+
+
 def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int = 3) -> dict:
     """Counts, histogram, packing efficiency and decoded samples for a run's shards; returns a report dict
     (`format_report` turns it into text)."""

@@ -155,10 +155,6 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     schedule = Schedule.of(cfg)
     schedule.check_split(world, t.max_steps)  # what the run itself would refuse
     plan = schedule.arrays(np.arange(t.max_steps), world) if schedule.active else None
-    # the largest micro-batch of tokens any phase trains with (a phase from step 0 replaces the run's own)
-    micro, seq = max(((p.micro_batch_size, p.max_seq_len) for p in schedule.phases), key=lambda x: x[0] * x[1])
-    act_bytes = 34 * seq * micro * m.hidden_size * m.num_layers
-    act_bytes *= 2 if precision == "fp32" else 1
     ds = deepspeed_config(run)
 
     lines = [
@@ -204,10 +200,15 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     else:
         lines.append("model states, DeepSpeed's estimator:")
         lines.append(_zero_estimate(t.zero_stage, total, largest, per_node, nodes))
-    lines.append(
-        f"activations (estimate, micro-batch {micro}, seq {seq}"
-        + (", the largest phase" if len(schedule.phases) > 1 else "")
-        + f"): {_gib(act_bytes)}"
-    )
+    lines.append(_activations(schedule, m, precision))
     lines += ["", "# DeepSpeed config (derived)", yaml.safe_dump(ds, sort_keys=False).rstrip()]
     return "\n".join(lines)
+
+
+def _activations(schedule: Schedule, m, precision: str) -> str:
+    """The activation estimate of the largest micro-batch of tokens any phase trains with (a phase from step 0
+    replaces the run's own micro-batch and length)."""
+    micro, seq = max(((p.micro_batch_size, p.max_seq_len) for p in schedule.phases), key=lambda x: x[0] * x[1])
+    act_bytes = 34 * seq * micro * m.hidden_size * m.num_layers * (2 if precision == "fp32" else 1)
+    largest = ", the largest phase" if len(schedule.phases) > 1 else ""
+    return f"activations (estimate, micro-batch {micro}, seq {seq}{largest}): {_gib(act_bytes)}"
