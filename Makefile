@@ -2,7 +2,8 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 # CPU build of torch where there is no NVIDIA GPU (torch==2.13.0 is the local CPU wheel on our machines),
-# the regular CUDA build where there is one. Override with `make TORCH_SPEC=... setup`.
+# the regular CUDA build where there is one. Override with `make TORCH_SPEC=... setup`, and the index with
+# TORCH_INDEX (PyTorch's CPU wheels elsewhere: TORCH_INDEX=https://download.pytorch.org/whl/cpu).
 HAS_GPU := $(shell if command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L >/dev/null 2>&1; then echo 1; fi)
 TORCH_SPEC ?= $(if $(HAS_GPU),torch,torch==2.13.0)
 # The demo: a few minutes of BERT-mini on a CPU; on a GPU the same model on ~53x the sequences (configs/default-gpu.yaml)
@@ -17,7 +18,7 @@ setup: $(VENV)/.installed
 
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q "$(TORCH_SPEC)" $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PY) -m pip install -q -e ".[test]"
 	touch $@
 

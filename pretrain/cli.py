@@ -454,8 +454,8 @@ COMMANDS = (
         train_args,
         """\
         Pretrain under DeepSpeed. Resumes from <run_dir>/checkpoints/latest when present. For several processes,
-        start it with a launcher in launch/ (deepspeed, torchrun, srun). Exit status 75: stopped by SIGTERM after
-        saving a checkpoint; run again to resume.""",
+        start it with a launcher in launch/ (deepspeed, torchrun, srun). Exit status 75: stopped by SIGTERM or
+        SIGINT after saving a checkpoint; run again to resume.""",
         True,
     ),
     Command(

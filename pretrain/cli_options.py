@@ -12,7 +12,7 @@ import math
 import typing
 from typing import Any
 
-from pretrain.core.config import CHOICES, DataConfig, RunConfig
+from pretrain.core.config import CHOICES, CORPUS_FORMATS, DataConfig, RunConfig
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import field_default, field_doc, field_type
 from pretrain.evaluation.configs import FinetuneConfig
@@ -227,7 +227,7 @@ def train_args(p):
 
 
 def tokenizer_args(p):
-    p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
+    p.add_argument("corpus", nargs="+", help=f"corpus files, directories or globs ({CORPUS_FORMATS})")
     p.add_argument("--out", required=True, help="output directory")
     add_field_option(
         p,
@@ -253,7 +253,7 @@ def tokenizer_args(p):
 
 
 def shards_args(p):
-    p.add_argument("corpus", nargs="+", help="JSON Lines or text files, directories or globs")
+    p.add_argument("corpus", nargs="+", help=f"corpus files, directories or globs ({CORPUS_FORMATS})")
     p.add_argument("--tokenizer", required=True, help="tokenizer directory (from `pretrain tokenizer`)")
     p.add_argument("--out", required=True, help="output shard directory")
     add_field_option(p, "--workers", DataConfig, "num_workers")

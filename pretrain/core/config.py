@@ -17,6 +17,7 @@ import yaml
 
 from pretrain.core.config_checks import CHOICES, check_data_stages, check_options_apply, check_values
 from pretrain.core.config_schema import (
+    CORPUS_FORMATS,
     GLOBAL_BATCH,
     DataConfig,
     ModelConfig,
@@ -43,6 +44,7 @@ from pretrain.core.parsing import (
 
 # The schema and the choices are imported from here: one name for the typed config wherever it is used.
 __all__ = [
+    "CORPUS_FORMATS",
     "CHOICES",
     "GLOBAL_BATCH",
     "REPLACED_BY_PRESET",

@@ -13,6 +13,9 @@ from typing import Any
 
 from pretrain.core.parsing import doc
 
+# What a corpus may be, as the readers read it (data_pipeline/readers.py), for the help texts that name it
+CORPUS_FORMATS = "JSON Lines, plain text, Parquet, Arrow or datasets save_to_disk; .gz/.zst read as they are"
+
 
 @dataclass(frozen=True)
 class SourceConfig:
@@ -31,7 +34,7 @@ SOURCE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 class DataConfig:
     corpus: list[str] = doc(
         factory=lambda: ["data/us-speeches.public-domain.jsonl"],
-        text="Corpus files, directories or globs (JSON Lines with a text field, or plain text).",
+        text=f"Corpus files, directories or globs ({CORPUS_FORMATS}).",
     )
     text_field: str = doc("text", "Field of each JSON Lines record that holds the document text.")
     text_documents: str = doc(
@@ -189,7 +192,7 @@ class TrainConfig:
     ema_decay: float = doc(
         0.0,
         "Keep an exponential moving average of the weights with this decay (e.g. 0.999), exported instead "
-        "of them; 0 = off.",
+        "of them; 0 = off. Not with train.zero_stage=3.",
     )
     ema_warmup: bool = doc(
         True,
