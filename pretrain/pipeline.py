@@ -531,27 +531,32 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         names = ", ".join(
             p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else str(p) for p in paths
         )
-        card = export_card(
-            cfg, model, state, f"average of {len(paths)} checkpoints", [], [f"the weights are the mean of {names}"]
+        kept = "weights" in state  # only where the run kept an EMA, which the mean is not of (`load_checkpoint_model`)
+        state["weights"] = f"the mean of the training weights of {names}" + (
+            " (not of the exponential moving average the run also kept)" if kept else ""
         )
+        card = export_card(cfg, model, state, f"average of {len(paths)} checkpoints", [], [])
         inputs = {f"the checkpoint {p}": p for p in paths}
         out, demo = export_model(model, tokens, tokenizer_dir, Path(out), card, arch, verify, inputs)
     return demo
 
 
 def _refuse_repeats(given: list[Path], paths: list[Path]) -> None:
-    """A checkpoint named twice (as itself, or as the latest of a run also named) would weigh twice in the mean."""
+    """A checkpoint named twice (as itself, as the latest of a run also named, or as a decay branch's hard-linked copy
+    of it: the same files under another path) would weigh twice in the mean."""
     from pretrain.core.errors import UserError
 
-    seen: dict[Path, Path] = {}
+    seen: dict[tuple[int, int], Path] = {}
     for name, path in zip(given, paths):
-        real = path.resolve()
-        if real in seen:
+        stats = [f.stat() for f in path.rglob("*") if f.is_file()]
+        files = {(st.st_dev, st.st_ino) for st in stats}
+        again = next((seen[f] for f in files if f in seen), None)
+        if again is not None:
             raise UserError(
-                f"{name} and {seen[real]} are the same checkpoint ({real}): each checkpoint is averaged once; name "
-                "it once"
+                f"{name} and {again} are the same checkpoint ({path.resolve()}: the same files): each checkpoint is "
+                "averaged once; name it once"
             )
-        seen[real] = Path(name)
+        seen.update(dict.fromkeys(files, Path(name)))
 
 
 def _refuse_other_models(paths: list[Path]) -> None:

@@ -4,6 +4,7 @@ CLI: EMA weights saved with checkpoints, restored bitwise on resume, exported in
 
 import json
 import math
+import os
 import shutil
 
 import pytest
@@ -134,6 +135,14 @@ def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
     word = "bert.embeddings.word_embeddings.weight"
     torch.testing.assert_close(exported[word], full["encoder.embeddings.word_embeddings.weight"], rtol=0, atol=0)
     assert "exponential moving average" in (tmp_path / "r" / "hf" / "README.md").read_text()
+    # the raw weights, or a mean of them, say which they are: their cards passed them for the EMA the config names
+    pretrain("export", tmp_path / "r", "--raw-weights", "--out", tmp_path / "raw", "--no-verify", cwd=tmp_path)
+    raw = (tmp_path / "raw" / "README.md").read_text()
+    assert "the weights are the raw training weights, not the exponential moving average (decay 0.9)" in raw
+    ckpts = tmp_path / "r" / "checkpoints"
+    pretrain("average", ckpts / "step_00000002", ckpts / "step_00000004", "--out", tmp_path / "avg", cwd=tmp_path)
+    mean = (tmp_path / "avg" / "README.md").read_text()
+    assert "(not of the exponential moving average the run also kept)" in mean and "raw training weights" not in mean
 
 
 @pytest.mark.slow
@@ -179,6 +188,11 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
         cwd=tmp_path,
         rc=2,
     )
+    assert "are the same checkpoint" in proc.stderr and not (tmp_path / "avg3").exists()
+    # ... or named as a hard-linked copy (a decay branch's) under another path
+    shutil.copytree(ckpts / "step_00000002", tmp_path / "linked", copy_function=os.link)
+    args = ["average", ckpts / "step_00000002", tmp_path / "linked", "--out", tmp_path / "avg3"]
+    proc = pretrain(*args, cwd=tmp_path, rc=2)
     assert "are the same checkpoint" in proc.stderr and not (tmp_path / "avg3").exists()
 
     # a checkpoint of another shape, or of another tokenizer (of the same size), is refused by name: nothing written

@@ -25,6 +25,7 @@ from pretrain.model.fp8 import float8_problem
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train import checkpoint as ckpt
 from pretrain.train.distributed import local_device, run_precision
+from pretrain.train.ema import EMA_FILE
 from pretrain.train.state import TrainState
 
 
@@ -292,4 +293,9 @@ def load_checkpoint_model(path: Path, ema: bool = True):
                 for name, value in averaged.items():
                     params[name].copy_(value)
             state["weights"] = f"an exponential moving average of the training weights (decay {cfg.train.ema_decay:g})"
+        elif not ema and (path / EMA_FILE).is_file():  # its card must not pass these for the EMA its config names
+            state["weights"] = (
+                f"the raw training weights, not the exponential moving average (decay {cfg.train.ema_decay:g}) the "
+                "run also kept"
+            )
     return cfg, model.eval(), tokens, tokenizer_dir, state
