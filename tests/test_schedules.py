@@ -5,6 +5,7 @@ decayed there uninterrupted, and leaves its source untouched."""
 import json
 import math
 import re
+import shutil
 from dataclasses import replace
 from pathlib import Path
 
@@ -160,6 +161,19 @@ def test_decay_from_a_stable_checkpoint_equals_an_uninterrupted_decay(tmp_path):
     proc = pretrain("decay", source, "--steps", "2", "--name", "mine", cwd=tmp_path, rc=2)
     assert "not a run of ours" in proc.stderr and (tmp_path / "mine" / "notes.txt").read_text() == "mine"
 
+    # the command on the run directory, run again after the source saved a newer checkpoint, resumes its unfinished
+    # branch: it started another from the newer checkpoint, and left the first unfinished and never exported
+    shutil.move(branch, tmp_path / "done")
+    latest = source / "checkpoints" / "latest"
+    newest = latest.read_text()
+    latest.write_text("step_00000004")  # the source when the branch began
+    proc = pretrain("decay", source, "--steps", "3", "train.exit_after_steps=1", cwd=tmp_path)
+    assert "stopped at step 5" in proc.stderr, proc.stderr[-2000:]
+    latest.write_text(newest)  # the source trained on: its latest is step 8
+    proc = pretrain("decay", source, "--steps", "3", cwd=tmp_path)
+    assert f"{branch} exists and is this decay: resuming it; to decay from {source}'s latest" in proc.stderr
+    assert not (tmp_path / "r-decay8").exists() and [r["step"] for r in metric_lines(branch)] == list(range(1, 8))
+
 
 @pytest.mark.parametrize("override", ["train={lr: 1.0e-3}", "train.lr=1.0e-3"])
 def test_a_decay_branch_stops_where_its_command_says_not_where_its_source_did(tmp_path, override):
@@ -178,6 +192,13 @@ def test_a_decay_branch_stops_where_its_command_says_not_where_its_source_did(tm
     assert (cfg.train.lr, cfg.train.max_minutes, cfg.train.exit_after_steps, cfg.train.max_steps) == (1e-3, 0, 0, 6)
     cfg = decay_config(checkpoint, 2, None, [override, "train.exit_after_steps=1"])[0]
     assert cfg.train.exit_after_steps == 1
+    # a checkpoint inside the warm-up: said so (it was a message about decay_steps, which the user set nowhere)
+    warm = tmp_path / "w" / "checkpoints" / "step_00000002"
+    warm.mkdir(parents=True)
+    save_config(read_config("tiny", ["train.warmup_steps=4"]), warm / "config.yaml")
+    TrainState(step=2).save(warm)
+    with pytest.raises(UserError, match=r"is at step 2, inside its run's warm-up \(4 steps\).* at step 4 or later"):
+        decay_config(warm, 4, None, [])
     # what the command sets itself was replaced without a word: refused, naming what sets it
     for given, said in (
         ("train.max_steps=100", "train.max_steps itself (the checkpoint's step + --steps); give --steps"),

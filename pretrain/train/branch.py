@@ -98,6 +98,12 @@ def decay_config(
     state = TrainState.load(checkpoint)
     saved = load_yaml(checkpoint / "config.yaml")
     step = state.step
+    warmup = int((saved.get("train") or {}).get("warmup_steps") or 0)
+    if step < warmup:  # it said "train.decay_steps (N) is longer than the steps after the warm-up", set by neither
+        raise UserError(
+            f"{checkpoint} is at step {step}, inside its run's warm-up ({warmup} steps): a decay starts from the peak "
+            f"learning rate; decay from a checkpoint at step {warmup} or later"
+        )
     source_run = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
     data = _with_overrides(saved, overrides)
     data["name"] = name or f"{saved.get('name', 'run')}-decay{step}"
@@ -138,8 +144,35 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
     gone = _branch_without_its_source(Path(source), steps, name, overrides or [])
     if gone is not None:
         return gone
+    unfinished = None if name else _unfinished_branch_of(Path(source), steps)
+    if unfinished is not None:  # resumed from its own checkpoint, or from its copy where rotation took that one
+        origin, run_dir = unfinished
+        said = f"; to decay from {source}'s latest checkpoint instead, give --name"
+        if not origin.is_dir():
+            cfg, line = _branch_without_its_source(origin, steps, run_dir.name, overrides or [])
+            return cfg, line + said
+        with ckpt.reading_checkpoints(origin):
+            cfg, line = _branch_from(origin, steps, run_dir.name, overrides or [])
+        return cfg, line + said
     with ckpt.reading_checkpoints(source):  # a source training on keeps the checkpoint while it is copied
         return _branch_from(Path(source), steps, name, overrides or [])
+
+
+def _unfinished_branch_of(source: Path, steps: int) -> tuple[Path, Path] | None:
+    """(its source checkpoint, which may be gone; its directory) of an unfinished decay of the run directory `source`
+    over `steps` that the same command made (named by default, beside the run): run again after the source saved a
+    newer checkpoint, the command made a new branch from that one, and left the first unfinished and never exported."""
+    if not (source / "checkpoints").is_dir():
+        return None  # a checkpoint named: its branch is named by its step
+    real = str(source.resolve())
+    for run_dir in sorted(source.parent.iterdir()):
+        made = _read_branch(run_dir) if run_dir.is_dir() and run_dir != source else None
+        if not made or made["source"] != real or made["decay_steps"] != steps:
+            continue
+        latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
+        if latest is not None and TrainState.load(latest).step < made["step"] + steps:
+            return source / "checkpoints" / ckpt.tag_for(made["step"]), run_dir
+    return None
 
 
 def _branch_from(source: Path, steps: int, name: str | None, overrides: list[str]):
