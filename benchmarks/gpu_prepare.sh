@@ -55,5 +55,7 @@ fi
 # The suite's 30522-word tokenizer of en-mix, made here once: on a bare machine every call trained it again (13 s)
 "${PY:-.venv/bin/python}" -m pretrain.cli tokenizer .gpu/data/corpus/en-mix.train.jsonl --out .gpu/tokenizer-30522 \
   --vocab-size 30522 >/dev/null
+# The commit the suite's stage files record (.git may not travel with a call): run this again after a commit
+git rev-parse --short=12 HEAD > .gpu/commit 2>/dev/null || rm -f .gpu/commit
 echo "[gpu_prepare] .gpu/extra (installed there where missing): ${needs[*]}; .gpu/tokenizer-30522"
 du -sh .gpu

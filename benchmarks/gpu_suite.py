@@ -425,8 +425,10 @@ def report(res: Path) -> str:
     if not ran:
         return f"no stage has written to {res} yet"
     tiny = any(r.stages[s].get("tiny") for s in ran)
-    # stages collected from several calls may have run on different cards (a call may get an H200 for an H100)
-    devices = sorted({r.stages[s]["device"] for s in ran if r.stages[s].get("device")})
+    # stages collected from several calls may have run on different cards (a call may get an H200 for an H100), or
+    # of other code: a stage file that does not say counts as unknown, so an older call's results are not passed off
+    devices = sorted({r.stages[s].get("device", "device not recorded") for s in ran})
+    commits = sorted({r.stages[s].get("commit", "commit not recorded") for s in ran})
     device = next((d["meta"]["device"] for d in r.data.values() if "device" in (_get(d, "meta") or {})), "?")
     if len(devices) > 1:
         device = f"{len(devices)} devices ({'; '.join(devices)}): compare figures of one device only"
@@ -434,12 +436,18 @@ def report(res: Path) -> str:
         f"## GPU suite: {device}"
         + (" (--tiny: a rehearsal at tiny shapes; no figure here measures anything)" if tiny else "")
     ]
+    if len(commits) > 1:
+        out += ["", f"**Stages of {len(commits)} commits** ({'; '.join(commits)}): compare figures of one commit only"]
+    elif commits != ["commit not recorded"]:
+        out += ["", f"Commit {commits[0]}."]
     out += ["", "| stage | measurement | result | exit, seconds |", "|---|---|---|---|"]
     for stage, what, result in r.lines(tvh.fallbacks):
         st = r.stages[stage]
         done = f"{st['rc']}, {st['seconds']:.0f}" if st else "not run"
         if st and len(devices) > 1:
             done += f", {st.get('device', 'device not recorded')}"
+        if st and len(commits) > 1:
+            done += f", {st.get('commit', 'commit not recorded')}"
         if not st:
             result = "-"
         elif st.get("skipped"):

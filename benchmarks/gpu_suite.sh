@@ -51,7 +51,8 @@
 #   3. rtd nsp               ~9    (nsp's second repeat may meet the deadline: its first is reported)
 #   4. demo eval finetune    ~7.5  (one call: eval and finetune read the demo the same machine made)
 #   5. fp8 local             ~6.5
-#   6. base128c base512      ~9.5  (likewise base512)
+#   6. base128c              ~5
+#   7. base512               ~5    (apart: after base128c, base512's Trainer run would meet the deadline)
 #   then `ablate` chunks until the record holds report.md. Only finished runs travel between machines, and one
 #   pretrained run (start, 1.1-1.9 min of training, export, 3 tasks' fine-tunings and probes: ~4-5 min by the
 #   estimates in configs/ablation-gpu.yaml, not yet timed) is about what a chunk holds: ~16-20 calls for its 20 runs
@@ -92,6 +93,9 @@ if command -v nvidia-smi >/dev/null && nvidia-smi -L >/dev/null 2>&1; then gpu=1
 # each stage's status names its device: a report collected from several calls may mix an H100 and an H200
 device_name=$([ $gpu = 1 ] && nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 | tr -d '"\\')
 device_name=${device_name:-CPU}
+# and the commit it ran: stages collected from several calls must be of one code (.git may not travel: the call's
+# command can pass GPU_SUITE_COMMIT, and gpu_prepare.sh leaves .gpu/commit)
+commit=${GPU_SUITE_COMMIT:-$(git rev-parse --short=12 HEAD 2>/dev/null || cat .gpu/commit 2>/dev/null || echo unknown)}
 export WANDB_MODE=disabled TOKENIZERS_PARALLELISM=false PYTHONUNBUFFERED=1
 PY=${PY:-$([ -x .venv/bin/python ] && echo .venv/bin/python || echo python3)}
 DATA=${GPU_SUITE_DATA:-$([ -d .gpu/data ] && echo .gpu/data || echo ../shared/data)}
@@ -154,7 +158,9 @@ ablate+=("launch.jobs=${GPU_SUITE_ABLATE_JOBS:-1}")
 # 560: a lent machine's command stops at 600 s, and whatever is still running then sends nothing back). A stage
 # starts only if what is left covers its first figure on an H100 (an estimate: the first repeat, or the whole of a
 # stage with none), else it is skipped, and the report says so; one that started is stopped (SIGTERM) before the
-# deadline, so that the files it wrote after each repeat go back with the report
+# deadline, so that the files it wrote after each repeat go back with the report. Where the call's limit is under
+# 600 s (the device tool cuts it to the session's device time left: `status`'s budget_left_s), give the command
+# GPU_SUITE_DEADLINE=<that limit - 40>: at 560 the call would be killed first, and send back only its last pack
 deadline=${GPU_SUITE_DEADLINE:-$([ $gpu = 1 ] && [ -n "${OUT:-}" ] && echo 560 || echo 0)}
 declare -A first=([syncs]=60 [base128]=180 [base128c]=180 [step]=120 [base512]=150 [rtd]=90 [nsp]=120 [fp8]=120
   [varlen]=90 [graphs]=90 [local]=60 [demo]=330 [eval]=45 [finetune]=90 [ablate]=180)
@@ -217,8 +223,18 @@ collect() {  # collect DIR: what a call sent back (DIR: its files_at), unpacked 
   if [ -f "$from/results.tgz" ]; then
     local tmp; tmp=$(mktemp -d)
     tar xzf "$from/results.tgz" -C "$tmp" || return 1
+    local st name
     for st in "$tmp"/*.stage.json; do
-      [ -e "$st" ] && rm -f "$RES/$(basename "$st" .stage.json)".*
+      [ -e "$st" ] || continue
+      name=$(basename "$st" .stage.json)
+      # a stage this call skipped, or failed where an earlier call's finished, leaves the earlier files as they are
+      if [ -f "$RES/$name.stage.json" ] && { grep -q '"skipped"' "$st" ||
+        { ! grep -q '"rc": 0,' "$st" && grep -q '"rc": 0,' "$RES/$name.stage.json"; }; }; then
+        echo "[gpu_suite] collect: $name kept from the earlier call (this one: $(cat "$st"))" >&2
+        rm -f "$tmp/$name".*
+        continue
+      fi
+      rm -f "$RES/$name".*
     done
     cp -R "$tmp"/. "$RES"/ && rm -rf "$tmp" || return 1
   fi
@@ -293,9 +309,9 @@ stage() {
 }
 
 status_json() {  # status_json STAGE RC SECONDS [EXTRA]: the stage's status file, which the report reads
-  printf '{"stage": "%s", "rc": %d, "seconds": %.1f, "tiny": %s, "gpu": %s, "device": "%s"%s}\n' "$1" "$2" "$3" \
-    "$([ $tiny = 1 ] && echo true || echo false)" "$([ $gpu = 1 ] && echo true || echo false)" "$device_name" "${4:-}" \
-    > "$RES/$1.stage.json"
+  printf '{"stage": "%s", "rc": %d, "seconds": %.1f, "tiny": %s, "gpu": %s, "device": "%s", "commit": "%s"%s}\n' \
+    "$1" "$2" "$3" "$([ $tiny = 1 ] && echo true || echo false)" "$([ $gpu = 1 ] && echo true || echo false)" \
+    "$device_name" "$commit" "${4:-}" > "$RES/$1.stage.json"
 }
 
 run_stage() {  # run_stage STAGE: its body in a child, within what the deadline leaves; its log and status

@@ -304,9 +304,14 @@ def parse_args() -> argparse.Namespace:
 
 
 def rows_of(runs: dict[str, list[dict]], peak: float | None) -> list[dict]:
-    """Each variant's median over its repeats so far; the first variant is the reference of the ratios."""
+    """Each variant's median over the repeats every variant has done (a cut mid-repeat left ours with two runs and
+    the Trainer with one: medians of unequal repeats); the first variant is the reference of the ratios."""
     rows = []
+    done = min((len(v) for v in runs.values() if v), default=0)
     for name, results in runs.items():
+        results = results[:done] if done else results
+        if not results:
+            continue
         tflops = statistics.median(r["tflops"] for r in results)
         rows.append(
             {
@@ -337,17 +342,20 @@ def rows_of(runs: dict[str, list[dict]], peak: float | None) -> list[dict]:
 
 def measure(a, work: Path, runs_dir: Path, tok: Path, shards: Path, peers: list[str], save) -> dict:
     """The runs, alternated over the repeats (so load from other jobs hits every variant alike); `save(runs)` after
-    each. A run that fails ends the measurement: its message is saved with the runs before it, then raised."""
+    each. A run that fails is saved as an error and the other variants go on (a failed compiled run of ours left the
+    compiled Trainer unmeasured); the measurement then ends with the errors raised."""
     runs: dict[str, list[dict]] = {}
+    errors: list[str] = []
 
     def one(name: str, fn, *args, **kw) -> None:
         try:
             result = fn(*args, **kw)
         except SystemExit as err:
-            save(runs, error=f"{name}: {err}")
-            raise
+            errors.append(f"{name}: {err}")
+            save(runs, error="\n".join(errors))
+            return
         runs.setdefault(name, []).append(result)
-        save(runs)
+        save(runs, error="\n".join(errors) or None)
 
     for repeat in range(a.repeats):
         for objective in a.objectives.split(","):
@@ -362,6 +370,8 @@ def measure(a, work: Path, runs_dir: Path, tok: Path, shards: Path, peers: list[
             file=sys.stderr,
             flush=True,
         )
+    if errors:
+        raise SystemExit("\n".join(errors))
     return runs
 
 
@@ -408,7 +418,7 @@ def main() -> None:
 
     def save(runs: dict, error: str | None = None) -> None:
         if a.json:  # the repeats done so far; an error names the run that failed
-            done = min((len(v) for v in runs.values()), default=0)
+            done = min((len(v) for v in runs.values() if v), default=0)
             extra = {"repeats_done": done} | ({"error": error[-3000:]} if error else {})
             a.json.parent.mkdir(parents=True, exist_ok=True)
             write_json_atomic(a.json, {"meta": meta | extra, "rows": rows_of(runs, peak), "runs": runs}, sync=False)

@@ -427,6 +427,40 @@ def test_a_run_torch_left_partly_eager_and_stages_on_other_cards_are_flagged(tmp
     assert "not all compiled" not in next(x for x in proc.stdout.splitlines() if x.startswith("| base512 |"))
 
 
+def test_stages_of_other_commits_or_an_unrecorded_card_are_flagged_and_collect_keeps_a_finished_stage(tmp_path):
+    """An earlier session's results (before a fix, with no device in their status) were merged into the new table
+    with no word; a call's skipped (or failed) stage replaced a finished one collected before."""
+    res = tmp_path / "res"
+    res.mkdir()
+    _write_results(res)
+    for status in res.glob("*.stage.json"):
+        st = json.loads(status.read_text())
+        if st["stage"] != "step":  # step: an older call's file, which recorded neither
+            st |= {"device": "NVIDIA H100 80GB HBM3", "commit": "abc" if st["stage"] == "base128" else "def"}
+        status.write_text(json.dumps(st))
+    out = _report(res).stdout
+    assert "## GPU suite: 2 devices (NVIDIA H100 80GB HBM3; device not recorded)" in out
+    assert "**Stages of 3 commits** (abc; commit not recorded; def): compare figures of one commit only" in out
+
+    import tarfile
+
+    sent = tmp_path / "sent"
+    sent.mkdir()
+    skipped = {"stage": "base128", "rc": 0, "seconds": 0, "tiny": False, "gpu": True, "skipped": "5 s left"}
+    (sent / "base128.stage.json").write_text(json.dumps(skipped))
+    with tarfile.open(tmp_path / "results.tgz", "w:gz") as tar:
+        tar.add(sent / "base128.stage.json", arcname="base128.stage.json")
+    (tmp_path / "call").mkdir()
+    (tmp_path / "results.tgz").rename(tmp_path / "call" / "results.tgz")
+    env = {**os.environ, "PY": sys.executable, "GPU_SUITE_RESULTS": str(res)}
+    env.pop("OUT", None)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "collect", str(tmp_path / "call")], env=env, capture_output=True, text=True
+    )
+    assert "collect: base128 kept from the earlier call" in proc.stderr, proc.stderr
+    assert (res / "base128.json").is_file() and "skipped" not in (res / "base128.stage.json").read_text()
+
+
 @pytest.mark.parametrize(
     "script",
     [
@@ -451,6 +485,34 @@ def test_frames_left_eager_are_counted_from_torchs_own_warnings(script):
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert tvh.compile_fallbacks(proc.stderr) == 1, proc.stderr[-2000:]
     assert tvh.compile_fallbacks("[pretrain] step 10 loss 6.1\n") == 0
+
+
+def test_medians_take_the_repeats_every_variant_did_and_a_failed_run_leaves_the_others_measured():
+    """A cut mid-repeat left ours a median of 2 runs beside the Trainer's 1; a failed compiled run of ours ended the
+    stage before the compiled Trainer was measured."""
+    import importlib.util
+    from types import SimpleNamespace
+
+    spec = importlib.util.spec_from_file_location("tvh", ROOT / "benchmarks" / "trainer_vs_hf.py")
+    tvh = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tvh)
+    run = lambda rate: {"tokens_per_s": rate, "tflops": rate / 1000}  # noqa: E731
+    rows = tvh.rows_of({"ours": [run(100.0), run(300.0)], "HF Trainer": [run(50.0)]}, None)
+    assert [(r["run"], r["tokens_per_s"], r["per_repeat"]) for r in rows] == [
+        ("ours", 100.0, [100.0]),
+        ("HF Trainer", 50.0, [50.0]),
+    ]
+    saved = []
+
+    def ours(*args, **kw):
+        raise SystemExit("compile failed")
+
+    tvh.run_ours, tvh.run_peer = ours, lambda *args, **kw: run(10.0)
+    a = SimpleNamespace(repeats=2, objectives="mlm", fp8=False)
+    with pytest.raises(SystemExit, match="ours mlm: compile failed"):
+        tvh.measure(a, None, None, None, None, ["compile"], lambda runs, error=None: saved.append((runs, error)))
+    runs, error = saved[-1]
+    assert len(runs["HF Trainer + compile"]) == 2 and "ours mlm: compile failed" in error
 
 
 def test_a_missing_or_failed_row_reads_failed_and_the_other_lines_stay(tmp_path):
