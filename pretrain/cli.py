@@ -176,10 +176,12 @@ def cmd_train(args) -> int:
 
 def cmd_decay(args) -> int:
     from pretrain.pipeline import say, stage_export, stage_train
-    from pretrain.train.branch import branch_for_decay
+    from pretrain.train.branch import branch_for_decay, ema_note
 
     cfg, summary = branch_for_decay(Path(args.source), args.steps, args.name, args.overrides)
     say(f"decay: {summary}")
+    if note := ema_note(cfg, args.steps):
+        say(f"note: {note}")
     result = stage_train(cfg)
     if result["complete"]:
         stage_export(cfg.run_dir, cfg.hf_dir)

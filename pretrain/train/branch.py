@@ -158,6 +158,20 @@ def branch_for_decay(source: Path, steps: int, name: str | None = None, override
         return _branch_from(Path(source), steps, name, overrides or [])
 
 
+def ema_note(cfg: RunConfig, steps: int) -> str | None:
+    """A weight EMA whose horizon outlasts the decay: what it exports is then mostly the stable phase's average, which
+    largely undoes the decay (0.9999 over 4000 steps keeps 67% of its weight from before them). None otherwise."""
+    d = cfg.train.ema_decay
+    if not d or 1 / (1 - d) <= steps:
+        return None
+    before = d**steps
+    return (
+        f"the run's weight EMA (train.ema_decay={d:g}, ~{1 / (1 - d):,.0f} steps long) keeps {before:.0%} of its "
+        f"weight from before these {steps} steps: its export is mostly the stable phase's average; give the branch "
+        "train.ema_decay with a horizon within the decay, or export it with --raw-weights"
+    )
+
+
 def _unfinished_branch_of(source: Path, steps: int) -> tuple[Path, Path] | None:
     """(its source checkpoint, which may be gone; its directory) of an unfinished decay of the run directory `source`
     over `steps` that the same command made (named by default, beside the run): run again after the source saved a
