@@ -513,6 +513,7 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
     exported like a run into `out`, its card naming the checkpoints. Checkpoints of different shapes are refused
     before anything is written. Every checkpoint is held (`reading_checkpoints`) from its resolution to the export:
     a trainer saving into its run meanwhile keeps it instead of rotating it away under the reader."""
+    from pretrain.train.averaging import check_averageable
     from pretrain.train.checkpoint import load_module_state, reading_checkpoints, resolve_checkpoint
     from pretrain.train.ema import average_states
     from pretrain.train.state import TrainState
@@ -521,8 +522,7 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         for c in checkpoints:
             held.enter_context(reading_checkpoints(c))
         paths = [resolve_checkpoint(Path(c)) for c in checkpoints]
-        _refuse_repeats(checkpoints, paths)
-        _refuse_other_models(paths)
+        check_averageable(checkpoints, paths)
         averaged = average_states((str(p), load_module_state(p)) for p in paths)
         # the card's steps and tokens: those of the most trained checkpoint, whatever the order they were named in
         latest = max(paths, key=lambda p: TrainState.load(p).step)
@@ -539,66 +539,6 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         inputs = {f"the checkpoint {p}": p for p in paths}
         out, demo = export_model(model, tokens, tokenizer_dir, Path(out), card, arch, verify, inputs)
     return demo
-
-
-def _refuse_repeats(given: list[Path], paths: list[Path]) -> None:
-    """A checkpoint named twice (as itself, as the latest of a run also named, or as a decay branch's hard-linked copy
-    of it: the same files under another path) would weigh twice in the mean."""
-    from pretrain.core.errors import UserError
-
-    seen: dict[tuple[int, int], Path] = {}
-    for name, path in zip(given, paths):
-        stats = [f.stat() for f in path.rglob("*") if f.is_file()]
-        files = {(st.st_dev, st.st_ino) for st in stats}
-        again = next((seen[f] for f in files if f in seen), None)
-        if again is not None:
-            raise UserError(
-                f"{name} and {again} are the same checkpoint ({path.resolve()}: the same files): each checkpoint is "
-                "averaged once; name it once"
-            )
-        seen.update(dict.fromkeys(files, Path(name)))
-
-
-def _refuse_other_models(paths: list[Path]) -> None:
-    """Checkpoints whose tokenizer or model settings differ from the first's (by the fingerprints they recorded) are
-    not averaged: two vocabularies of one size gave a mean of unrelated embeddings under the first's tokenizer."""
-    from pretrain.core.errors import UserError
-    from pretrain.train.fingerprint import differences
-    from pretrain.train.state import TrainState
-
-    def model_keys(path: Path) -> dict:
-        record = TrainState.load(path).fingerprint or {}
-        return {k: v for k, v in record.items() if k.startswith(("tokenizer", "model."))}
-
-    first = model_keys(paths[0])
-    for path in paths[1:]:
-        diffs = differences(first, model_keys(path))
-        if diffs:
-            key, a, b = diffs[0]
-            raise UserError(
-                f"{path} is not a checkpoint of the model {paths[0]} is: {key} is {b} there, {a} here; only "
-                f"checkpoints of one model (one tokenizer, one architecture) are averaged"
-            )
-    _refuse_other_positions(paths)
-
-
-def _refuse_other_positions(paths: list[Path]) -> None:
-    """Checkpoints of one RoPE run on either side of a schedule phase that changed rope_theta (a context extension):
-    the fingerprint records the run's base theta only, and the average was exported under the last one's, though the
-    others' weights were trained to read positions under another."""
-    from pretrain.core.errors import UserError
-    from pretrain.train.setup import checkpoint_config
-
-    models = [checkpoint_config(p)[0].model for p in paths]
-    if models[0].position_embedding != "rope":
-        return
-    for path, model in zip(paths[1:], models[1:]):
-        if model.rope_theta != models[0].rope_theta:
-            raise UserError(
-                f"{path} trained its last step under model.rope_theta {model.rope_theta:g}, {paths[0]} under "
-                f"{models[0].rope_theta:g} (a schedule phase changed it): RoPE positions mean something else under "
-                "each, so their weights are not averaged; average checkpoints of one phase"
-            )
 
 
 def fill_mask_demo(model_dir: Path, text: str | None = None) -> list[dict]:

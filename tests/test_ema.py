@@ -211,6 +211,12 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
     other = tmp_path / "words" / "checkpoints" / "step_00000003"
     proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
     assert "tokenizer (sha256 of tokenizer.json) is" in proc.stderr and not (tmp_path / "avg2").exists()
+    # a run of another seed (its own initialisation, no init_from in common): its weights are not aligned with these
+    data = [f"data.tokenizer={tmp_path / 'r' / 'tokenizer'}", f"data.shards={tmp_path / 'r' / 'shards'}"]
+    pretrain("train", *run_args(tmp_path, corpus, "name=seeded", "train.seed=7", *data), cwd=tmp_path)
+    other = tmp_path / "seeded" / "checkpoints" / "step_00000003"
+    proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
+    assert "were initialised apart (train.seed 7 there, 1234 here" in proc.stderr and not (tmp_path / "avg2").exists()
     assert json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())["step"] == 4
 
 
@@ -222,7 +228,7 @@ def test_average_refuses_checkpoints_either_side_of_a_rope_theta_phase(tmp_path)
 
     from pretrain.core.errors import UserError
     from pretrain.core.parsing import to_dict
-    from pretrain.pipeline import _refuse_other_positions
+    from pretrain.train.averaging import _refuse_other_positions
     from pretrain.train.setup import load_config
     from pretrain.train.state import TrainState
 
