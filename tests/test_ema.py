@@ -143,6 +143,11 @@ def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
     pretrain("average", ckpts / "step_00000002", ckpts / "step_00000004", "--out", tmp_path / "avg", cwd=tmp_path)
     mean = (tmp_path / "avg" / "README.md").read_text()
     assert "(not of the exponential moving average the run also kept)" in mean and "raw training weights" not in mean
+    # eval of the run scores the EMA, as its export holds it, and says so
+    shards = tmp_path / "r" / "shards"
+    args = ["eval", tmp_path / "r", "--shards", shards, "--max-samples", "4", "--json", tmp_path / "eval.json"]
+    pretrain(*args, cwd=tmp_path)
+    assert "the weights are an exponential moving average" in json.loads((tmp_path / "eval.json").read_text())["model"]
 
 
 @pytest.mark.slow

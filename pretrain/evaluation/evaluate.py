@@ -107,6 +107,8 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
     m = model.config
     limit = m.max_position_embeddings if m.position_embedding == "learned" else None
     description = f"{cfg.name} step {state['step']} ({', '.join(cfg.objectives)})"
+    if state.get("weights"):  # a run that kept an EMA is scored by it, as its export is: said, as the card says it
+        description += f"; the weights are {state['weights']}"
     if head_name == "heads.plm":
         # its head read the query stream, which never holds a [MASK]: these masks are not what it was trained on
         description += "; a permutation-LM head scored under BERT's masking, which it never trained on"
