@@ -73,25 +73,28 @@ class Task:
 
 def read_tsv(path: Path, lines: list[int] | None = None) -> tuple[list[str], list[str] | None, list[str]]:
     """Columns of a GLUE-format TSV; a malformed row fails naming the file and line. `lines` (given) gets each
-    example's line. A field that starts with " is CSV-quoted: it ends at the next lone " (a doubled "" is one), and
-    text after that closing quote is an error, never dropped quotes (strict)."""
+    example's line. A field that starts with " is CSV-quoted (it ends at the next lone "; a doubled "" is one), as
+    csv writers write them; a file that is not (text after a closing quote, a quote never closed: GLUE's own files,
+    '"Yes," she said.') is read again with every quote as text, as GLUE's readers do, and said: read as CSV, its
+    quotes were dropped with no word."""
     if not path.is_file():
         raise UserError(f"{path}: task file not found (a task directory needs train.tsv and dev.tsv)")
-    with io.StringIO(read_task_text(path), newline="") as f:  # newline="": as the csv module wants a file opened
+    text = read_task_text(path)
+    with io.StringIO(text, newline="") as f:  # newline="": as the csv module wants a file opened
         rows = csv.reader(f, delimiter="\t", strict=True)
         at = [1]  # the first line of the row being read
         try:
             return _read_rows(path, _Tracked(rows, at), [] if lines is None else lines)
-        except csv.Error as err:  # '"Yes," she said.': read as the quoted field 'Yes,' and dropped its quotes
-            what = (
-                'a field that starts with " and has no closing " (the rest of the file would be one field)'
-                if "end of data" in str(err)
-                else f'{err}: a field that starts with " is read as quoted up to the next ", and text may not follow '
-                "that quote"
-            )
-            raise UserError(
-                f'{path}:{at[0]}: {what}; quote the whole field and double each " in it (as csv writers do)'
-            ) from None
+        except csv.Error as err:
+            why = "a quote never closed" if "end of data" in str(err) else f"text after a closing quote ({err})"
+    print(
+        f"note: {path}:{at[0]}: {why}: not CSV-quoted; read with every quote as text (as GLUE's files)", file=sys.stderr
+    )
+    if lines is not None:
+        lines.clear()
+    with io.StringIO(text, newline="") as f:
+        rows = csv.reader(f, delimiter="\t", quoting=csv.QUOTE_NONE)
+        return _read_rows(path, _Tracked(rows, [1]), [] if lines is None else lines)
 
 
 class _Tracked:
