@@ -228,8 +228,8 @@ collect() {  # collect DIR: what a call sent back (DIR: its files_at), unpacked 
       [ -e "$st" ] || continue
       name=$(basename "$st" .stage.json)
       # a stage this call skipped, or failed where an earlier call's finished, leaves the earlier files as they are
-      if [ -f "$RES/$name.stage.json" ] && { grep -q '"skipped"' "$st" ||
-        { ! grep -q '"rc": 0,' "$st" && grep -q '"rc": 0,' "$RES/$name.stage.json"; }; }; then
+      if [ -f "$RES/$name.stage.json" ] && ! grep -q '"skipped"' "$RES/$name.stage.json" &&
+        grep -q '"rc": 0,' "$RES/$name.stage.json" && { grep -q '"skipped"' "$st" || ! grep -q '"rc": 0,' "$st"; }; then
         echo "[gpu_suite] collect: $name kept from the earlier call (this one: $(cat "$st"))" >&2
         rm -f "$tmp/$name".*
         continue

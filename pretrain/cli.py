@@ -147,7 +147,12 @@ def cmd_data_inspect(args) -> int:
         )
         from pretrain.evaluation.inspect import shards_to_rebuild
 
-        for stale in shards_to_rebuild(cfg):  # reported as they are; a run would train on others
+        try:
+            rebuilt = shards_to_rebuild(cfg)
+        except UserError as err:  # the corpus moved or gone: the shards are still there to inspect
+            print(f"warning: cannot tell whether the shards are what a run would build now: {err}", file=sys.stderr)
+            rebuilt = []
+        for stale in rebuilt:  # reported as they are; a run would train on others
             print(
                 f"warning: {stale} is not what `pretrain run` would train on now: its corpus files (or the tokenizer "
                 "or data settings) changed since it was built, and a run would build it again; the figures below "

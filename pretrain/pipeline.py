@@ -124,8 +124,18 @@ def tokenizer_changes(cfg: RunConfig, inputs: bool = True) -> list[tuple[str, ob
 
 
 def _input_changes(then: list, now: list) -> str:
-    """'edited: A; added: B; removed: C' between two `_fingerprints` lists ('' where they are the same)."""
-    old, new = ({path: rest for path, *rest in fps} for fps in (then, now))
+    """'edited: A; added: B; removed: C' between two `_fingerprints` lists; '' where the files are the same by name
+    and size: a `touch`, a copy that did not keep times, a corpus moved with its run are not a change that retrains a
+    tokenizer (an edit of the same size is, rarely, missed)."""
+    import collections
+    import os
+
+    def kept(fps):
+        return collections.Counter((os.path.basename(path), size) for path, size, *_ in fps)
+
+    if kept(then) == kept(now):
+        return ""
+    old, new = ({path: size for path, size, *_ in fps} for fps in (then, now))
     kinds = {
         "edited": [p for p in new if p in old and old[p] != new[p]],
         "added": [p for p in new if p not in old],

@@ -459,6 +459,19 @@ def test_stages_of_other_commits_or_an_unrecorded_card_are_flagged_and_collect_k
     )
     assert "collect: base128 kept from the earlier call" in proc.stderr, proc.stderr
     assert (res / "base128.json").is_file() and "skipped" not in (res / "base128.stage.json").read_text()
+    # a stage an earlier call skipped is not a finished one: a later call's failure (and its log) replaces it
+    (res / "base128.stage.json").write_text(json.dumps(skipped))
+    failed = skipped | {"rc": 1}
+    failed.pop("skipped")
+    (sent / "base128.stage.json").write_text(json.dumps(failed))
+    (sent / "base128.log").write_text("Traceback: it broke\n")
+    with tarfile.open(tmp_path / "call" / "results.tgz", "w:gz") as tar:
+        for name in ("base128.stage.json", "base128.log"):
+            tar.add(sent / name, arcname=name)
+    proc = subprocess.run(
+        ["bash", str(SCRIPT), "collect", str(tmp_path / "call")], env=env, capture_output=True, text=True
+    )
+    assert "kept from the earlier call" not in proc.stderr and "it broke" in (res / "base128.log").read_text()
 
 
 @pytest.mark.parametrize(

@@ -146,3 +146,6 @@ def test_inspect_says_when_a_run_would_build_its_shards_again(tmp_path, capsys):
     assert main(inspect) == 0
     err = capsys.readouterr().err
     assert f"warning: {cfg.shards_dir} is not what `pretrain run` would train on now" in err
+    corpus.rename(tmp_path / "moved.jsonl")  # the corpus gone: the shards are still inspected, and that is said
+    assert main(inspect) == 0
+    assert "warning: cannot tell whether the shards are what a run would build now" in capsys.readouterr().err

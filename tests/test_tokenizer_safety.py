@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import shutil
 from pathlib import Path
 
@@ -491,6 +492,13 @@ def test_a_run_trains_its_tokenizer_again_when_its_corpus_files_change(corpus, t
     assert "corpus files that changed since (edited:" in capsys.readouterr().err and tokenizer_hash(out) != first
     (data / "b.jsonl").write_text(text[0] + "\n")
     assert _tokenizer_settings_changed(config()) == [f"corpus files that changed since (added: {data / 'b.jsonl'})"]
+    (data / "b.jsonl").unlink()
+    # a touch, or the corpus moved (a copy that kept no times): the same files by name and size, no retraining
+    os.utime(data / "a.jsonl", (1, 1))
+    assert _tokenizer_settings_changed(config()) == []
+    moved = tmp_path / "moved"
+    shutil.copytree(data, moved)
+    assert _tokenizer_settings_changed(load_config("tiny", [*base, f"data.corpus=[{moved}]"])) == []
 
     def mixed(weight, sample_docs=0):
         sources = f"data.sources=[{{name: a, corpus: [{data}], weight: {weight}}}]"

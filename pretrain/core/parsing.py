@@ -358,7 +358,8 @@ def merge_base(block: dict, path: Path, replace: tuple[str, ...] = (), _chain: t
         try:
             base_path = resolve_preset(base, paths=Path(base).is_absolute())
         except ConfigError as err:
-            raise ConfigError(f"{path}: base: {err}") from None
+            beside = "" if Path(base).is_absolute() else f" (a relative base is read beside its file: {base_path})"
+            raise ConfigError(f"{path}: base: {err}{beside}") from None
     return deep_merge(load_yaml_with_base(base_path, replace, _chain), block, replace=replace)
 
 
