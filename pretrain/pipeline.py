@@ -262,7 +262,8 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
     out = cfg.shards_dir
     tmp = out / ".rebuild"  # inside: on the same file system as the shards, a symlinked data.shards included
     shutil.rmtree(tmp, ignore_errors=True)  # a rebuild a crash left: only ever ours, by this name
-    before = (read_json(out / "manifest.json") or {}).get("settings", {})
+    previous = read_json(out / "manifest.json") or {}
+    before = previous.get("settings", {})
     say(f"shards: the corpus or the shards' settings changed since {checkpoint.name}; building beside, in {tmp}")
     try:
         manifest = build_shards(paths, cfg.tokenizer_dir, tmp, num_workers=cfg.data.num_workers, **settings)
@@ -279,6 +280,12 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
             if k in before and before[k] != v
         ]
         why = f" The shards' settings changed: {', '.join(changed)}; put them back to resume." if changed else ""
+        if not changed and _only_words_differ(previous, manifest):
+            why = (
+                " The corpus gives the same tokens as before: only the whole-word boundaries differ, cut by an "
+                "earlier version (this one cuts CJK text and combining marks into words as BERT does); add "
+                "train.allow_changes=[data] to go on with them."
+            )
         raise UserError(
             f"cannot resume {checkpoint}: the corpus ({', '.join(cfg.data.corpus)}) no longer gives the data this "
             f"run trained on (shard content {now[:12]}... now, {then[:12]}... in the checkpoint).{why} The run "
@@ -287,6 +294,17 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
         )
     _swap_in(tmp, out)
     return manifest
+
+
+def _only_words_differ(old: dict, new: dict) -> bool:
+    """Whether two shard manifests hold the same files (tokens, documents, sentences) but for the word starts."""
+
+    def files(manifest: dict) -> list:
+        return [
+            {k: v for k, v in s["sha256"].items() if not k.endswith(".words.bin")} for s in manifest.get("shards", [])
+        ]
+
+    return bool(old.get("shards")) and files(old) == files(new)
 
 
 def _swap_in(new: Path, out: Path) -> None:

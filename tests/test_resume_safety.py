@@ -232,3 +232,17 @@ def test_the_note_of_a_gone_init_from_is_said_by_rank_0_only(corpus, tmp_path, m
         said[rank] = capsys.readouterr().err
         assert cfg.data.tokenizer == str(tmp_path / "r" / "tokenizer")  # resolved alike on each rank
     assert "is gone: resuming" in said["0"] and "is gone" not in said["1"]
+
+
+def test_shards_that_differ_only_in_their_word_starts_are_named_so():
+    """Rebuilt shards of an unchanged corpus with CJK text or combining marks hold other word starts than an earlier
+    version's (whole-word masking's words cut as BERT's since): the resume's refusal said the corpus changed."""
+    from pretrain.pipeline import _only_words_differ
+
+    def manifest(words: str, tokens: str = "t") -> dict:
+        sha = {"shard_00000.tokens.bin": tokens, "shard_00000.docs.npy": "d", "shard_00000.words.bin": words}
+        return {"shards": [{"name": "shard_00000", "sha256": sha}]}
+
+    assert _only_words_differ(manifest("old"), manifest("new"))
+    assert not _only_words_differ(manifest("old"), manifest("new", tokens="other"))
+    assert not _only_words_differ({}, manifest("new"))  # no earlier manifest: nothing to tell
