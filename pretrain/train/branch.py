@@ -179,8 +179,8 @@ def _unfinished_branch_of(source: Path, steps: int) -> tuple[Path, Path] | None:
     if not (source / "checkpoints").is_dir():
         return None  # a checkpoint named: its branch is named by its step
     real = str(source.resolve())
-    for run_dir in sorted(source.parent.iterdir()):
-        made = _read_branch(run_dir) if run_dir.is_dir() and run_dir != source else None
+    branches = [(d, _read_branch(d)) for d in source.parent.iterdir() if d.is_dir() and d != source]
+    for run_dir, made in sorted(branches, key=lambda b: -(b[1] or {}).get("step", -1)):  # the newest first
         if not made or made["source"] != real or made["decay_steps"] != steps:
             continue
         latest = ckpt.latest_checkpoint(run_dir / "checkpoints")
