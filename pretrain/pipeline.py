@@ -9,6 +9,7 @@ from pathlib import Path
 from pretrain.core.config import RunConfig
 from pretrain.core.parsing import to_dict
 from pretrain.train.checkpoint import latest_checkpoint
+from pretrain.train.fingerprint import TOKENIZER_SETTINGS
 from pretrain.train.setup import load_checkpoint_model
 
 
@@ -24,7 +25,7 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
     out = cfg.tokenizer_dir
     d = cfg.data
     if d.tokenizer and (out / "tokenizer.json").is_file():  # the user's, used as it is: what it holds decides
-        kept = [(k, v, now) for k, v, now in tokenizer_changes(cfg, inputs=False) if k in TOKENIZER_DEFINED]
+        kept = [(k, v, now) for k, v, now in tokenizer_changes(cfg, inputs=False) if k in TOKENIZER_SETTINGS]
         if kept:
             said = ", ".join(f"{k}={v}" for k, v, _ in kept)
             given = ", ".join(f"data.{k}={now}" for k, _, now in kept)
@@ -64,8 +65,6 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
 
 
 INPUTS = "input_files"  # the key of a tokenizer's training inputs in its training_settings.json
-# What a named tokenizer (data.tokenizer) decides whatever the config's data section gives
-TOKENIZER_DEFINED = ("tokenizer_type", "vocab_size", "lowercase", "strip_accents")
 
 
 def _tokenizer_inputs(d) -> tuple[list | None, list]:
