@@ -113,6 +113,70 @@ def test_throughput_leaves_out_the_flops_probe(tmp_path, monkeypatch):
         previous = record["tokens"]
 
 
+@pytest.mark.slow
+def test_a_log_interval_across_a_phase_change_counts_each_step_at_its_own_flops(tmp_path):
+    """A line whose interval spans a phase change (64 -> 32 tokens at step 3: step 3 at 64, step 4 at 32) counts
+    each step's samples at its own phase's FLOPs: at the new phase's count for all of them, TFLOP/s and MFU were
+    off by the ratio of the phases' FLOPs per sample (1.7x for a phase that doubles the length)."""
+    from helpers import run_cli, small_corpus
+
+    from pretrain.train.metrics import read_metrics
+
+    corpus = small_corpus(tmp_path)
+    args = [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=512"]
+    args += ["model.num_layers=1", "train.max_steps=6", "train.log_every=2", "train.save_every=0"]
+    run_cli("run", "tiny", "--no-demo", *args, "schedule.phases=[{start: 3, max_seq_len: 32}]", cwd=tmp_path)
+    records = read_metrics(tmp_path / "r")
+    assert [(r["step"], r["max_seq_len"]) for r in records] == [(2, 64), (4, 32), (6, 32)]
+    # FLOPs per token: TFLOP/s over tokens/s, one interval's time on both sides. The spanning line lies between
+    # the phases' own (longer rows cost more per token: attention), nearer neither than its tokens say
+    per_token = [r["tflops"] * 1e12 / r["tokens_per_s"] for r in records]
+    long, mixed, short = per_token
+    assert short < long
+    tokens = 64 * 8, 32 * 8  # step 3's tokens (micro-batch 8 at 64), step 4's (at 32)
+    assert mixed == pytest.approx((long * tokens[0] + short * tokens[1]) / sum(tokens), rel=2e-3)
+
+
+PROBE_POSITIONS = """
+import os
+import sys
+
+from pretrain.train import flops
+
+counted = flops.count_step_flops
+
+
+def recorded(fn):  # called by the trainer's FLOPs probe: its phase and position are the caller's
+    probe = sys._getframe(1).f_locals
+    with open(os.environ["PROBE_LOG"], "a") as f:
+        f.write(f"{probe['dataset'].phase} {probe['position']}\\n")
+    return counted(fn)
+
+
+flops.count_step_flops = recorded  # imported with the objectives, before the trainer takes the name
+"""
+
+
+@pytest.mark.slow
+def test_each_phase_probes_its_flops_where_its_own_stream_starts(tmp_path, monkeypatch):
+    """A phase's samples are a stream of their own from position 0; its FLOPs probe read them at the run's total
+    (16 after two steps of 8), building an epoch order its loader never used, on a resume in a later epoch too."""
+    from helpers import run_cli, small_corpus
+
+    from objectives.base import PLUGINS_ENV
+
+    (tmp_path / "probe_positions.py").write_text(PROBE_POSITIONS)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(PLUGINS_ENV, "probe_positions")
+    monkeypatch.setenv("PROBE_LOG", str(tmp_path / "probes.txt"))
+    corpus = small_corpus(tmp_path)
+    args = [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=512"]
+    args += ["model.num_layers=1", "train.max_steps=5", "train.save_every=1", "schedule.phases=[{start: 2}]"]
+    run_cli("run", "tiny", "--no-demo", *args, "train.exit_after_steps=3", cwd=tmp_path, rc=None)
+    run_cli("train", "tiny", *args, cwd=tmp_path)  # resumed at step 3: one step into phase 1
+    assert (tmp_path / "probes.txt").read_text().splitlines() == ["0 0", "1 0", "1 8"]
+
+
 SLOW_LOADER = """
 import time
 

@@ -81,10 +81,8 @@ def device_description() -> str:
     return f"CPU: {model} ({cores} cores)"
 
 
-def throughput_metrics(
-    flops_per_sample: float, samples_per_s: float, world_size: int, peak_tflops: float | None
-) -> dict[str, float]:
-    achieved = flops_per_sample * samples_per_s / 1e12  # TFLOP/s over all ranks
+def throughput_metrics(flops_per_s: float, world_size: int, peak_tflops: float | None) -> dict[str, float]:
+    achieved = flops_per_s / 1e12  # TFLOP/s over all ranks
     out = {"tflops": float(f"{achieved / world_size:.4g}")}  # per device, as MFU is
     if peak_tflops:
         out["mfu"] = float(f"{achieved / (world_size * peak_tflops):.4g}")

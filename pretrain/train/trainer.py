@@ -201,6 +201,10 @@ class Interval:
     tokens: int = 0
     started: float = field(default_factory=time.time)
     data_wait: float = 0.0  # seconds this rank's loop waited for its next micro-batches (the loader behind)
+    # model FLOPs of those samples, each at its own phase's count: an interval across a phase change (32 -> 64 tokens)
+    # counted at the new phase's FLOPs per sample overstated TFLOP/s and MFU (1.7x)
+    flops: float = 0.0
+    unpriced: int = 0  # samples an older version's checkpoint carried without their FLOPs: priced when logged
 
 
 @dataclass
@@ -349,7 +353,8 @@ class Trainer:
         a resume inside it), its stream starts at position 0. The model takes the phase's RoPE theta."""
         if self.schedule.active and phase.index != (self.state.phase or 0):
             self.state.phase, self.state.phase_start_samples = phase.index, self.state.consumed_samples
-        dataset = self.data.open(phase, self.state.consumed_samples)
+        position = self.state.consumed_samples - (self.state.phase_start_samples or 0)  # in the phase's own stream
+        dataset = self.data.open(phase, position)
         epoch = f"{len(dataset)} sequences of {phase.max_seq_len} tokens per epoch"
         if isinstance(dataset.builder, MixedSamples):  # each source its own epochs: a small one repeats by weight
             mixed = dataset.builder
@@ -361,7 +366,7 @@ class Trainer:
         self.logger.write(epoch)
         sampler = PhaseBatchSampler(
             self.state.step,
-            self.state.consumed_samples - (self.state.phase_start_samples or 0),
+            position,
             self.schedule.phase_end(phase),
             phase.micro_batch_size,
             functools.partial(self.schedule.global_batch, world=self.world),
@@ -403,6 +408,7 @@ class Trainer:
         self.state.consumed_samples += global_batch
         self.interval.steps += 1
         self.interval.samples += global_batch
+        self.interval.flops += global_batch * self.data.flops_per_sample
         self.logger.advance(1)
 
     def after_step(self, stopping: Stopping) -> bool:
@@ -439,6 +445,7 @@ class Trainer:
         return {
             "steps": self.interval.steps,
             "samples": self.interval.samples,
+            "flops": self.interval.flops,
             "tokens": self.sum_ranks(self.interval.tokens),
             "seconds": time.time() - self.interval.started,
             "data_wait": self.over_ranks(self.interval.data_wait, dist.ReduceOp.MAX),  # the slowest loader's
@@ -452,6 +459,8 @@ class Trainer:
             return
         self.interval = Interval(saved["steps"], saved["samples"], saved["tokens"], time.time() - saved["seconds"])
         self.interval.data_wait = saved.get("data_wait", 0.0)  # a checkpoint of an older version has none
+        self.interval.flops = saved.get("flops", 0.0)
+        self.interval.unpriced = 0 if "flops" in saved else saved["samples"]  # an older version's checkpoint
         self.metrics.restore(saved["sums"], self.engine.device)
 
     def count_skips(self, stopping: Stopping) -> bool:
@@ -491,8 +500,7 @@ class Trainer:
             "time": round(self.state.elapsed_s + time.time() - self.clock, 3),  # training seconds, over resumes
             **(self.schedule.at(self.state.step - 1, self.world) if self.schedule.active else {}),
             **throughput_metrics(
-                self.data.flops_per_sample,
-                self.interval.samples / elapsed,
+                (self.interval.flops + self.interval.unpriced * self.data.flops_per_sample) / elapsed,
                 self.world,
                 device_peak_tflops(self.resolved.precision, self.cfg.train.peak_tflops),
             ),
@@ -553,7 +561,9 @@ class PhaseData:
         self.flops_per_sample = 0.0
 
     def open(self, phase: Phase, position: int) -> PretrainDataset:
-        """The dataset of `phase` (built once per phase); FLOPs are probed on its samples from `position`."""
+        """The dataset of `phase` (built once per phase); FLOPs are probed on its samples from `position`, in the
+        phase's own stream, where its loader starts: the epoch order the probe builds is then the one the loader's
+        workers inherit (from the run's total, a later epoch's: built in vain, 4 bytes a sample, kept all phase)."""
         if self.dataset is None or self.dataset.phase != phase.index:
             cfg = config_at(self.cfg, phase.start)
             samples = build_sample_source(cfg, self.shards, self.tokens, self.objectives)
