@@ -149,3 +149,18 @@ def test_inspect_says_when_a_run_would_build_its_shards_again(tmp_path, capsys):
     corpus.rename(tmp_path / "moved.jsonl")  # the corpus gone: the shards are still inspected, and that is said
     assert main(inspect) == 0
     assert "warning: cannot tell whether the shards are what a run would build now" in capsys.readouterr().err
+
+
+def test_inspect_shows_the_masking_a_schedule_gives_step_0_and_its_first_phase(tmp_path, data_dirs):
+    """The samples shown are those step 0 trains: at a scheduled masking rate (0.4 at step 0; the configured 0.15
+    showed ~9 targets of 64 where the run trained ~26) and at the length of a phase from step 0."""
+    tok_dir, shard_dir = data_dirs
+    args = [f"data.shards={shard_dir}", f"data.tokenizer={tok_dir}", "data.max_seq_len=64", "train.max_steps=100"]
+    ramp = "schedule.values=[{key: objectives.mlm.mask_prob, points: [[0, 0.4], [99, 0.15]]}]"
+    chosen = []
+    for phases in ("schedule.phases=[{start: 0, max_seq_len: 32}]", "schedule.phases=[]"):
+        report = inspect_data(load_config("tiny", [*args, ramp, phases]), tmp_path / "hist.png", num_samples=8)
+        stats = [s["lines"][0].split(", ") for s in report["samples"]]  # "64 tokens, 26 chosen for prediction, ..."
+        chosen += [int(s[1].split()[0]) / int(s[0].split()[0]) for s in stats]
+        assert {int(s[0].split()[0]) for s in stats} == {32 if "32" in phases else 64}
+    assert np.mean(chosen) == pytest.approx(0.4, abs=0.06)

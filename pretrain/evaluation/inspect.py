@@ -194,7 +194,10 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
     from objectives import build_objectives, sample_builder_for
+    from pretrain.core.schedule import Schedule, config_at
     from pretrain.train.setup import build_sample_source
+
+    cfg = config_at(cfg, 0)  # the samples of the run's first phase: a phase from step 0 replaces the base settings
 
     png = Path(out_png) if out_png else cfg.shards_dir.parent / "inspect" / "doc_lengths.png"
     check_histogram_path(png, given=bool(out_png))
@@ -224,7 +227,9 @@ def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int
         builder = build_sample_source(cfg, shards, tokens, objectives)
     else:
         builder = builders.get(run_kind) or build_samples(run_kind, shards, L, tokens, seed)
-    samples = decoded_samples(builder, objectives, seed, num_samples, tokenizer)
+    schedule = Schedule.of(cfg)
+    rates = schedule.objective_values if schedule.values else None
+    samples = decoded_samples(builder, objectives, seed, num_samples, tokenizer, rates)
     return {
         "shards_dir": str(cfg.shards_dir),
         "tokenizer_dir": str(cfg.tokenizer_dir),
@@ -254,12 +259,13 @@ def length_stats(lengths: np.ndarray, max_seq_len: int) -> dict:
     }
 
 
-def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer) -> list[dict]:
+def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer, rates=None) -> list[dict]:
     """The first samples a run would train on, each as built (a segment pair as assembled, with its label) and as
-    its objectives prepared it, decoded."""
+    its objectives prepared it at step 0, decoded: with `rates` (`Schedule.objective_values`), at the rates a
+    schedule gives step 0, not the configured ones (mask_prob 0.15 showed 9 targets where step 0 trained 24)."""
     from data_pipeline.loader import PretrainDataset, sample_rng
 
-    dataset = PretrainDataset(builder, objectives, seed)
+    dataset = PretrainDataset(builder, objectives, seed, rates=rates)
     samples = []
     for position in range(min(num_samples, len(dataset))):
         source, epoch, index = dataset.place(position)
@@ -270,7 +276,7 @@ def decoded_samples(builder, objectives, seed: int, num_samples: int, tokenizer)
                 "position": position,
                 "index": index,
                 "source": None if source is None else builder.names[source],
-                "lines": render_sample(original, dataset[position], tokenizer),
+                "lines": render_sample(original, dataset[(0, position)], tokenizer),
             }
         )
     return samples
