@@ -390,7 +390,8 @@ def eval_args(p):
         EVALUATE,
         "max_seq_len",
         type=non_negative_int,
-        help="tokens per sequence (0 = the model's positions, at most 128)",
+        help="tokens per sequence (0 = the length a run or checkpoint last trained at; for a HuggingFace directory "
+        "its positions, at most 128)",
     )
     add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=positive_int, help="sequences per batch")
     run_reads = "default: as a run or checkpoint target read its own corpus, its data.{}; for an HF directory, {}"

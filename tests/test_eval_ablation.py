@@ -312,6 +312,11 @@ def test_eval_reads_a_held_out_corpus_as_the_run_read_its_own(tmp_path, capsys):
         return json.loads((Path(shards) / "manifest.json").read_text())["counts"]["documents"]
 
     assert documents("--corpus", str(held)) == 4
+    # without --max-seq-len a run is scored at the length it trained at, 64 of its 128 positions (positions 64-127
+    # never had a gradient: at 128 it was scored on untrained embeddings); a HuggingFace directory at its positions
+    for target, length, reading in ((tmp_path / "r", 64, []), (tmp_path / "r" / "hf", 128, ["--text-field", "body"])):
+        assert main(["eval", str(target), "--corpus", str(held), "--max-samples", "1", *reading]) == 0
+        assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["max_seq_len"] == length
     assert documents("--corpus", str(held_txt), "--text-documents", "lines") == 6
     assert documents("--corpus", str(held_txt)) == 1  # paragraphs, as the run reads text: one without blank lines
     assert main(["eval", str(tmp_path / "r"), "--corpus", str(held), "--text-field", "text"]) == 2

@@ -177,6 +177,16 @@ def resolve_shards(
     return out
 
 
+def trained_length(target: Path, limit: int | None) -> int:
+    """The sequence length a run's or checkpoint's last step trained at (under a schedule, its phase's), within the
+    model's positions."""
+    from pretrain.train.checkpoint import resolve_checkpoint
+    from pretrain.train.setup import checkpoint_config
+
+    length = checkpoint_config(resolve_checkpoint(target))[0].data.max_seq_len
+    return min(length, limit) if limit is not None else length
+
+
 @torch.no_grad()
 def evaluate_mlm(
     target: Path,
@@ -190,8 +200,9 @@ def evaluate_mlm(
     text_field: str | None = None,
     text_documents: str | None = None,
 ) -> dict:
-    """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards. max_seq_len 0: the model's
-    positions, at most DEFAULT_SEQ_LEN (a longer one given is refused). text_field, text_documents: how `corpus` is
+    """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards. max_seq_len 0: for a run or
+    checkpoint the length it trained at last, for a HuggingFace directory its positions, at most DEFAULT_SEQ_LEN (a
+    longer one than the positions given is refused). text_field, text_documents: how `corpus` is
     read; None: as a run target read its own corpus (`corpus_reading`)."""
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet
@@ -216,6 +227,8 @@ def evaluate_mlm(
         logits_fn, tokenizer_dir, description, limit = load_target(target)
         if not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
             max_seq_len = min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
+            if not hf_dir:  # at the length it trained at last: at 128, a run of 64 was scored on untrained positions
+                max_seq_len = trained_length(Path(target), limit)
         elif limit is not None and max_seq_len > limit:
             raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
         cache_root = Path(target) if not hf_dir else Path(target).parent
