@@ -213,26 +213,38 @@ def cmd_run(args) -> int:
 
 
 def cmd_export(args) -> int:
-    from pretrain.pipeline import fill_mask_demo, stage_export
+    from pretrain.hf.hub import check_hub_token, push_to_hub
+    from pretrain.hf.sentence_transformers import HUB_FILES
+    from pretrain.pipeline import fill_mask_demo, say, stage_export
 
     fmt = export_format(args)  # before exporting: a refused option must not cost an export
+    if (args.private or args.revision) and not args.push_to_hub:
+        raise UserError("--private and --revision say how --push-to-hub uploads: give --push-to-hub REPO too")
+    hub = {"private": args.private, "revision": args.revision}
+    # a sentence-transformers directory is what goes up, once converted: the transformers export went up before
+    push_converted = args.push_to_hub if fmt == "sentence-transformers" else None
+    token = check_hub_token(push_converted) if push_converted else None  # before anything is exported
     with export_failures_in_one_line():
         out = stage_export(
             Path(args.run_or_checkpoint),
             Path(args.out) if args.out else None,
             verify=not args.no_verify,
             arch=args.arch,
-            push_to_hub=args.push_to_hub,
+            push_to_hub=None if push_converted else args.push_to_hub,
             raw_weights=args.raw_weights,
+            **hub,
         )
     if fmt == "sentence-transformers":
-        _sentence_transformers(out, args)
+        converted = _sentence_transformers(out, args)
+        if push_converted:
+            url = push_to_hub(converted, push_converted, token, HUB_FILES, **hub)
+            say(f"export: uploaded {converted} to {url}")
     if args.demo:
         fill_mask_demo(out)
     return 0
 
 
-def _sentence_transformers(hf_out: Path, args) -> None:
+def _sentence_transformers(hf_out: Path, args) -> Path:
     """`--format sentence-transformers`: the HF export (for ELECTRA its discriminator) laid out for
     SentenceTransformer, truncating at the run's sequence length: in --st-out, else beside the export (a run's hf/
     gets the run's sentence-transformers/)."""
@@ -246,8 +258,9 @@ def _sentence_transformers(hf_out: Path, args) -> None:
     max_len = checkpoint_config(resolve_checkpoint(Path(args.run_or_checkpoint)))[0].data.max_seq_len
     name = "sentence-transformers" if encoder_dir.name == "hf" else f"{encoder_dir.name}-sentence-transformers"
     out = Path(args.st_out) if args.st_out else encoder_dir.parent / name
-    export_sentence_transformers(encoder_dir, out, args.pooling, args.normalize, max_len)
+    out = export_sentence_transformers(encoder_dir, out, args.pooling, args.normalize, max_len)
     say(f"export: {out} (sentence-transformers, {args.pooling} pooling{', normalized' if args.normalize else ''})")
+    return out
 
 
 def cmd_average(args) -> int:

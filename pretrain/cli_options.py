@@ -303,8 +303,19 @@ def export_args(p):
     p.add_argument(
         "--push-to-hub",
         metavar="REPO",
-        help="upload the export to this Hub model repo (created if missing); needs HF_TOKEN or a stored "
-        "`hf auth login` token, checked before anything is exported",
+        help="upload the export (with --format sentence-transformers, that directory) to this Hub model repo "
+        "(created if missing, public unless --private); needs HF_TOKEN or a stored `hf auth login` token, checked "
+        "before anything is exported. Files of an earlier export there that this one does not write are deleted",
+    )
+    p.add_argument(
+        "--private",
+        action="store_true",
+        help="with --push-to-hub: create the repo private (a repo that exists keeps its visibility)",
+    )
+    p.add_argument(
+        "--revision",
+        metavar="BRANCH",
+        help="with --push-to-hub: upload to this branch (created from main if missing) rather than main",
     )
     p.add_argument(
         "--raw-weights",

@@ -436,11 +436,14 @@ def stage_export(
     arch: str | None = None,
     push_to_hub: str | None = None,
     raw_weights: bool = False,
+    private: bool = False,
+    revision: str | None = None,
 ) -> Path:
     """Export the checkpoint to `out` (default <run>/hf, for the run `checkpoint.run_of` finds, however it was
     renamed or copied since training; a checkpoint outside a run needs `out`) as the HF architecture its options
     match (`arch` forces one of the registered architectures, `pretrain.hf.architectures`; see
-    `pretrain.hf.interop.select_architecture`); optionally upload it to the Hub repo `push_to_hub`. The parity
+    `pretrain.hf.interop.select_architecture`); optionally upload it to the Hub repo `push_to_hub` (`private`,
+    on branch `revision`: `pretrain.hf.hub.push_to_hub`). The parity
     check (`verify`) runs on the new export before it replaces the previous one. The checkpoint is read under
     `reading_checkpoints`, so a trainer saving into the run meanwhile does not rotate it away. A run that kept a
     weight EMA exports it, unless `raw_weights`. Returns the directory a fill-mask demo should load: `out`, or
@@ -469,7 +472,7 @@ def stage_export(
         card = export_card(cfg, model, state, run.name if run else cfg.name, history)
         out, demo = export_model(model, tokens, tokenizer_dir, out, card, arch, verify, inputs)
     if push_to_hub:
-        say(f"export: uploaded to {upload(out, push_to_hub, token)}")
+        say(f"export: uploaded to {upload(out, push_to_hub, token, private=private, revision=revision)}")
     return demo
 
 

@@ -499,7 +499,11 @@ def test_push_uploads_the_export_dir(stage_inputs, monkeypatch):
     assert calls[0] == ("init", "hf_test_token")
     upload = dict(calls)["upload_folder"]
     assert upload["repo_id"] == "someone/tiny-roberta" and upload["folder_path"] == str(cfg.hf_dir)
-    assert upload["repo_type"] == "model"
+    assert upload["repo_type"] == "model" and upload["revision"] is None
+    assert dict(calls)["create_repo"]["private"] is None  # the Hub's default: public
+    # files of ours this export does not write (an earlier ELECTRA export's generator/) go in the same commit
+    assert "generator/config.json" in upload["delete_patterns"]
+    assert upload["delete_patterns"] == upload["allow_patterns"]
     assert json.loads((cfg.hf_dir / "config.json").read_text())["architectures"] == ["RobertaForMaskedLM"]
 
 

@@ -227,6 +227,42 @@ def test_export_format_flag_through_the_cli(tmp_path):
     with torch.no_grad():
         cls = hf(**batch).last_hidden_state[:, 0]
     torch.testing.assert_close(torch.from_numpy(model.encode(SENTENCES[:2])), cls, rtol=1e-4, atol=1e-5)
+    push_the_converted_directory(tmp_path / "r", st_dir)
+
+
+def push_the_converted_directory(run, st_dir):
+    """--push-to-hub with --format sentence-transformers uploads the converted directory (it uploaded the
+    transformers export, before converting), its files only, private and on a branch where asked."""
+    import huggingface_hub
+    from huggingface_hub.utils import filter_repo_objects
+
+    from pretrain.cli import main
+
+    calls = []
+
+    class FakeApi:
+        def __init__(self, token=None):
+            pass
+
+        def __getattr__(self, name):  # create_repo, create_branch, upload_folder
+            return lambda **kwargs: calls.append((name, kwargs))
+
+    (st_dir / "notes.txt").write_text("mine")
+    (st_dir / "1_Pooling" / "draft.json").write_text("{}")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("HF_TOKEN", "hf_test_token")
+        patch.setattr(huggingface_hub, "HfApi", FakeApi)
+        args = ["--format", "sentence-transformers", "--normalize", "--push-to-hub", "me/st", "--private"]
+        assert main(["export", str(run), *args, "--revision", "v1"]) == 0
+    calls = dict(calls)
+    assert calls["create_repo"]["private"] is True and calls["create_branch"]["branch"] == "v1"
+    upload = calls["upload_folder"]
+    assert upload["folder_path"] == str(st_dir) and upload["revision"] == "v1"
+    present = sorted(str(p.relative_to(st_dir)) for p in st_dir.rglob("*") if p.is_file())
+    sent = list(filter_repo_objects(present, allow_patterns=upload["allow_patterns"]))
+    assert {"modules.json", "1_Pooling/config.json", "sentence_bert_config.json", "model.safetensors"} <= set(sent)
+    assert "notes.txt" not in sent and "1_Pooling/draft.json" not in sent
+    assert upload["delete_patterns"] == upload["allow_patterns"]  # ours only: a file of the user's there stays
 
 
 @pytest.mark.slow

@@ -36,24 +36,40 @@ def check_hub_token(repo_id: str) -> str:
     return token
 
 
-def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> str:
-    """Upload an export directory to the model repo `repo_id` (created if missing); returns its URL. Only the files
-    the export wrote go up: what the user keeps beside them in the directory (notes, a fine-tuned model) stays."""
+def push_to_hub(
+    folder: str | Path,
+    repo_id: str,
+    token: str | None = None,
+    files: list[str] | None = None,
+    private: bool = False,
+    revision: str | None = None,
+) -> str:
+    """Upload an export directory to the model repo `repo_id` (created if missing, `private` where asked; a repo
+    that exists keeps its visibility) on branch `revision` (created from main if missing; default main); returns
+    its URL. Only `files`, the exact paths the export wrote (default: a transformers export's), go up: what the user
+    keeps beside them in the directory (notes, a fine-tuned model) stays. Files of ours in the repo that this export
+    no longer writes (an earlier ELECTRA export's generator/) are deleted in the same commit: the repo holds this
+    export, not a mix of two; the user's own files there are left alone."""
     import huggingface_hub
 
     from pretrain.hf.export import EXPORT_ENTRIES, check_model_dir
 
     check_model_dir(folder)
     token = token or check_hub_token(repo_id)
+    files = files if files is not None else upload_patterns(EXPORT_ENTRIES)
     api = huggingface_hub.HfApi(token=token)
     try:
-        api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True)
+        api.create_repo(repo_id=repo_id, repo_type="model", exist_ok=True, private=private or None)
+        if revision:
+            api.create_branch(repo_id=repo_id, branch=revision, repo_type="model", exist_ok=True)
         api.upload_folder(
             repo_id=repo_id,
             folder_path=str(folder),
             repo_type="model",
-            allow_patterns=upload_patterns(EXPORT_ENTRIES),
+            revision=revision,
+            allow_patterns=files,
             ignore_patterns=[f"**/{MARKER}", MARKER],
+            delete_patterns=files,
             commit_message=f"Upload {Path(folder).name} exported by pretrain",
         )
     except _upload_errors() as err:  # offline, refused, network down: the export is done, and stays
@@ -62,14 +78,16 @@ def push_to_hub(folder: str | Path, repo_id: str, token: str | None = None) -> s
             f"--push-to-hub {repo_id}: the upload failed ({type(err).__name__}: {reason}); the export is kept at "
             f"{folder}: run the same command again to retry"
         ) from None
-    return f"https://huggingface.co/{repo_id}"
+    return f"https://huggingface.co/{repo_id}" + (f"/tree/{revision}" if revision else "")
 
 
-def upload_patterns(entries: frozenset[str]) -> list[str]:
+def upload_patterns(entries: frozenset[str], subdirs: dict[str, list[str]] | None = None) -> list[str]:
     """The exact paths an export writes, for the Hub client's fnmatch (where `*` crosses '/'): each file entry at the
-    top and, for ELECTRA, in generator/. No wildcard: 'generator/*' took the user's notes kept in generator/ too."""
-    files = sorted(entries - {MARKER, "generator"})
-    return [*files, *(f"generator/{name}" for name in files)]
+    top and each directory entry's own files (default: ELECTRA's generator/, which holds the top's file names). No
+    wildcard: 'generator/*' took the user's notes kept in generator/ too."""
+    files = sorted(entries - {MARKER, "generator"} - set(subdirs or {}))
+    subdirs = {"generator": files} if subdirs is None else subdirs
+    return [*files, *(f"{folder}/{name}" for folder, names in subdirs.items() for name in names)]
 
 
 def _upload_errors() -> tuple[type[BaseException], ...]:

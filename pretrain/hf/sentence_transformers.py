@@ -28,6 +28,7 @@ from data_pipeline.tokenizer import TOKENIZER_FILES
 from pretrain.core.errors import UserError
 from pretrain.core.outputs import MARKER
 from pretrain.hf.export import check_model_dir, position_limit, replace_output
+from pretrain.hf.hub import upload_patterns
 
 POOLINGS = ("mean", "cls")
 KIND = "sentence-transformers"  # the output kind in pretrain.core.outputs
@@ -46,6 +47,8 @@ ENTRIES = frozenset(
         MARKER,
     }
 )
+# The exact files a conversion writes, as `pretrain export --push-to-hub` uploads them (2_Normalize holds none)
+HUB_FILES = upload_patterns(ENTRIES, {"1_Pooling": ["config.json"], "2_Normalize": []})
 
 # Module class references as saved models name them; sentence-transformers >= 6 maps these to its new locations.
 _MODULES = {
@@ -122,8 +125,9 @@ def model_card(
         f"A pretrained {config.get('model_type', 'encoder')} encoder packaged for sentence-transformers: each text's "
         f"embedding is {pooled} of the last layer" + (", scaled to unit length." if normalize else "."),
         "",
-        "It was pretrained with token-level objectives only and not fine-tuned on sentence pairs, so its embeddings "
-        "are a starting point for fine-tuning (or for probes) rather than a tuned similarity model.",
+        "It was pretrained (its objectives: the card of the export it was converted from) and not fine-tuned for "
+        "similarity, so its embeddings are a starting point for fine-tuning (or for probes) rather than a tuned "
+        "similarity model.",
         "",
         "## Model",
         "",
