@@ -129,7 +129,7 @@ def test_compiled_fp8_matches_eager_fp8(monkeypatch):
 
 def test_a_gpu_without_fp8_kernels_is_named_and_the_run_refused_before_it_writes(monkeypatch, tmp_path):
     from pretrain.core.errors import ConfigError
-    from pretrain.train.setup import check_fp8, load_config
+    from pretrain.train.setup import check_precision, load_config
 
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
@@ -145,8 +145,26 @@ def test_a_gpu_without_fp8_kernels_is_named_and_the_run_refused_before_it_writes
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
     with pytest.raises(ConfigError, match=r"train.precision=fp8: NVIDIA A100-SXM4-80GB has compute capability 8.6;"):
-        check_fp8(load_config("tiny", ["train.precision=fp8"]))
-    check_fp8(load_config("tiny", ["train.precision=bf16"]))  # other precisions: nothing to check
+        check_precision(load_config("tiny", ["train.precision=fp8"]), "bf16")
+    check_precision(load_config("tiny", ["train.precision=bf16"]), "bf16")  # other precisions: nothing to check
+
+
+def test_fp16_where_deepspeed_has_none_is_refused_by_name(monkeypatch):
+    """DeepSpeed refuses fp16 on a CPU without oneDNN's fp16 kernels: that was its 36-line traceback, after the run
+    had written config.yaml; now a ConfigError before anything is written (`Trainer.start` checks first)."""
+    from deepspeed.accelerator import get_accelerator
+
+    from pretrain.core.errors import ConfigError
+    from pretrain.train.setup import check_precision, load_config
+
+    accelerator = get_accelerator()
+    cfg = load_config("tiny", ["train.precision=fp16"])
+    monkeypatch.setattr(type(accelerator), "is_fp16_supported", lambda self: False)
+    with pytest.raises(ConfigError, match=r"train.precision=fp16: DeepSpeed has no fp16 on this .*precision=bf16"):
+        check_precision(cfg, "fp16")
+    check_precision(load_config("tiny", ["train.precision=bf16"]), "bf16")
+    monkeypatch.setattr(type(accelerator), "is_fp16_supported", lambda self: True)
+    check_precision(cfg, "fp16")
 
 
 @pytest.mark.slow  # the CPU's reference fp8 kernel: ~20 s

@@ -200,13 +200,22 @@ def compile_for_this_machine(cfg: RunConfig, world: int = 1) -> RunConfig:
     return cfg if model == cfg.model else replace(cfg, model=model)
 
 
-def check_fp8(cfg: RunConfig) -> None:
-    """train.precision=fp8 on a device without fp8 kernels: a ConfigError, raised before the run writes anything."""
-    if cfg.train.precision != "fp8":
-        return
-    problem = float8_problem(local_device())
-    if problem:
-        raise ConfigError(f"train.precision=fp8: {problem}; train with train.precision=bf16 on this machine")
+def check_precision(cfg: RunConfig, precision: str) -> None:
+    """train.precision=fp8 on a device without fp8 kernels, or fp16 (`precision`, resolved) where DeepSpeed has no
+    fp16 (a CPU without oneDNN's fp16 kernels): a ConfigError, raised before the run writes anything, not
+    DeepSpeed's traceback after it wrote config.yaml."""
+    if cfg.train.precision == "fp8":
+        problem = float8_problem(local_device())
+        if problem:
+            raise ConfigError(f"train.precision=fp8: {problem}; train with train.precision=bf16 on this machine")
+    if precision == "fp16":
+        from deepspeed.accelerator import get_accelerator
+
+        if not get_accelerator().is_fp16_supported():
+            raise ConfigError(
+                f"train.precision=fp16: DeepSpeed has no fp16 on this {get_accelerator().device_name()} device; "
+                "train with train.precision=bf16 (or fp32) on this machine"
+            )
 
 
 def build_sample_source(cfg: RunConfig, shards: ShardSet, tokens: SpecialTokens, objectives: list):

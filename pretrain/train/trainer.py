@@ -55,7 +55,7 @@ from pretrain.train.setup import (
     ResolvedRun,
     build_model,
     build_sample_source,
-    check_fp8,
+    check_precision,
     compile_for_this_machine,
     config_from_dict,
     model_config_for,
@@ -251,7 +251,7 @@ class Trainer:
         )
         schedule = Schedule.of(cfg)
         schedule.check_split(world, t.max_steps)
-        check_fp8(cfg)
+        check_precision(cfg, run.precision)
         if latest is not None:
             saved = TrainState.load(latest)
             check_resume(
@@ -465,10 +465,9 @@ class Trainer:
 
     def count_skips(self, stopping: Stopping) -> bool:
         """Fold the steps skipped (non-finite gradients) since the last call into the state; True when
-        train.nan_policy says stop. fp16's loss-scale overflows are routine and not counted."""
+        train.nan_policy says stop. fp16's loss-scale overflows are routine and not counted, but at its lowest scale
+        (`Engine.step`)."""
         flags = self.engine.take_skip_flags()
-        if self.engine.precision == "fp16":
-            return False
         new, stop = stopping.count_skips(flags)
         if new:
             self.logger.write(
