@@ -41,6 +41,9 @@ def optimizer_unwrapped(precision: str, zero_stage: int) -> bool:
     return zero_stage == 0 and precision in ("fp32", BF16_AUTOCAST)
 
 
+MIN_LOSS_SCALE = 1.0  # fp16's dynamic loss scale goes no lower
+
+
 def deepspeed_config(run: ResolvedRun) -> dict:
     t, precision = run.cfg.train, run.precision
     ds = {
@@ -76,7 +79,7 @@ def deepspeed_config(run: ResolvedRun) -> dict:
             "initial_scale_power": 16,
             "loss_scale_window": 1000,
             "hysteresis": 2,
-            "min_loss_scale": 1,
+            "min_loss_scale": MIN_LOSS_SCALE,
         }
     return ds
 
@@ -121,11 +124,14 @@ class Engine:
         """engine.step(): the optimizer steps at the end of the accumulation (DeepSpeed knows when)."""
         boundary = self.ds.is_gradient_accumulation_boundary()
         # counted around this step, not since the engine was built: loading a checkpoint restores DeepSpeed's count
-        before = self.ds.skipped_steps
+        before, scale = self.ds.skipped_steps, self.loss_scale()  # fp16: the scale this step ran at (a host float)
         self.ds.step()
         if boundary and not self.guarded:  # DeepSpeed's wrappers decided on the host already: note it
             skipped = self.ds.skipped_steps > before
-            self.skip_flags.append(skipped)
+            # fp16 skips an overflow to lower its loss scale, routinely; at the lowest scale nothing is left to lower:
+            # the gradients are non-finite as they are, a skip as under any precision (a run skipping every step
+            # there trained nothing, logged skipped_steps 0 and ignored train.nan_policy)
+            self.skip_flags.append(skipped and (scale is None or scale <= MIN_LOSS_SCALE))
             if skipped and self.ds.lr_scheduler is not None:
                 # DeepSpeed holds its schedule back on a skipped step; ours is a function of the step, which a skip
                 # counts (as the data, the schedule's values and the guarded optimizer of ZeRO-0 count it)
