@@ -2,7 +2,11 @@
 # in a process group of its own, so that a terminal's ^C reaches the calling script alone; forwards SIGTERM and
 # SIGINT to the processes `ranks_of LAUNCHER_PID` prints (the sourcing script defines it: the ranks, which finish
 # their step, save a checkpoint and exit 75), or to the launcher itself until they exist, and before it is started
-# ends the script; and exits with the launcher's status.
+# ends the script; and exits with the launcher's status. `free_port` prints a port free on this host now: the
+# rendezvous of a one-node launch, where a fixed 29500 made a second job on the node fail with EADDRINUSE.
+free_port() {
+  python -c 'import socket; s = socket.socket(); s.bind(("", 0)); print(s.getsockname()[1])'
+}
 forward() {
   local targets=
   [ -n "${!:-}" ] || exit $((128 + $(kill -l "$1")))

@@ -12,5 +12,5 @@ nproc_per_node=${1:?usage: $0 NUM_PROCS CONFIG [key=value ...]}; shift
 if ! command -v nvidia-smi >/dev/null 2>&1; then export DS_ACCELERATOR=${DS_ACCELERATOR:-cpu}; fi
 source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"
 ranks_of() { deepspeed_ranks "$1"; }
-run_forwarding deepspeed --num_gpus "$nproc_per_node" --master_port "${MASTER_PORT:-29500}" \
+run_forwarding deepspeed --num_gpus "$nproc_per_node" --master_port "${MASTER_PORT:-$(free_port)}" \
   --module pretrain.cli run "$@" --no-demo

@@ -33,5 +33,8 @@ source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"
 # torchrun starts each worker in a session of its own; signalled itself, it kills them 30 s later, maybe during the
 # checkpoint, and ends in a SignalException: the signal goes to the workers
 ranks_of() { pgrep -d' ' -P "$1" || true; }
+# one node: a port free here (two jobs on a node each take one); several: the same everywhere, 29500 unless set
+port=${MASTER_PORT:-29500}
+if [ "$nnodes" = 1 ] && [ -z "${MASTER_PORT:-}" ]; then port=$(free_port); fi
 run_forwarding torchrun --nproc_per_node "$nproc_per_node" --nnodes "$nnodes" --node_rank "${NODE_RANK:-0}" \
-  --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "${MASTER_PORT:-29500}" -m pretrain.cli "$command" "$@"
+  --master_addr "${MASTER_ADDR:-127.0.0.1}" --master_port "$port" -m pretrain.cli "$command" "$@"

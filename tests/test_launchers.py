@@ -163,9 +163,10 @@ def _srun_saw(log: Path) -> dict[str, str]:
 
 
 def test_slurm_master_addr_defaults_to_the_first_node_and_a_users_is_kept(tmp_path):
-    proc, log = _sbatch(tmp_path, SCONTROL)
+    proc, log = _sbatch(tmp_path, SCONTROL, SLURM_JOB_ID=123456)
     assert proc.returncode == 0, proc.stderr
     assert _srun_saw(log)["MASTER_ADDR"] == "node1"
+    assert _srun_saw(log)["MASTER_PORT"] == "23456"  # the job's own: two jobs sharing node 0 took 29500 both
     assert log.read_text().splitlines()[3:] == ["--kill-on-bad-exit=1", "python", "-m", "pretrain.cli", "train", "tiny"]
 
     proc, log = _sbatch(tmp_path, SCONTROL, MASTER_ADDR="node1-ib", MASTER_PORT=29600)
@@ -192,6 +193,36 @@ def test_slurm_srun_gets_the_jobs_cpus_per_task(tmp_path):
     assert _srun_saw(log)["SRUN_CPUS_PER_TASK"] == "unset"
 
 
+@pytest.mark.parametrize(
+    "slurm, joins",
+    [
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_LOCALID": "0"}, False),  # the batch script itself
+        ({"SLURM_PROCID": "0", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "1"}, False),  # srun -n1
+        ({"SLURM_PROCID": "1", "SLURM_NTASKS": "4", "SLURM_STEP_NUM_TASKS": "2", "SLURM_LOCALID": "1"}, True),
+    ],
+)
+def test_only_a_task_of_an_srun_step_of_several_joins_slurms_world(monkeypatch, slurm, joins):
+    """Slurm sets SLURM_PROCID and SLURM_NTASKS in the batch script and in a one-task step too: taken for rank 0 of
+    4 there, `pretrain train` looked for MPI (no mpi4py: a traceback) or waited for 3 ranks that never came."""
+    from pretrain.core.errors import UserError
+    from pretrain.train import distributed
+
+    for name in [*distributed.LAUNCHER_VARS, "SLURM_NTASKS"]:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in slurm.items():
+        monkeypatch.setenv(name, value)
+    if joins:
+        with pytest.raises(UserError, match="an srun step of 2 tasks needs MASTER_ADDR and MASTER_PORT"):
+            distributed._ranks_from_srun()
+        monkeypatch.setenv("MASTER_ADDR", "node1")
+        monkeypatch.setenv("MASTER_PORT", "29600")
+    distributed._ranks_from_srun()
+    ranks = {k: os.environ.get(k) for k in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    assert ranks == ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"} if joins else dict.fromkeys(ranks))
+    # a child run of its own (an ablation's arm) inherits none of it
+    assert not {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"} & set(distributed.single_process_env())
+
+
 # ----------------------------------------------------------------------------------------------
 # What a launcher runs on one node
 
@@ -214,7 +245,7 @@ def test_torchrun_on_one_node_runs_every_stage_as_single_node_does(data):
     ]
     proc = subprocess.run(
         list(map(str, cmd)),
-        env=env_for(MASTER_PORT=_port()),
+        env=env_for(),  # no MASTER_PORT: one node takes a port free there (launch/forward_signals.sh, free_port)
         cwd=data,
         capture_output=True,
         text=True,
@@ -301,7 +332,7 @@ def test_single_node_sigterm_reaches_the_ranks_which_save_and_exit_75(data):
     orphans with nothing saved."""
     run_dir = data / "single-term"
     cmd = [LAUNCH / "single_node.sh", 2, *train_args(data, run_dir.name)]
-    status, said = stop_mid_run(cmd, env_for(MASTER_PORT=_port()), data, run_dir, signal.SIGTERM)
+    status, said = stop_mid_run(cmd, env_for(), data, run_dir, signal.SIGTERM)  # its port: one free here
     assert status == EXIT_PREEMPTED, said[-3000:]
     assert_saved(run_dir, said)
 

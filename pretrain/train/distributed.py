@@ -13,6 +13,7 @@ from pretrain.core.provenance import SOURCE_ROOT
 LAUNCHER_VARS = (
     *("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT"),
     *("GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK", "ROLE_WORLD_SIZE", "ROLE_NAME"),
+    *("SLURM_PROCID", "SLURM_LOCALID", "SLURM_STEP_NUM_TASKS"),  # what makes `init_distributed` join srun's world
 )
 
 
@@ -97,6 +98,27 @@ def single_process_env(**extra: str) -> dict[str, str]:
     return env | extra
 
 
+def _ranks_from_srun() -> None:
+    """The rank variables of a task of an srun step of several tasks (srun without a launcher: launch/slurm.sbatch).
+    Slurm also sets SLURM_PROCID and SLURM_NTASKS in the batch script itself and in a one-task step, where this
+    process is a world of its own: taken for rank 0 of the job's tasks it looked for MPI, or waited for the others
+    until the collective timeout."""
+    from pretrain.core.errors import UserError
+
+    tasks = os.environ.get("SLURM_STEP_NUM_TASKS", "")
+    if "SLURM_PROCID" not in os.environ or not tasks.isdigit() or int(tasks) < 2:
+        return
+    missing = [name for name in ("MASTER_ADDR", "MASTER_PORT") if not os.environ.get(name)]
+    if missing:
+        raise UserError(
+            f"an srun step of {tasks} tasks needs {' and '.join(missing)}: the address of the step's first node and a "
+            "free port every task reaches (launch/slurm.sbatch sets both)"
+        )
+    os.environ["RANK"] = os.environ["SLURM_PROCID"]
+    os.environ["WORLD_SIZE"] = tasks
+    os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+
+
 def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     """Join (or, for a plain single process, create) the process group; returns (rank, world_size).
 
@@ -106,10 +128,8 @@ def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     """
     if not has_cuda():
         os.environ.setdefault("DS_ACCELERATOR", "cpu")
-    if "RANK" not in os.environ and "SLURM_PROCID" in os.environ:  # srun without a launcher
-        os.environ["RANK"] = os.environ["SLURM_PROCID"]
-        os.environ["WORLD_SIZE"] = os.environ["SLURM_NTASKS"]
-        os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
+    if "RANK" not in os.environ:
+        _ranks_from_srun()
     if "RANK" not in os.environ:
         os.environ.update(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", LOCAL_SIZE="1")
         os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -121,7 +141,8 @@ def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     if has_cuda():  # before the group: NCCL's first collectives (the barriers below) run on the current device
         import torch
 
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        # modulo the GPUs this process sees: srun --gpus-per-task shows each task one, as device 0
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if not dist.is_initialized():
         timeout = timedelta(minutes=timeout_minutes)
         # Groups made later (DeepSpeed's, our control group) take torch's module default, not the first group's
