@@ -256,3 +256,40 @@ def rank0_alone(
     if not done:
         raise UserError(f"rank 0 could not {what} (its message says why)")
     return None
+
+
+def check_shared_directory(path, what: str) -> None:
+    """Collective: every rank sees the directory rank 0 writes to as `path`. Rank 0 writes a token there that each
+    rank reads back; a rank that reads another (or none) is on storage of its own, a node-local disk where the
+    path should be on one every node mounts. Unchecked, each rank resumed from its own disk's checkpoints (one from
+    step N, one from step 0), their gradients were averaged, and rank 0's checkpoints lacked the others' shards,
+    with the run reported complete."""
+    import uuid
+    from pathlib import Path
+
+    import torch.distributed as dist
+
+    from pretrain.core.errors import UserError
+    from pretrain.core.files import write_atomic
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return
+    probe = Path(path) / ".shared-check"
+    sent = [uuid.uuid4().hex, str(path)] if dist.get_rank() == 0 else [None, None]  # the token, rank 0's path
+    if dist.get_rank() == 0:
+        write_atomic(probe, sent[0])
+    dist.broadcast_object_list(sent, src=0, group=control_group())
+    try:
+        seen = probe.read_text()
+    except OSError:
+        seen = None
+    blind = [None] * dist.get_world_size()
+    dist.all_gather_object(blind, (seen != sent[0], socket.gethostname()), group=control_group())
+    if dist.get_rank() == 0:
+        probe.unlink(missing_ok=True)
+    others = [f"rank {r} on {host}" for r, (cut_off, host) in enumerate(blind) if cut_off]
+    if others:
+        raise UserError(
+            f"{', '.join(others)} cannot see {what} {sent[1]} as rank 0 on {blind[0][1]} writes it: it must be on a "
+            "file system every node mounts, at the same path (not a node-local disk)"
+        )

@@ -44,7 +44,14 @@ from pretrain.core.tokens import SpecialTokens
 from pretrain.model.encoder import set_rope_theta
 from pretrain.model.fp8 import use_float8
 from pretrain.train import checkpoint as ckpt
-from pretrain.train.distributed import any_rank, control_group, init_distributed, run_precision, slow_precision_note
+from pretrain.train.distributed import (
+    any_rank,
+    check_shared_directory,
+    control_group,
+    init_distributed,
+    run_precision,
+    slow_precision_note,
+)
 from pretrain.train.ema import EMA_FILE, WeightEMA
 from pretrain.train.engine import Engine, build_engine, fp32_masters
 from pretrain.train.fingerprint import changed_settings, check_resume, fingerprint
@@ -143,6 +150,7 @@ def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
     if any_rank(error is not None):
         raise error or UserError(f"rank 0 could not take the run directory {run_dir} (its message says why)")
     with held:
+        check_shared_directory(run_dir, "the run directory")
         yield
 
 
