@@ -164,3 +164,18 @@ def test_a_run_directory_named_with_a_pipe_keeps_the_tables_columns(tmp_path):
     lines = [line for line in (out / "compare.md").read_text().splitlines() if line.startswith("|")]
     assert {len(line.replace("\\|", "").split("|")) for line in lines} == {5}, lines  # 3 columns
     assert table_rows((out / "compare.md").read_text().replace("\\|", "/"))["final loss"] == ["6.6000", "6.6000"]
+
+
+def test_final_values_are_the_last_lines_and_compare_json_is_strict(tmp_path):
+    """A key the last line holds as null (a grad norm not read) showed an earlier line's value as the final one; a
+    non-finite loss made compare.json unreadable to strict parsers (jq, JavaScript): it is null there."""
+    records = [
+        {"step": 2, "tokens": 1024, "loss": 7.0, "grad_norm": 1.8, "time": 1.0},
+        {"step": 4, "tokens": 2048, "loss": float("nan"), "grad_norm": None, "time": 2.0},
+    ]
+    out, _ = compare_runs([_run_dir(tmp_path / "a", records), _run_dir(tmp_path / "b", records[:1])], tmp_path / "c")
+    rows = table_rows((out / "compare.md").read_text())
+    assert rows["final grad_norm"] == ["—", "1.8000"] and rows["final loss"] == ["nan", "7.0000"]
+    text = (out / "compare.json").read_text()
+    summary = json.loads(text, parse_constant=lambda name: pytest.fail(f"{name} in compare.json"))
+    assert summary["runs"][0]["final"]["loss"] is None and "grad_norm" not in summary["runs"][0]["final"]

@@ -118,3 +118,14 @@ def test_without_the_package_it_is_a_clear_error_before_anything_is_written(tmp_
     with pytest.raises(ConfigError, match="pip install tensorboard"):
         MetricsLogger(tmp_path / "run", ON, 2, 0, "disabled", "p")
     assert not (tmp_path / "run").exists()
+
+
+def test_the_progress_bar_shows_the_line_just_logged(tmp_path, monkeypatch, capsys):
+    """The bar drew a step before its log line was set: it showed the previous line's loss and tokens/s."""
+    monkeypatch.delenv("CI", raising=False)  # CI turns the bar off
+    logger = MetricsLogger(tmp_path, {}, 4, 0, "disabled", "p")
+    logger.advance(1)
+    logger.advance(0, {"loss": "6.265", "tok/s": "440"})
+    frames = capsys.readouterr().err.split("\r")
+    logger.close()
+    assert "loss=6.265, tok/s=440" in frames[-1] and "1/4" in frames[-1]

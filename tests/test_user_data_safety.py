@@ -227,6 +227,17 @@ def test_a_torn_metrics_line_blocks_nothing(trained, tmp_path):
     assert [r["step"] for r in read_metrics(run)] == [json.loads(line)["step"] for line in good.splitlines()]
 
 
+def test_a_resume_trims_a_metrics_file_holding_bytes_that_are_not_utf8(tmp_path):
+    """A resume drops the lines after its checkpoint; a line of corrupt bytes (a damaged disk) was a
+    UnicodeDecodeError that stopped the resume, where a torn line was dropped."""
+    from pretrain.train.trainer import _trim_metrics
+
+    lines = [json.dumps({"step": s, "loss": 7.0 - s}) + "\n" for s in (1, 2, 3)]
+    (tmp_path / "metrics.jsonl").write_bytes("".join(lines).encode() + b'{"step": 7, "lo\xc3')
+    _trim_metrics(tmp_path, 2)
+    assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[:2])
+
+
 def test_save_every_zero_saves_only_at_the_end(corpus, tmp_path):
     pretrain("run", *run_args(tmp_path, corpus, "train.save_every=0"), "--no-demo", cwd=tmp_path)
     assert [p.name for p in sorted((tmp_path / "r" / "checkpoints").glob("step_*"))] == ["step_00000003"]

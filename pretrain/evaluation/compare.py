@@ -95,7 +95,9 @@ def load_run(path: Path) -> Run:
     objectives = list(config.get("objectives") or {})
     seconds, source = wall_times(records)
     run = Run(path, path.name, objectives, records, seconds, source)
-    run.final = {k: v for r in records for k, v in r.items() if k not in X_AXES and _is_number(v)}  # last wins
+    # the last line's, as compare.md says: a key that line holds as null (a grad norm not read, an AUC of nothing)
+    # or lacks is none, not an earlier line's value passed for the final one
+    run.final = {k: v for k, v in records[-1].items() if k not in X_AXES and _is_number(v)}
     return run
 
 
@@ -177,6 +179,17 @@ def summary(run: Run) -> dict:
         **{f"median_{key}": median(key) for key in THROUGHPUT},
         "final": run.final,
     }
+
+
+def _finite(value):
+    """`value` with every non-finite float (nan, inf), at any depth, as None."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value
 
 
 def _fmt(value) -> str:
@@ -337,6 +350,8 @@ def compare_runs(paths: list[Path], out: Path) -> tuple[Path, str]:
     mark_output(out, KIND)
     plot(runs, keys, "tokens", out / "vs_tokens.png")
     plot(runs, keys, "time", out / "vs_time.png")
-    write_atomic(out / "compare.json", json.dumps({"runs": summaries, "keys": keys}, indent=1) + "\n")
+    # strict JSON (jq, JavaScript): a non-finite value (a diverged loss, what one looks for here) is null
+    text = json.dumps(_finite({"runs": summaries, "keys": keys}), indent=1, allow_nan=False)
+    write_atomic(out / "compare.json", text + "\n")
     write_atomic(out / "compare.md", report(runs, summaries, keys))
     return out, table(runs, summaries, keys)

@@ -134,8 +134,8 @@ class MetricsLogger:
     def advance(self, steps: int, postfix: dict | None = None) -> None:
         if self.bar is not None:
             self.bar.update(steps)
-            if postfix:
-                self.bar.set_postfix(postfix, refresh=False)
+            if postfix:  # drawn now: the step's own update drew the bar before its log line, with the last one's
+                self.bar.set_postfix(postfix, refresh=True)
 
     def log(self, record: dict) -> None:
         if not self.enabled:

@@ -118,7 +118,7 @@ def _trim_metrics(run_dir: Path, last_step: int) -> None:
     records = read_metrics(run_dir)
     kept = [r for r in records if r["step"] <= last_step]
     text = "".join(json.dumps(r) + "\n" for r in kept)
-    if path.read_text() != text:
+    if path.read_bytes() != text.encode():  # as bytes: a line of corrupt ones is dropped too, not a traceback
         ckpt.write_atomic(path, text)
 
 
