@@ -280,6 +280,7 @@ def test_eval_without_max_seq_len_fits_a_model_of_fewer_positions(tmp_path):
     corpus = tmp_path / "held.jsonl"
     text = " ".join(f"the {w} ." for w in PAIR_WORDS * 3)
     corpus.write_text("".join(json.dumps({"text": text}) + "\n" for _ in range(4)))
+    (model / "trainer_state.json").write_text("{}")  # as in a transformers Trainer's checkpoint-N/: still theirs
     result = evaluate_mlm(model, corpus=[str(corpus)], max_samples=2)
     assert result["max_seq_len"] == 64 and result["masked_tokens"] > 0
     with pytest.raises(UserError, match=r"--max-seq-len 65 is longer than .* \(64 positions\)"):
@@ -317,6 +318,11 @@ def test_eval_reads_a_held_out_corpus_as_the_run_read_its_own(tmp_path, capsys):
     for target, length, reading in ((tmp_path / "r", 64, []), (tmp_path / "r" / "hf", 128, ["--text-field", "body"])):
         assert main(["eval", str(target), "--corpus", str(held), "--max-samples", "1", *reading]) == 0
         assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["max_seq_len"] == length
+    # a checkpoint's held-out shards go in its run's eval/, as the run's do: not into the checkpoint (rotated away)
+    checkpoint = tmp_path / "r" / "checkpoints" / "step_00000003"
+    assert main(["eval", str(checkpoint), "--corpus", str(held), "--max-samples", "1"]) == 0
+    shards = Path(json.loads(capsys.readouterr().out.strip().splitlines()[-1])["shards"])
+    assert shards.parent == tmp_path / "r" / "eval" and not (checkpoint / "eval").exists()
     assert documents("--corpus", str(held_txt), "--text-documents", "lines") == 6
     assert documents("--corpus", str(held_txt)) == 1  # paragraphs, as the run reads text: one without blank lines
     assert main(["eval", str(tmp_path / "r"), "--corpus", str(held), "--text-field", "text"]) == 2

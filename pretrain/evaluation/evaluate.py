@@ -33,7 +33,9 @@ DEFAULT_SEQ_LEN = 128  # without --max-seq-len: this, or the model's positions w
 
 
 def _is_hf_dir(path: Path) -> bool:
-    return (path / "config.json").is_file() and not (path / "trainer_state.json").is_file()
+    """A HuggingFace model directory, not a run or checkpoint of ours (their config.yaml says so): a transformers
+    Trainer's checkpoint-N/, with a trainer_state.json of its own, was taken for ours and refused."""
+    return (path / "config.json").is_file() and not (path / "config.yaml").is_file()
 
 
 def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
@@ -208,7 +210,7 @@ def evaluate_mlm(
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
     from objectives.mlm import MaskedLM, MLMOptions
-    from pretrain.train.checkpoint import reading_checkpoints
+    from pretrain.train.checkpoint import reading_checkpoints, run_of
 
     check_held_out(shards, corpus)
     if shards and (text_field or text_documents):
@@ -231,7 +233,9 @@ def evaluate_mlm(
                 max_seq_len = trained_length(Path(target), limit)
         elif limit is not None and max_seq_len > limit:
             raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
-        cache_root = Path(target) if not hf_dir else Path(target).parent
+        # the held-out shards beside what is scored: a checkpoint's go in its run's eval/, not into the checkpoint
+        # (rotated away with it); a checkpoint outside a run keeps them in its own eval/
+        cache_root = Path(target).parent if hf_dir else run_of(target) or Path(target)
         reading = corpus_reading(Path(target), hf_dir, text_field, text_documents) if corpus else {}
         shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
