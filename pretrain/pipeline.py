@@ -491,6 +491,7 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
         "tokens_seen": state.get("tokens_seen"),
         "steps": state["step"],
         "final_loss": history[-1]["loss"] if history else None,
+        "final_loss_step": history[-1]["step"] if history else None,  # a checkpoint between log lines: an earlier one
         "config": {"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)},
         "init_from": cfg.model.init_from or None,
         "notes": [*notes, *([f"the weights are {state['weights']}"] if state.get("weights") else [])],

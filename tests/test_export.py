@@ -155,6 +155,14 @@ def test_card_gives_the_checkpoints_record_of_its_data(model, tokens, tokenizer_
     text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
     assert f"- Data provenance: sha256 of the shards' content {'d' * 64}; sha256 of tokenizer.json {'t' * 64}" in text
     assert "language" not in text.split("---")[1]
+    # a checkpoint saved between log lines (step 7; lines at 4 and 6): the loss is the last line's, and says whose
+    history = [{"step": 4, "loss": 6.5}, {"step": 6, "loss": 6.25}]
+    card = export_card(load_config("tiny"), model, state, "tiny", history)
+    text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
+    assert "- Final loss: 6.2500 (the last log line before the checkpoint, at step 6)" in text
+    card = export_card(load_config("tiny"), model, {**state, "step": 6}, "tiny", history)
+    text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
+    assert "- Final loss: 6.2500\n" in text
 
 
 def test_minimal_card_says_unknown(model, tokens, tokenizer_dir, tmp_path):

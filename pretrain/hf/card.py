@@ -76,6 +76,8 @@ def model_card(
     front, described = _front_matter(card, arch, role)
     final_loss = card.get("final_loss")
     loss_text = f"{final_loss:.4f}" if isinstance(final_loss, float) else str(_card_value(card, "final_loss"))
+    if card.get("final_loss_step") not in (None, card.get("steps")):  # saved between log lines: say whose it is
+        loss_text += f" (the last log line before the checkpoint, at step {card['final_loss_step']:,})"
     corpus = _card_value(card, "corpus")
     if isinstance(corpus, (list, tuple)):
         corpus = ", ".join(map(str, corpus))
