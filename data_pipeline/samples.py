@@ -53,14 +53,18 @@ class _Chunks:
 class PackedSequences(_Chunks):
     """Map-style dataset of packed samples: dicts of numpy arrays, all [n] with n <= max_seq_len."""
 
-    def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int):
+    def __init__(self, shards: ShardSet, max_seq_len: int, cls_id: int, sep_id: int, each_token_once: bool = False):
+        """For training the last chunk, where at least a quarter of a window, is filled from the stream's start, a
+        shorter one dropped (every sample a full window); `each_token_once` (evaluation) keeps it as it is, short:
+        no token scored twice, none left out, and a corpus shorter than a window still one sample."""
         super().__init__(shards, max_seq_len, cls_id, sep_id)
         offsets = shards.doc_offsets()  # [D+1]
         # Stream position of the [SEP] closing document d: its tokens end there, shifted by the d earlier SEPs.
         self._sep_pos = offsets[1:] + np.arange(shards.num_docs, dtype=np.int64)  # [D]
         self.stream_len = int(offsets[-1]) + shards.num_docs
+        self.each_token_once = each_token_once
         full, rest = divmod(self.stream_len, self.chunk)
-        self._len = full + int(rest > 0 and rest >= max_seq_len // 4)
+        self._len = full + int(rest > 0 and (each_token_once or rest >= max_seq_len // 4))
 
     def __len__(self) -> int:
         return self._len
@@ -90,7 +94,7 @@ class PackedSequences(_Chunks):
         start = index * self.chunk
         ids, words, is_sep = self.stream_span(start, min(start + self.chunk, self.stream_len))
         fill = start + self.chunk - self.stream_len  # tokens past the stream's end: taken from its start
-        if fill > 0 and start > 0:  # start >= chunk > fill: the head does not overlap this chunk
+        if fill > 0 and start > 0 and not self.each_token_once:  # start >= chunk > fill: no overlap with the head
             head = self.stream_span(0, fill)
             ids, words, is_sep = (np.concatenate(pair) for pair in zip((ids, words, is_sep), head))
         n = len(ids) + 2

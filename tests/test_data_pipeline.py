@@ -396,6 +396,7 @@ def test_packed_sequences_reproduce_stream(shard_dir, max_seq_len):
     shards = ShardSet(shard_dir)
     packed = PackedSequences(shards, max_seq_len, cls_id=2, sep_id=3)
     stream = np.concatenate([np.append(shards.doc_tokens(d).astype(np.int64), 3) for d in range(shards.num_docs)])
+    whole = stream
     inner, starts = [], []
     for i in range(len(packed)):
         s = packed[i]
@@ -418,6 +419,14 @@ def test_packed_sequences_reproduce_stream(shard_dir, max_seq_len):
     assert np.concatenate(starts).tolist() == want_starts.tolist()
     with pytest.raises(IndexError):
         packed[len(packed)]
+
+    # for evaluation: every token of the stream once, in order, the last chunk as short as it is (it was filled from
+    # the stream's start, scoring those tokens twice, or dropped where under a quarter of a window)
+    once = PackedSequences(shards, max_seq_len, cls_id=2, sep_id=3, each_token_once=True)
+    rows = [once[i]["input_ids"] for i in range(len(once))]
+    assert all(row[0] == 2 and row[-1] == 3 for row in rows)
+    assert np.concatenate([row[1:-1] for row in rows]).tolist() == whole.tolist()
+    assert len(rows[-1]) == 2 + (len(whole) % (max_seq_len - 2) or max_seq_len - 2)
 
 
 @pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])

@@ -240,7 +240,7 @@ def evaluate_mlm(
         shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
-    samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep)
+    samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep, each_token_once=True)
     n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
     if n == 0:
         raise UserError(f"{shard_dir}: no samples of {max_seq_len} tokens to evaluate on")
