@@ -234,7 +234,7 @@ def test_a_resume_trims_a_metrics_file_holding_bytes_that_are_not_utf8(tmp_path)
 
     lines = [json.dumps({"step": s, "loss": 7.0 - s}) + "\n" for s in (1, 2, 3)]
     (tmp_path / "metrics.jsonl").write_bytes("".join(lines).encode() + b'{"step": 7, "lo\xc3')
-    _trim_metrics(tmp_path, 2)
+    assert _trim_metrics(tmp_path, 2) == [3]  # what a resume says wandb keeps (`wandb_keeps_note`)
     assert (tmp_path / "metrics.jsonl").read_text() == "".join(lines[:2])
 
 

@@ -109,17 +109,28 @@ def previous_config(checkpoint: Path, run_dir: Path) -> dict:
     return {}
 
 
-def _trim_metrics(run_dir: Path, last_step: int) -> None:
+def _trim_metrics(run_dir: Path, last_step: int) -> list[int]:
     """Before training, drop metric lines after the step we start from (steps only increase), and a line torn by
-    a crash or a full disk, which the next append would run into."""
+    a crash or a full disk, which the next append would run into. Returns the steps of the lines dropped."""
     path = run_dir / "metrics.jsonl"
     if not path.is_file():
-        return
+        return []
     records = read_metrics(run_dir)
     kept = [r for r in records if r["step"] <= last_step]
     text = "".join(json.dumps(r) + "\n" for r in kept)
     if path.read_bytes() != text.encode():  # as bytes: a line of corrupt ones is dropped too, not a traceback
         ckpt.write_atomic(path, text)
+    return [r["step"] for r in records if r["step"] > last_step]
+
+
+def wandb_keeps_note(dropped: list[int], start: int) -> str:
+    """What a resume cannot take back from wandb: its run (resumed under the same id) keeps the lines an earlier
+    invocation logged after the checkpoint, which metrics.jsonl and TensorBoard drop."""
+    return (
+        f"wandb keeps the {len(dropped)} line(s) the interrupted invocation logged after step {start} (steps "
+        f"{dropped[0]}-{dropped[-1]}), which are trained again now; an online run keeps those earlier values (it "
+        "takes no step twice), an offline one both: metrics.jsonl and TensorBoard hold the values trained from here"
+    )
 
 
 def record_start(cfg: RunConfig, config: dict, config_text: str, latest: Path | None) -> None:
@@ -294,14 +305,15 @@ class Trainer:
             applied = apply_hyperparameters(engine.ds.optimizer, engine.ds.lr_scheduler, t)
         ema = start_ema(t, engine.ds, latest)
         state.world_size, state.fingerprint = world, identity
-        if run.is_main:
-            _trim_metrics(run_dir, state.step)
+        dropped = _trim_metrics(run_dir, state.step) if run.is_main else []
         data = PhaseData(cfg, schedule, shards, run.tokens, model.objectives)
         logger = MetricsLogger(
             run_dir, config, t.max_steps, state.step, cfg.wandb.mode, cfg.wandb.project, enabled=run.is_main
         )
         if latest is not None:
             logger.write(f"resumed from {latest} (step {state.step}, {state.consumed_samples} samples)")
+        if dropped and cfg.wandb.mode != "disabled":
+            logger.write(f"note: {wandb_keeps_note(dropped, state.step)}")
         if applied:
             logger.write(f"applied on resume: {'; '.join(applied)} (lr now {engine.ds.get_lr()[0]:g} at this step)")
         logger.write(
