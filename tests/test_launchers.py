@@ -402,8 +402,10 @@ def test_multi_node_over_ssh_passes_the_environment_to_the_remote_ranks(data, tm
         HF_HOME="/shared/hf home",
         WANDB_NOTES="costs $5",  # DeepSpeed would put it in double quotes, where the shell expands $5
     )
+    # the nodes' shell reads the arguments again: each must reach the ranks as given ($HOME unexpanded, a quote)
+    odd = ["wandb.project=it's-$HOME;{a,b}", "wandb.notes=two words"]
     proc = subprocess.run(
-        [LAUNCH / "multi_node.sh", hostfile, *train_args(data, "ssh")],
+        [LAUNCH / "multi_node.sh", hostfile, *train_args(data, "ssh"), *odd],
         env=env,
         cwd=work,
         capture_output=True,
@@ -426,3 +428,11 @@ def test_multi_node_over_ssh_passes_the_environment_to_the_remote_ranks(data, tm
     assert "WANDB_NOTES" not in exports and "WANDB_NOTES not passed on" in proc.stderr, proc.stderr[-3000:]
     assert {p: p.read_text() for p in before} == before
     assert not list(tmp_path.glob("deepspeed_env.*")), "the script's env file was left behind"
+    remote = " ".join(args[args.index("pretrain.cli") + 2 :])  # after `train`, as pdsh hands it to each node's shell
+    read = subprocess.run(["sh", "-c", f"printf '%s\\0' {remote}"], capture_output=True, text=True, env={"HOME": "/x"})
+    assert read.stdout.split("\0")[:-1] == [*train_args(data, "ssh"), *odd]
+    # one with a space sits in DeepSpeed's double quotes, where $ would act: refused, before anything starts
+    proc = subprocess.run(
+        [LAUNCH / "multi_node.sh", hostfile, "tiny", "wandb.notes=costs $5"], env=env, cwd=work, capture_output=True
+    )
+    assert proc.returncode == 2 and b"an argument with a space cannot hold" in proc.stderr
