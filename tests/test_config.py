@@ -307,11 +307,17 @@ def test_model_compile_unset_is_on_where_cuda_trains_and_an_explicit_choice_stan
     assert not torch._dynamo.config.suppress_errors
 
 
-def test_cuda_graphs_are_left_out_where_a_step_accumulates_micro_batches(capsys):
+def test_cuda_graphs_are_left_out_where_a_step_accumulates_micro_batches(capsys, monkeypatch):
     """A replayed backward graph writes each gradient into the memory the last micro-batch's is held in: a run that
-    accumulates (by grad_accum_steps, or a global-batch ramp past one micro-batch per rank) compiles without them."""
+    accumulates (by grad_accum_steps, or a global-batch ramp past one micro-batch per rank) compiles without them.
+    On a CPU there are none to record: said, where torch ran the mode without them unsaid."""
     from pretrain.train.setup import compile_for_this_machine
 
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    cpu = compile_for_this_machine(load_config("tiny", ["model.compile=true", "model.compile_mode=reduce-overhead"]))
+    assert cpu.model.compile_mode == "default"
+    assert "model.compile_mode=reduce-overhead runs as default: CUDA graphs need a GPU" in capsys.readouterr().err
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     graphs = ["model.compile=true", "model.compile_mode=reduce-overhead", "train.micro_batch_size=4"]
     one = load_config("tiny", graphs)
     assert compile_for_this_machine(one).model.compile_mode == "reduce-overhead"

@@ -190,13 +190,15 @@ def compile_for_this_machine(cfg: RunConfig, world: int = 1) -> RunConfig:
             dynamo.config.suppress_errors = True
         model = replace(model, compile=on)
     mode = without_cuda_graphs(model.compile_mode)
-    if model.compile and mode != model.compile_mode and Schedule.of(cfg).accumulates(world):
-        print(
-            f"[pretrain] model.compile_mode={model.compile_mode} runs as {mode}: its CUDA graphs would overwrite "
-            "the gradients a step accumulates over micro-batches",
-            file=sys.stderr,
-        )
-        model = replace(model, compile_mode=mode)
+    if model.compile and mode != model.compile_mode:
+        why = None
+        if not torch.cuda.is_available():  # torch runs it without them there, unsaid
+            why = "CUDA graphs need a GPU"
+        elif Schedule.of(cfg).accumulates(world):
+            why = "its CUDA graphs would overwrite the gradients a step accumulates over micro-batches"
+        if why:
+            print(f"[pretrain] model.compile_mode={model.compile_mode} runs as {mode}: {why}", file=sys.stderr)
+            model = replace(model, compile_mode=mode)
     return cfg if model == cfg.model else replace(cfg, model=model)
 
 
