@@ -348,6 +348,7 @@ def cmd_eval(args) -> int:
         args.batch_size,
         text_field=args.text_field,
         text_documents=args.text_documents,
+        raw_weights=args.raw_weights,
     )
     print(format_eval(result))
     write_json(json_path, result)

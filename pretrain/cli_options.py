@@ -405,6 +405,14 @@ def eval_args(p):
         "its positions, at most 128)",
     )
     add_field_option(p, "--batch-size", EVALUATE, "batch_size", type=positive_int, help="sequences per batch")
+    add_field_option(
+        p,
+        "--raw-weights",
+        EVALUATE,
+        "raw_weights",
+        action="store_true",
+        help="a run that kept a weight EMA (train.ema_decay) is scored by the EMA; this scores the training weights",
+    )
     run_reads = "default: as a run or checkpoint target read its own corpus, its data.{}; for an HF directory, {}"
     p.add_argument(
         "--text-field",

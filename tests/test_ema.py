@@ -147,7 +147,13 @@ def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
     shards = tmp_path / "r" / "shards"
     args = ["eval", tmp_path / "r", "--shards", shards, "--max-samples", "4", "--json", tmp_path / "eval.json"]
     pretrain(*args, cwd=tmp_path)
-    assert "the weights are an exponential moving average" in json.loads((tmp_path / "eval.json").read_text())["model"]
+    ema_eval = json.loads((tmp_path / "eval.json").read_text())
+    assert "the weights are an exponential moving average" in ema_eval["model"]
+    pretrain(*args, "--raw-weights", cwd=tmp_path)  # or its training weights, as `export --raw-weights` exports them
+    raw_eval = json.loads((tmp_path / "eval.json").read_text())
+    assert "the weights are the raw training weights" in raw_eval["model"] and raw_eval["loss"] != ema_eval["loss"]
+    proc = pretrain("eval", tmp_path / "raw", "--shards", shards, "--raw-weights", cwd=tmp_path, rc=2)
+    assert "holds one set" in proc.stderr
 
 
 @pytest.mark.slow

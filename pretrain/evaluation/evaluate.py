@@ -38,7 +38,7 @@ def _is_hf_dir(path: Path) -> bool:
     return (path / "config.json").is_file() and not (path / "config.yaml").is_file()
 
 
-def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
+def load_target(target: Path, ema: bool = True) -> tuple[Callable, Path, str, int | None]:
     """(logits_fn(input_ids, token_type_ids, attention_mask, selected) -> [M, V], tokenizer dir, description, the
     longest sequence the model takes, or None where positions have no table (RoPE)).
 
@@ -95,7 +95,7 @@ def load_target(target: Path) -> tuple[Callable, Path, str, int | None]:
     from pretrain.hf.export import lm_head_name
     from pretrain.train.setup import load_checkpoint_model
 
-    cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target)
+    cfg, model, _tokens, tokenizer_dir, state = load_checkpoint_model(target, ema=ema)
     model.to(local_device())
     try:
         head_name = lm_head_name(model)  # raises a UserError without a token-prediction head
@@ -201,11 +201,13 @@ def evaluate_mlm(
     seed: int = EVAL_SEED,
     text_field: str | None = None,
     text_documents: str | None = None,
+    raw_weights: bool = False,
 ) -> dict:
     """Masked-token accuracy, mean CE loss and perplexity of `target` on held-out shards. max_seq_len 0: for a run or
     checkpoint the length it trained at last, for a HuggingFace directory its positions, at most DEFAULT_SEQ_LEN (a
     longer one than the positions given is refused). text_field, text_documents: how `corpus` is
-    read; None: as a run target read its own corpus (`corpus_reading`)."""
+    read; None: as a run target read its own corpus (`corpus_reading`). `raw_weights`: a run that kept a weight EMA
+    is scored by its training weights, not the EMA (as `pretrain export --raw-weights`)."""
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
@@ -224,9 +226,11 @@ def evaluate_mlm(
         raise UserError(f"--max-seq-len {max_seq_len}: a sequence needs room for [CLS], a token and [SEP] (>= 3)")
     torch.manual_seed(seed)
     hf_dir = _is_hf_dir(Path(target))
+    if raw_weights and hf_dir:
+        raise UserError(f"--raw-weights picks a run's or checkpoint's training weights; {target} holds one set")
     # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
     with contextlib.nullcontext() if hf_dir else reading_checkpoints(target):
-        logits_fn, tokenizer_dir, description, limit = load_target(target)
+        logits_fn, tokenizer_dir, description, limit = load_target(target, ema=not raw_weights)
         if not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
             max_seq_len = min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
             if not hf_dir:  # at the length it trained at last: at 128, a run of 64 was scored on untrained positions
