@@ -102,11 +102,16 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
             found[real] = min(found.get(real, f), f)
 
     for entry in paths:
-        if glob.has_magic(entry):
+        # a path that exists is that path, whatever its name holds: 'part[1].jsonl' was read as a pattern matching
+        # part1.jsonl (another file, or none), and a list expanded once was expanded again when read
+        if glob.has_magic(entry) and not os.path.lexists(entry):
             matches = [Path(m) for m in glob.glob(entry, recursive=True)]
             if not matches:
                 raise DataError(f"corpus path '{entry}' not found (the pattern matches nothing)")
+            base = Path(_static_prefix(entry))
             for m in matches:
+                if _inside_output(m, base):  # a pattern reaches no further into our outputs than a directory walk
+                    continue
                 add(_files_under(m) if m.is_dir() else [m] if _is_corpus_file(m) else [])
         else:
             p = Path(entry)
@@ -119,6 +124,23 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
             f"save_to_disk directory) found in: {', '.join(paths) or '(no inputs)'}"
         )
     return sorted(found.values())
+
+
+def _static_prefix(pattern: str) -> str:
+    """The directory a glob pattern starts from: its leading components without a wildcard."""
+    parts = Path(pattern).parts
+    fixed = list(itertools.takewhile(lambda part: not glob.has_magic(part), parts[:-1]))
+    return str(Path(*fixed)) if fixed else "."
+
+
+def _inside_output(path: Path, base: Path) -> bool:
+    """Whether `path`, or a directory between `base` and it, is an output of this tool (shards, a tokenizer, a run:
+    marked), which a directory walk does not enter either."""
+    try:
+        below = path.relative_to(base).parts
+    except ValueError:
+        return False
+    return any((base.joinpath(*below[: i + 1]) / MARKER).is_file() for i in range(len(below)))
 
 
 def _where_relative(path: Path) -> str:

@@ -108,6 +108,34 @@ def test_the_order_inputs_are_given_in_never_changes_the_documents_order(tmp_pat
     assert build_key(orders[0], "tok", {}) == build_key(orders[1], "tok", {})
 
 
+def test_a_path_that_exists_is_read_as_itself_and_a_pattern_stays_out_of_our_outputs(tmp_path):
+    """'part[1].jsonl' was a pattern matching part1.jsonl: that file read in its place (and, from a directory, the
+    bracketed file never read, as the list found was expanded again when read); a directory 'run[2024]' was not
+    found. A glob over a corpus directory read the shards and tokenizer kept in it, as a walk of it does not."""
+    from pretrain.core.outputs import mark_output
+
+    for folder in ("br", "run[2024]"):
+        (tmp_path / folder).mkdir()
+    write_jsonl(tmp_path / "br" / "part[1].jsonl", ["from the bracketed file"])
+    write_jsonl(tmp_path / "br" / "part1.jsonl", ["from part1"])
+    write_jsonl(tmp_path / "run[2024]" / "a.jsonl", ["in a bracketed directory"])
+    assert expand_inputs([str(tmp_path / "br" / "part[1].jsonl")]) == [tmp_path / "br" / "part[1].jsonl"]
+    assert [d.text for d in iter_documents([str(tmp_path / "br")])] == ["from part1", "from the bracketed file"]
+    assert [d.text for d in iter_documents([str(tmp_path / "run[2024]")])] == ["in a bracketed directory"]
+    assert expand_inputs([str(tmp_path / "br" / "part?.jsonl")]) == [tmp_path / "br" / "part1.jsonl"]  # a pattern
+
+    (tmp_path / "br" / "shards").mkdir()
+    (tmp_path / "br" / "shards" / "manifest.json").write_text("{}")
+    mark_output(tmp_path / "br" / "shards", "shards")
+    assert expand_inputs([str(tmp_path / "br")]) == expand_inputs([str(tmp_path / "br" / "*")])
+    assert expand_inputs(
+        [str(tmp_path / "br" / "**" / "*.json*")],
+    ) == [
+        tmp_path / "br" / "part1.jsonl",
+        tmp_path / "br" / "part[1].jsonl",
+    ]
+
+
 def test_plain_text_with_one_document_per_line(tmp_path, capsys, tok_dir):
     """Dumps of one document per line with no blank lines: by default one document of every line (and past
     max_document_bytes none at all), which the reader now says; data.text_documents=lines reads each line."""
