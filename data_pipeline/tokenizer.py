@@ -21,6 +21,7 @@ import itertools
 import json
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -127,14 +128,15 @@ def _lines(documents, paths: list[str], text_field: str) -> _Counted:
         raise DataError(
             f"empty corpus: no usable documents in {describe_inputs(paths)}: {describe_skipped(skipped, text_field)}"
         )
-    return _Counted(_training_text(itertools.chain([first], docs)), describe_inputs(paths))
+    return _Counted(_training_text(itertools.chain([first], docs)), describe_inputs(paths), skipped)
 
 
 class _Counted:
-    """An iterator of lines that counts what it gave; `where`: the inputs they come from, for an error."""
+    """An iterator of lines that counts what it gave; `where`: the inputs they come from, for an error; `skipped`:
+    the documents the reading skipped, by reason, counted as it goes."""
 
-    def __init__(self, lines: Iterator[str], where: str):
-        self.lines, self.count, self.where = lines, 0, where
+    def __init__(self, lines: Iterator[str], where: str, skipped: collections.Counter):
+        self.lines, self.count, self.where, self.skipped = lines, 0, where, skipped
 
     def __iter__(self):
         return self
@@ -290,7 +292,10 @@ def train_tokenizer(
         return iter_documents(paths, skipped=skipped, **read)
 
     trainer = dict(vocab_size=vocab_size, min_frequency=min_frequency, show_progress=show_progress)
-    tok = _train(kind, built, lowercase, strip_accents, trainer, _lines(documents, paths, text_field), documents)
+    lines = _lines(documents, paths, text_field)
+    tok = _train(kind, built, lowercase, strip_accents, trainer, lines, documents)
+    if sum(lines.skipped.values()):  # said as the shards' build says it: a corpus mostly skipped trained on the rest
+        print(f"[data] tokenizer: {describe_skipped(lines.skipped, text_field)}", file=sys.stderr, flush=True)
     fast = _wrap(tok, lowercase, strip_accents)
     settings = dict(
         tokenizer_type=kind,

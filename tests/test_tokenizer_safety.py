@@ -360,6 +360,11 @@ def test_corpus_with_only_bad_documents_says_why(tmp_path, capsys):
         ):
             assert part in err, (part, err)
         assert not out.exists()
+    # beside documents it trains on, the skipped ones are said too: a corpus mostly skipped trained on the rest
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"text": "a usable document of words"}\n')
+    assert main(["tokenizer", str(good), str(jsonl), "--out", str(tmp_path / "tok"), "--vocab-size", "64"]) == 0
+    assert "[data] tokenizer: skipped 5 documents: 2 without text in field 'text'" in capsys.readouterr().err
 
 
 # ----------------------------------------------------------------------------------------------
