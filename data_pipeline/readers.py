@@ -109,9 +109,13 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
             if not matches:
                 raise DataError(f"corpus path '{entry}' not found (the pattern matches nothing)")
             base = Path(_static_prefix(entry))
+            matches = [m for m in matches if not _inside_output(m, base)]  # no further than a directory walk goes
+            if matches and not any(m.is_dir() or _is_corpus_file(m) for m in matches):
+                raise DataError(
+                    f"corpus pattern '{entry}' matches only files of types not read ({_suffix_counts(matches)}); "
+                    f"the types read: {', '.join('*' + s for s in CORPUS_SUFFIXES)}"
+                )
             for m in matches:
-                if _inside_output(m, base):  # a pattern reaches no further into our outputs than a directory walk
-                    continue
                 add(_files_under(m) if m.is_dir() else [m] if _is_corpus_file(m) else [])
         else:
             p = Path(entry)
@@ -167,6 +171,7 @@ def _files_under(directory: Path) -> list[Path]:
     if is_dataset_dir(directory):
         return [directory]
     out: list[Path] = []
+    passed: list[Path] = []  # files of other types, said once
     seen = {os.path.realpath(directory)}  # symlinked directories are followed, each real one once (no loops)
     for root, dirs, files in os.walk(directory, followlinks=True):
         here = Path(root)
@@ -187,7 +192,25 @@ def _files_under(directory: Path) -> list[Path]:
         out += [here / d for d in datasets_here]
         dirs[:] = sorted(d for d in dirs if d not in datasets_here)
         out += [here / f for f in files if not f.startswith(".") and _is_corpus_file(here / f)]
+        passed += [here / f for f in files if not f.startswith(".") and not _is_corpus_name(f)]
+    if passed and str(directory) not in _said_passed:  # once per directory: inputs are expanded several times a run
+        _said_passed.add(str(directory))
+        print(
+            f"[data] {directory}: {len(passed):,} file(s) not read, of types that are not corpus files "
+            f"({_suffix_counts(passed)}); rename those that are (plain text: .txt, JSON Lines: .jsonl)",
+            file=sys.stderr,
+            flush=True,
+        )
     return out
+
+
+_said_passed: set[str] = set()
+
+
+def _suffix_counts(files: list[Path]) -> str:
+    """'.csv: 2, .md: 1': the types of `files`, most first."""
+    counts = collections.Counter(f.suffix or "(no suffix)" for f in files)
+    return ", ".join(f"{suffix}: {n:,}" for suffix, n in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0])))
 
 
 def input_fingerprint(path: Path) -> list:

@@ -136,6 +136,21 @@ def test_a_path_that_exists_is_read_as_itself_and_a_pattern_stays_out_of_our_out
     ]
 
 
+def test_files_a_walk_or_pattern_does_not_read_are_said(tmp_path, capsys):
+    """Files of other types in a corpus directory were left out unsaid (a .ndjson dump, a .csv), and a pattern
+    matching only such files read nothing and said nothing of them."""
+    (tmp_path / "c").mkdir()
+    write_jsonl(tmp_path / "c" / "a.jsonl", ["read"])
+    for name in ("dump.ndjson", "table.csv", "more.csv"):
+        (tmp_path / "c" / name).write_text("x\n")
+    for _ in range(2):  # a run expands its inputs several times: said once
+        assert expand_inputs([str(tmp_path / "c")]) == [tmp_path / "c" / "a.jsonl"]
+    err = capsys.readouterr().err
+    assert err.count("not read") == 1 and "3 file(s) not read" in err and "(.csv: 2, .ndjson: 1)" in err
+    with pytest.raises(DataError, match=r"'.*\*\.csv' matches only files of types not read \(\.csv: 2\)"):
+        expand_inputs([str(tmp_path / "c" / "*.csv")])
+
+
 def test_plain_text_with_one_document_per_line(tmp_path, capsys, tok_dir):
     """Dumps of one document per line with no blank lines: by default one document of every line (and past
     max_document_bytes none at all), which the reader now says; data.text_documents=lines reads each line."""
