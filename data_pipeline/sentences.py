@@ -1,15 +1,17 @@
-"""A small rule-based English sentence splitter (no model, no external dependencies).
+"""A small rule-based sentence splitter (no model, no external dependencies).
 
 Sentences only feed sentence-level objectives (NSP/SOP) and shard sentence offsets, so a cheap splitter
-that is right on ordinary prose is enough: lines are always boundaries, and a . ! or ? ends a sentence
-when followed by whitespace and something that can start one, unless the word it ends is an abbreviation.
+that is right on ordinary prose is enough: lines are always boundaries; a . ! or ? (and the Devanagari danda, the
+Arabic question mark) ends a sentence when followed by whitespace and something that can start one (a capital of any
+script, a digit, or a letter of a script without case), unless the word it ends is an English abbreviation; a
+full-width 。！？ ends one wherever text follows, as CJK writes no space after it.
 """
 
 from __future__ import annotations
 
 import re
 
-SPLITTER_VERSION = 1
+SPLITTER_VERSION = 2  # 2: sentences of other scripts (version 1 split before an ASCII capital or digit only)
 """Bump when a change here changes any split: shard caches are keyed on it."""
 
 # Lowercased words whose final period does not end a sentence.
@@ -23,8 +25,13 @@ e.g. i.e. u.s. u.k. u.n. u.s.a. a.m. p.m. d.c. n.y.
 )
 
 _LINES = re.compile(r"\s*\n\s*")
-# A candidate end: terminal punctuation, optional closing quotes/brackets, whitespace, then a sentence start.
-_END = re.compile(r"[.!?]+[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018(\[]?[A-Z0-9])")
+# A candidate end: terminal punctuation, optional closing quotes/brackets, whitespace, then (opening quotes and) the
+# character that decides (`_starts_sentence`); or a full-width terminal, its closing brackets and any spaces, but
+# not one a quotation ends with (「…。」と言った。 is one sentence).
+_END = re.compile(
+    r"[.!?\u0964\u0965\u061f]+[\"'\u201d\u2019)\]]*\s+(?=[\"'\u201c\u2018\u00ab(\[]?(?P<next>\S))"
+    r"|[\u3002\uff01\uff1f]+(?![\u3002\uff01\uff1f\u300d\u300f])[\uff09\u201d\u2019]*\s*(?=\S)"
+)
 _INITIAL = re.compile(r"^[(\[\"'\u201c\u2018]*[A-Za-z]\.$")  # "J." in "John F. Kennedy"
 
 
@@ -34,6 +41,8 @@ def split_sentences(text: str) -> list[str]:
     for line in _LINES.split(text):
         start = 0
         for m in _END.finditer(line):
+            if m["next"] is not None and not _starts_sentence(m["next"]):
+                continue
             if line[m.start()] == "." and _is_abbreviation(line, m.start()):
                 continue
             piece = line[start : m.end()].strip()
@@ -46,8 +55,16 @@ def split_sentences(text: str) -> list[str]:
     return out
 
 
+def _starts_sentence(c: str) -> bool:
+    """A character a sentence may start with: a digit, or a letter that is not lower case (a capital of Latin,
+    Cyrillic or Greek; any letter of a script without case: Chinese, Arabic, Devanagari)."""
+    return c.isdigit() or (c.isalpha() and not c.islower())
+
+
+_WORD_END = re.compile(r"\S*$")
+
+
 def _is_abbreviation(line: str, dot: int) -> bool:
     """Whether the period at `dot` closes an abbreviation or an initial rather than a sentence."""
-    word_start = line.rfind(" ", 0, dot) + 1
-    word = line[word_start : dot + 1]
+    word = line[_WORD_END.search(line, 0, dot).start() : dot + 1]  # after the last whitespace (a tab too)
     return word.lower().lstrip("(\"'\u201c\u2018") in ABBREVIATIONS or bool(_INITIAL.match(word))

@@ -246,6 +246,14 @@ DATA_SETTINGS = {
 }
 
 
+# Shard settings no config key sets: what a newer version of the build does otherwise
+VERSIONS = {
+    "splitter_version": "it splits sentences of other scripts than Latin (Cyrillic, CJK, Devanagari) where the one "
+    "before did not",
+    "format_version": "its shard files are of another format",
+}
+
+
 def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint: Path) -> dict:
     """The shards of a resumed run, built again (their inputs' sizes or times changed) in `.rebuild` within their
     directory, compared with the data the checkpoint recorded, and swapped in only if it is the same data or the user
@@ -274,11 +282,18 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
         shutil.rmtree(tmp, ignore_errors=True)
         # settings that change the shards' files (docs_per_shard cuts the same text elsewhere): named, as the cause
         changed = [
-            f"{DATA_SETTINGS[k]}={v} (was {before[k]})" if k in DATA_SETTINGS else f"{k} {v} (was {before[k]})"
+            f"{DATA_SETTINGS[k]}={v} (was {before[k]})"
             for k, v in manifest.get("settings", {}).items()
-            if k in before and before[k] != v
+            if k in before and before[k] != v and k in DATA_SETTINGS
         ]
         why = f" The shards' settings changed: {', '.join(changed)}; put them back to resume." if changed else ""
+        settings_now = manifest.get("settings", {})
+        versions = [k for k in VERSIONS if k in before and k in settings_now and before[k] != settings_now[k]]
+        if not changed and versions:  # this version cuts the same text otherwise: nothing the user can put back
+            why = (
+                f" This version builds shards otherwise ({'; '.join(VERSIONS[k] for k in versions)}): add "
+                "train.allow_changes=[data] to go on with the new shards."
+            )
         if not changed and _only_words_differ(previous, manifest):
             why = (
                 " The corpus gives the same tokens as before: only the whole-word boundaries differ, cut by an "

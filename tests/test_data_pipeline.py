@@ -257,6 +257,13 @@ def test_split_sentences():
         "New paragraph",
     ]
     assert split_sentences("  \n\n ") == []
+    # other scripts: a capital of any, a letter of a script without case, and CJK's full-width ends (no space after)
+    assert split_sentences("Привет. Как дела? Хорошо.") == ["Привет.", "Как дела?", "Хорошо."]
+    assert split_sentences("今天天气很好。我们去公园吧！你好吗？") == ["今天天气很好。", "我们去公园吧！", "你好吗？"]
+    assert split_sentences("「こんにちは。」と言った。次です。") == ["「こんにちは。」と言った。", "次です。"]
+    assert split_sentences("मैं घर गया। वह आया।") == ["मैं घर गया।", "वह आया।"]
+    assert split_sentences("Il part. Élodie reste. et ici non.") == ["Il part.", "Élodie reste. et ici non."]
+    assert split_sentences("Hello.\tMr. Smith arrived.") == ["Hello.", "Mr. Smith arrived."]  # a tab before Mr.
 
 
 # ---------------------------------------------------------------------------------------------- tokenizer

@@ -126,6 +126,32 @@ def test_a_changed_corpus_leaves_the_shards_as_they_were(run, corpus, tmp_path):
     }
 
 
+def test_shards_a_newer_version_builds_otherwise_are_named_as_such(run, corpus, monkeypatch):
+    """Shards an earlier version built (its sentence splitter's) whose rebuild holds other data: the refusal said
+    'put them back' of a version number no setting changes; it says what this version does otherwise, and the way on."""
+    from pretrain import pipeline
+    from pretrain.core.errors import UserError
+    from pretrain.train import trainer
+    from pretrain.train.fingerprint import DATA_KEY
+    from pretrain.train.setup import load_config
+
+    manifest = json.loads((run / "shards" / "manifest.json").read_text())
+    manifest["settings"]["splitter_version"] = 1  # as the version before wrote them, with other sentences
+    manifest["shards"][0]["sha256"]["shard_00000.sents.npy"] = "0" * 64
+    (run / "shards" / "manifest.json").write_text(json.dumps(manifest))
+    monkeypatch.setattr(trainer, "saved_fingerprint", lambda checkpoint: {DATA_KEY: "0" * 64})  # other sentences
+    preset, *overrides = run_args(run.parent, corpus)
+    cfg = load_config(preset, overrides)
+    before = snapshot(run)
+    with pytest.raises(UserError) as err:
+        pipeline._rebuild_for_resume(
+            cfg, [corpus], pipeline.shard_settings(cfg.data), run / "checkpoints" / "step_00000003"
+        )
+    assert "it splits sentences of other scripts" in str(err.value) and "put them back" not in str(err.value)
+    assert "train.allow_changes=[data] to go on with the new shards" in str(err.value)
+    assert snapshot(run) == before
+
+
 def test_changed_tokenizer_settings_are_refused(run, corpus):
     tmp = run.parent
     before = snapshot(run)
