@@ -504,13 +504,18 @@ def _text_column(path: Path, schema, text_field: str):
             f"{path}: no column '{text_field}' (columns: {', '.join(schema.names) or 'none'}); set data.text_field"
         )
     typ = schema.field(text_field).type
-    if not (
-        pa.types.is_string(typ)
-        or pa.types.is_large_string(typ)
-        or pa.types.is_binary(typ)
-        or pa.types.is_large_binary(typ)
-        or getattr(pa.types, "is_string_view", lambda t: False)(typ)
-    ):
+
+    def text(t) -> bool:
+        return (
+            pa.types.is_string(t)
+            or pa.types.is_large_string(t)
+            or pa.types.is_binary(t)
+            or pa.types.is_large_binary(t)
+            or getattr(pa.types, "is_string_view", lambda t: False)(t)
+        )
+
+    # dictionary-encoded text (pandas' categorical, a repeated label) reads as its values (`_rows`: to_pylist)
+    if not (text(typ) or (pa.types.is_dictionary(typ) and text(typ.value_type))):
         raise DataError(f"{path}: column '{text_field}' is {typ}, not text; set data.text_field")
     return schema.get_field_index(text_field)
 

@@ -107,6 +107,14 @@ def test_parquet_null_and_corrupt_zstd_named(tmp_path):
     assert skipped == {"missing_field": 1, "empty": 1}
     with pytest.raises(DataError, match=r"n\.parquet: row 2: 'text' is null"):
         list(iter_documents([str(tmp_path / "n.parquet")], on_bad="error"))
+    # dictionary-encoded text (pandas' categorical): its values, not "not text"
+    labels = pa.array(["same words", "other words", "same words"]).dictionary_encode()
+    pq.write_table(pa.table({"text": labels}), tmp_path / "d.parquet")
+    words = [d.text for d in iter_documents([str(tmp_path / "d.parquet")])]
+    assert words == ["same words", "other words", "same words"]
+    pq.write_table(pa.table({"text": pa.array([1, 2]).dictionary_encode()}), tmp_path / "i.parquet")
+    with pytest.raises(DataError, match=r"i\.parquet: column 'text' is int64, not text"):
+        list(iter_documents([str(tmp_path / "i.parquet")]))
 
     blob = zstandard.ZstdCompressor().compress(b"".join(b'{"text": "doc %d"}\n' % i for i in range(5000)))
     (tmp_path / "t.jsonl.zst").write_bytes(blob[: len(blob) // 2])
