@@ -110,6 +110,8 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
                 raise DataError(f"corpus path '{entry}' not found (the pattern matches nothing)")
             base = Path(_static_prefix(entry))
             matches = [m for m in matches if not _inside_output(m, base)]  # no further than a directory walk goes
+            # a file of a save_to_disk directory (its state.json, an arrow file) is that dataset, read whole once
+            matches = sorted({m.parent if is_dataset_dir(m.parent) else m for m in matches})
             if matches and not any(m.is_dir() or _is_corpus_file(m) for m in matches):
                 raise DataError(
                     f"corpus pattern '{entry}' matches only files of types not read ({_suffix_counts(matches)}); "

@@ -71,6 +71,8 @@ def test_zstd_parquet_arrow_and_datasets_dir(tmp_path):
     assert [d.text for d in got] == docs[3:12]
     assert got[5].line == 2 and got[5].source.endswith(".arrow")  # row numbers are per arrow file
     assert expand_inputs([str(tmp_path)]) == [tmp_path / "a.jsonl.zst", tmp_path / "b.parquet", tmp_path / "c_ds"]
+    # a pattern into the dataset directory reads it as one input, not its state.json as JSON Lines
+    assert expand_inputs([str(tmp_path / "c_ds" / "*")]) == [tmp_path / "c_ds"]
 
     with pytest.raises(DataError, match=r"b\.parquet: no column 'text' \(columns: id, body\); set data.text_field"):
         list(iter_documents([str(tmp_path / "b.parquet")]))
