@@ -4,8 +4,8 @@ the samples/s a training step consumes, measured in the same run on the same mac
 Training step: the bert-mini preset (4 layers, hidden 256, MLM), micro-batch 32 x 128 tokens, fp32 on CPU,
 PretrainingModel forward + backward + AdamW step, as many threads as torch uses by default. The loader is
 timed with its work in the training process (num_workers=0: it then competes with nothing, which is its
-best case) and with 2 worker processes (what a run would use; on a 2-core machine the workers and the main
-process share the cores, so this is its worst case).
+best case) and with 2 worker processes (a run's `data.loader_workers` default is none on a CPU-only machine and up
+to 4 per GPU; on a 2-core machine the workers and the main process share the cores, so this is its worst case).
 
     python benchmarks/loader.py [--corpus PATH] [--batches 100] [--steps 6]
 """

@@ -10,7 +10,8 @@ median of intervals. The table gives the median of those totals over repeats, an
 TFLOP/s: each side's FLOPs per sample counted by torch's FlopCounterMode on one forward + backward of a CPU fp32
 copy of its own model over real samples (ours: the trainer's own count, `tflops` in metrics.jsonl; the peer: the
 same counter on BertForMaskedLM, which projects every position onto the vocabulary where ours projects the masked
-ones), times its samples per second. MFU against the device's bf16 peak (`pretrain.train.flops`), on a GPU only.
+ones), times its samples per second. MFU against the device's peak for the precision computed (bf16; with --fp32,
+fp32's: TF32 stays off on both sides) (`pretrain.train.flops`), on a GPU only.
 Both counts include attention: torch counts none for the CPU's attention kernel, so both sides count it with the
 same formulas (`pretrain.train.flops.count_step_flops`; at BERT-base about 3% of a step's FLOPs at seq 128, 10% at
 512).
@@ -384,6 +385,12 @@ def main() -> None:
         raise SystemExit("--fp8 runs beside bf16: leave out --fp32")
     if not 0 < a.warm < a.steps:
         raise SystemExit("--warm must be between 0 and --steps")
+    if math.gcd(a.warm, a.steps - a.warm) < min(10, a.warm):  # ours logs (reads the device) every gcd steps
+        raise SystemExit(
+            f"--warm {a.warm} and --steps {a.steps}: ours would log every {math.gcd(a.warm, a.steps - a.warm)} "
+            "step(s), reading the device each time where the peer never does; give a --warm and timed steps with a "
+            "common divisor of 10 or more (e.g. --steps 150 --warm 50)"
+        )
     if peers and importlib.util.find_spec("accelerate") is None:  # transformers' Trainer needs it; ours does not
         raise SystemExit("the peer (transformers' Trainer) needs accelerate: pip install -e '.[bench]'")
     a.corpus = a.corpus.resolve()  # the runs start in the work directory

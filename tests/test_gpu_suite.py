@@ -604,3 +604,12 @@ def test_varlen_says_what_its_tests_did_and_fails_on_a_skip_on_a_gpu(tmp_path):
     proc = subprocess.run(["bash", str(SCRIPT), "varlen"], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 1 and "varlen: tests skipped on a GPU" in proc.stderr, proc.stderr
     assert " skipped in " in (work / "results" / "varlen.tests.txt").read_text()
+
+
+def test_trainer_vs_hf_refuses_steps_that_would_make_ours_log_every_step(tmp_path):
+    """Ours logs (reads the device) every gcd(--warm, timed steps) steps, the peer never: --steps 100 --warm 33
+    timed ours reading the device at every step."""
+    script = ROOT / "benchmarks" / "trainer_vs_hf.py"
+    args = ["--steps", "100", "--warm", "33", "--peers", "none", "--work", str(tmp_path)]
+    proc = subprocess.run([sys.executable, script, *args], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and "ours would log every 1 step(s)" in proc.stderr, proc.stderr[-2000:]
