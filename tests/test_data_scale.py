@@ -454,6 +454,9 @@ def test_loader_workers_resume_and_world_size(shard_dir, tok_dir):
     for a, b in zip(ref, multi):
         _same(a, b)
     assert ref[0]["mlm_labels"].ne(-100).any()
+    # epoch 1 is another order of the same samples (the workers agreeing with the main process cannot show it)
+    orders = [[ds.place(e * len(ds) + i)[2] for i in range(len(ds))] for e in (0, 1)]
+    assert sorted(orders[0]) == sorted(orders[1]) == list(range(len(ds))) and orders[0] != orders[1]
     # resume 3 steps later (in epoch 1): O(1), the same next batches
     for a, b in zip(ref[3:], _batches(build_loader(ds, tokens.pad, first + 24, 8, 1, 0, 1, num_workers=2), 3)):
         _same(a, b)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import pytest
 import torch
@@ -111,6 +112,29 @@ def test_hf_to_ours_to_hf_round_trip(model, export_dir):
     # ours -> hf -> ours is exact too, qkv split and re-fused included
     for name, tensor in model.state_dict().items():
         assert torch.equal(fresh.state_dict()[name], tensor), name
+
+
+def test_config_fields_logits_cannot_show_round_trip(tokens, tokenizer_dir, tmp_path):
+    """layer_norm_eps and the dropouts leave eval logits at this scale alike, so parity cannot see them: an export
+    writing another eps (1e-5 for 1e-12) or dropout, or an import reading another eps, passed every parity test."""
+    from pretrain.hf.init_from import model_config_from_hf, read_hf_config
+
+    cfg = ModelConfig(
+        vocab_size=VOCAB, hidden_size=32, num_layers=1, num_heads=4, intermediate_size=64, max_position_embeddings=64
+    )
+    cfg = replace(cfg, layer_norm_eps=1e-7, hidden_dropout=0.05, attention_dropout=0.07)
+    out = export_pretrained(
+        PretrainingModel(cfg, build_objectives({"mlm": {}}, tokens)), tokens, tokenizer_dir, tmp_path / "hf", {}
+    )
+    written = json.loads((out / "config.json").read_text())
+    assert (written["layer_norm_eps"], written["hidden_dropout_prob"], written["attention_probs_dropout_prob"]) == (
+        1e-7,
+        0.05,
+        0.07,
+    )
+    imported = model_config_from_hf(read_hf_config(out), ModelConfig())
+    assert imported.layer_norm_eps == 1e-7  # the weights' meaning; dropout stays the importing run's own
+    assert (imported.hidden_dropout, imported.attention_dropout) == (ModelConfig().hidden_dropout,) * 2
 
 
 def test_export_over_existing_dir_replaces_only_its_files(model, tokens, tokenizer_dir, tmp_path):

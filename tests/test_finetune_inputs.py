@@ -229,3 +229,18 @@ def test_a_max_seq_len_that_leaves_no_text_is_refused(tmp_path, capsys):
     ):
         assert main(["finetune", str(model), str(task), "--max-seq-len", str(length), "--seeds", "1"]) == 2
         assert said in capsys.readouterr().err
+
+
+def test_each_seed_is_its_own_run_and_a_seed_again_the_same():
+    """Seeds are what the spread over seeds (and an ablation's medians) rests on: a probe seeded by anything but its
+    seed made every seed the same run, and the tests counted 5 results of one."""
+    import torch
+
+    from pretrain.evaluation.finetune import Task, train_probe
+
+    gen = torch.Generator().manual_seed(0)
+    train_x, dev_x = torch.randn(40, 8, generator=gen), torch.randn(10, 8, generator=gen)
+    labels = (train_x[:, 0] + 0.1 * torch.randn(40, generator=gen)).tolist()
+    task = Task("t", "regression", False, [], ([""] * 40, None, labels), ([""] * 10, None, [0.0] * 10))
+    runs = [train_probe(task, train_x, dev_x, seed, epochs=2, batch_size=8)[1] for seed in (1, 2, 1)]
+    assert runs[0] == runs[2] and runs[0] != runs[1]

@@ -225,6 +225,26 @@ def test_a_family_reports_the_seed_test_it_made():
     assert fam["seed_floor"] == pytest.approx(found[0].seed_p_holm) == pytest.approx(2 / 8)
 
 
+def test_seed_level_p_values_are_holm_corrected_within_their_family():
+    """Two comparisons of one family tested across seeds: each seed p is Holm-adjusted over the family's seed tests
+    (the smaller x2, the other at least that), and `holds_across_seeds` reads the adjusted one: at 0.03 raw, 0.06
+    adjusted, it does not hold. A family with one seed test each left this untested (Holm of one p is that p)."""
+    from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison, adjust
+
+    found = [Comparison("full", "t1", "mlm", "none", 0.1, 0.05, 0.15, p=0.01, family=PRIMARY, seed_p=0.03)]
+    found += [Comparison("full", "t2", "mlm", "none", 0.1, 0.05, 0.15, p=0.01, family=PRIMARY, seed_p=0.02)]
+    found += [Comparison("full", "t3", "mlm", "none", 0.1, 0.05, 0.15, p=0.01, family=PRIMARY)]  # not seed-tested
+    found += [Comparison("probe", "t1", "mlm", "span", 0.1, 0.05, 0.15, p=0.01, family=SECONDARY, seed_p=0.01)]
+    adjust(found)
+    assert [c.seed_p_holm for c in found[:2]] == pytest.approx([0.04, 0.04])  # 0.02 x 2; 0.03 x 1, raised to it
+    assert found[2].seed_p_holm is None and found[3].seed_p_holm == pytest.approx(0.01)  # its own family of one
+    assert [c.holds_across_seeds for c in found] == [True, True, False, True]
+    found[0].seed_p, found[1].seed_p = 0.03, 0.03
+    adjust(found)
+    assert [c.seed_p_holm for c in found[:2]] == pytest.approx([0.06, 0.06])
+    assert not found[0].holds_across_seeds and found[0].seed_p < 0.05  # raw p alone would have said it held
+
+
 def test_primary_family_is_corrected_apart_from_the_secondary():
     from pretrain.evaluation.report import PRIMARY, SECONDARY, Comparison, adjust, comparisons, families
 
@@ -377,3 +397,8 @@ def test_paired_bootstrap_against_hand_computed_cases():
     r = paired_bootstrap("mcc", y, y[None, None], np.zeros_like(y)[None, None], replicates=200)
     assert r["diff"] == 1.0 and r["low"] == 1.0
     assert holm([0.01, 0.04, 0.03, 0.2]) == pytest.approx([0.04, 0.09, 0.09, 0.2])
+    # a replicate tied with zero counts as beyond it (conservative): 10 ties and 90 above of 100 is p = 2 x 11 / 101
+    from pretrain.evaluation.stats import summarize
+
+    assert summarize(0.01, np.array([0.0] * 10 + [0.01] * 90))["p"] == pytest.approx(2 * 11 / 101)
+    assert summarize(-0.01, np.array([0.0] * 10 + [-0.01] * 90))["p"] == pytest.approx(2 * 11 / 101)
