@@ -124,7 +124,7 @@ def test_eval_of_an_electra_run_points_to_its_export(tmp_path, monkeypatch, expo
         (run / "hf" / "config.json").write_text("{}")
     cfg = types.SimpleNamespace(objectives={"rtd": {}}, name="tiny-rtd")
     loaded = (cfg, _DiscriminatorOnly(), None, run / "tokenizer", {"step": 3})
-    monkeypatch.setattr(setup, "load_checkpoint_model", lambda target: loaded)
+    monkeypatch.setattr(setup, "load_checkpoint_model", lambda target, ema=True: loaded)
     with pytest.raises(UserError) as err:
         load_target(run)
     message = str(err.value)
