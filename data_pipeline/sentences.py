@@ -2,16 +2,18 @@
 
 Sentences only feed sentence-level objectives (NSP/SOP) and shard sentence offsets, so a cheap splitter
 that is right on ordinary prose is enough: lines are always boundaries; a . ! or ? (and the Devanagari danda, the
-Arabic question mark) ends a sentence when followed by whitespace and something that can start one (a capital of any
-script, a digit, or a letter of a script without case), unless the word it ends is an English abbreviation; a
-full-width 。！？ ends one wherever text follows, as CJK writes no space after it.
+Arabic question mark) ends a sentence when followed by whitespace and something that can start one (an ASCII capital
+or digit, or a capital or caseless letter of a non-Latin script), unless the word it ends is an English abbreviation;
+a full-width 。！？ ends one wherever text follows, as CJK writes no space after it.
 """
 
 from __future__ import annotations
 
+import functools
 import re
+import unicodedata
 
-SPLITTER_VERSION = 2  # 2: sentences of other scripts (version 1 split before an ASCII capital or digit only)
+SPLITTER_VERSION = 2  # 2: sentences of non-Latin scripts (Latin text splits as in version 1)
 """Bump when a change here changes any split: shard caches are keyed on it."""
 
 # Lowercased words whose final period does not end a sentence.
@@ -55,16 +57,18 @@ def split_sentences(text: str) -> list[str]:
     return out
 
 
+@functools.cache
 def _starts_sentence(c: str) -> bool:
-    """A character a sentence may start with: a digit, or a letter that is not lower case (a capital of Latin,
-    Cyrillic or Greek; any letter of a script without case: Chinese, Arabic, Devanagari)."""
-    return c.isdigit() or (c.isalpha() and not c.islower())
-
-
-_WORD_END = re.compile(r"\S*$")
+    """A character a sentence may start with: an ASCII capital or digit, as version 1 had it (so that Latin text,
+    English above all, splits as before and its shards stay the same), or a capital or letter of another script:
+    Cyrillic, Greek, and the scripts without case (Chinese, Arabic, Devanagari; category Lo)."""
+    if c.isascii():
+        return c.isupper() or c.isdigit()
+    return unicodedata.category(c) in ("Lu", "Lt", "Lo") and not unicodedata.name(c, "").startswith("LATIN")
 
 
 def _is_abbreviation(line: str, dot: int) -> bool:
     """Whether the period at `dot` closes an abbreviation or an initial rather than a sentence."""
-    word = line[_WORD_END.search(line, 0, dot).start() : dot + 1]  # after the last whitespace (a tab too)
+    word_start = line.rfind(" ", 0, dot) + 1  # back over the word only: a search from the line's start was quadratic
+    word = line[word_start : dot + 1]
     return word.lower().lstrip("(\"'\u201c\u2018") in ABBREVIATIONS or bool(_INITIAL.match(word))

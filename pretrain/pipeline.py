@@ -248,8 +248,8 @@ DATA_SETTINGS = {
 
 # Shard settings no config key sets: what a newer version of the build does otherwise
 VERSIONS = {
-    "splitter_version": "it splits sentences of other scripts than Latin (Cyrillic, CJK, Devanagari) where the one "
-    "before did not",
+    "splitter_version": "it splits the sentences of non-Latin scripts (Cyrillic, Greek, CJK, Devanagari) where the "
+    "one before did not; Latin text splits as before",
     "format_version": "its shard files are of another format",
 }
 

@@ -147,7 +147,7 @@ def test_shards_a_newer_version_builds_otherwise_are_named_as_such(run, corpus, 
         pipeline._rebuild_for_resume(
             cfg, [corpus], pipeline.shard_settings(cfg.data), run / "checkpoints" / "step_00000003"
         )
-    assert "it splits sentences of other scripts" in str(err.value) and "put them back" not in str(err.value)
+    assert "it splits the sentences of non-Latin scripts" in str(err.value) and "put them back" not in str(err.value)
     assert "train.allow_changes=[data] to go on with the new shards" in str(err.value)
     assert snapshot(run) == before
 
