@@ -44,3 +44,19 @@ def test_other_precisions_count_every_skip():
     for _ in range(3):
         engine.step()
     assert engine.take_skip_flags() == [True] * 3
+
+
+def test_zero_1_to_3_skip_at_the_lowest_scale_rather_than_raise():
+    """ZeRO 1-3's DeepSpeed loss scaler raised a bare Exception at an overflow at its lowest scale: a traceback, never
+    train.nan_policy. It is made to skip there (and `Engine.step` counts it)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    from pretrain.train.engine import skip_at_the_lowest_loss_scale
+
+    scaler = DynamicLossScaler(
+        init_scale=1.0, scale_window=1000, min_scale=1.0, delayed_shift=1, consecutive_hysteresis=False
+    )
+    assert scaler.raise_error_at_min_scale  # DeepSpeed's default
+    skip_at_the_lowest_loss_scale(SimpleNamespace(optimizer=SimpleNamespace(loss_scaler=scaler)))
+    assert not scaler.raise_error_at_min_scale
+    skip_at_the_lowest_loss_scale(SimpleNamespace(optimizer=object()))  # ZeRO-0's own optimizer: nothing to change

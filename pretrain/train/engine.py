@@ -189,12 +189,23 @@ def build_engine(run: ResolvedRun, model: nn.Module, fresh: bool, load_universal
     if precision == BF16_AUTOCAST:  # inside DeepSpeed's forward: one around it is turned off there (see the model)
         model.autocast_dtype = torch.bfloat16
     drop_fp16_dummy_step(ds)
+    skip_at_the_lowest_loss_scale(ds)
     skip_single_rank_allreduce(ds, run.world, t.zero_stage)
     if optimizer_unwrapped(precision, t.zero_stage):
         zero_grad_over_a_list(ds)
     if fp32_weights is not None:
         restore_fp32_masters(ds, fp32_weights)
     return Engine(ds, precision, fp16_loss_needs_scaling(ds))
+
+
+def skip_at_the_lowest_loss_scale(engine) -> None:
+    """fp16 under ZeRO 1-3: DeepSpeed's loss scaler raises a bare Exception ("Current loss scale already at minimum")
+    at an overflow it can no longer scale away (0.19.8, fp16/loss_scaler.py; no config key turns it off), a
+    traceback where ZeRO-0's optimizer skips the step. Made to skip there too: `Engine.step` counts the skip and
+    train.nan_policy decides, as for any precision."""
+    scaler = getattr(engine.optimizer, "loss_scaler", None)
+    if hasattr(scaler, "raise_error_at_min_scale"):
+        scaler.raise_error_at_min_scale = False
 
 
 def skip_single_rank_allreduce(engine, world_size: int, zero_stage: int) -> None:
