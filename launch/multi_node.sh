@@ -47,23 +47,26 @@ else
     if [ -f "$f" ]; then awk NF "$f" >>"$env_file"; fi  # a blank line would stop the runner
   done
   export DS_ENV_FILE=$env_file
-  # pdsh runs the command on each node through a shell, which reads the arguments again: DeepSpeed's runner puts
-  # one holding a space in double quotes (where $, ` and \ still act), and leaves any other bare ($HOME expanded,
-  # a quote or ; a syntax error, {a,b} two arguments). Those are single-quoted here; the others are refused.
-  quoted=()
-  for arg in "$@"; do
-    case $arg in
-      *[[:space:]]*)
-        case $arg in *[\$\`\\]*)
-          echo "$0: over ssh, an argument with a space cannot hold \$, \` or \\ (the nodes' shell reads it in double" \
-            "quotes): $arg" >&2
-          exit 2 ;;
-        esac
-        quoted+=("$arg") ;;
-      *) quoted+=("'${arg//\'/\'\\\'\'}'") ;;
-    esac
-  done
-  set -- ${quoted[@]+"${quoted[@]}"}
+  # With two hosts or more, pdsh runs the command on each node through a shell, which reads the arguments again:
+  # DeepSpeed's runner puts one holding a space in double quotes (where $, ` and \ still act), and leaves any other
+  # bare ($HOME expanded, a quote or ; a syntax error, {a,b} two arguments, a tab a split). Those are single-quoted
+  # here; the others are refused. One host runs without pdsh or a shell: the arguments go as they are.
+  if [ "$(awk '!/^[[:space:]]*(#|$)/' "$hostfile" | wc -l)" -gt 1 ]; then
+    quoted=()
+    for arg in "$@"; do
+      case $arg in
+        *" "*)
+          case $arg in *[\$\`\\]*)
+            echo "$0: over ssh, an argument with a space cannot hold \$, \` or \\ (the nodes' shell reads it in" \
+              "double quotes): $arg" >&2
+            exit 2 ;;
+          esac
+          quoted+=("$arg") ;;
+        *) quoted+=("'${arg//\'/\'\\\'\'}'") ;;
+      esac
+    done
+    set -- ${quoted[@]+"${quoted[@]}"}
+  fi
 fi
 source "$(dirname "${BASH_SOURCE[0]}")/forward_signals.sh"
 ranks_of() { deepspeed_ranks "$1"; }

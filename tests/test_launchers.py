@@ -221,6 +221,10 @@ def test_only_a_task_of_an_srun_step_of_several_joins_slurms_world(monkeypatch, 
     assert ranks == ({"RANK": "1", "WORLD_SIZE": "2", "LOCAL_RANK": "1"} if joins else dict.fromkeys(ranks))
     # a child run of its own (an ablation's arm) inherits none of it
     assert not {"SLURM_PROCID", "SLURM_STEP_NUM_TASKS", "SLURM_LOCALID"} & set(distributed.single_process_env())
+    if joins:  # srun --gpus-per-task=1: task 1 sees one GPU, its device 0, which DeepSpeed reads from LOCAL_RANK too
+        assert distributed._local_device(visible=1) == 0 and os.environ["LOCAL_RANK"] == "0"
+        monkeypatch.setenv("LOCAL_RANK", "1")
+        assert distributed._local_device(visible=8) == 1 and os.environ["LOCAL_RANK"] == "1"  # --gpus-per-node
 
 
 # ----------------------------------------------------------------------------------------------
@@ -403,7 +407,7 @@ def test_multi_node_over_ssh_passes_the_environment_to_the_remote_ranks(data, tm
         WANDB_NOTES="costs $5",  # DeepSpeed would put it in double quotes, where the shell expands $5
     )
     # the nodes' shell reads the arguments again: each must reach the ranks as given ($HOME unexpanded, a quote)
-    odd = ["wandb.project=it's-$HOME;{a,b}", "wandb.notes=two words"]
+    odd = ["wandb.project=it's-$HOME;{a,b}", "wandb.notes=two words", "wandb.group=a\tb"]
     proc = subprocess.run(
         [LAUNCH / "multi_node.sh", hostfile, *train_args(data, "ssh"), *odd],
         env=env,
@@ -436,3 +440,11 @@ def test_multi_node_over_ssh_passes_the_environment_to_the_remote_ranks(data, tm
         [LAUNCH / "multi_node.sh", hostfile, "tiny", "wandb.notes=costs $5"], env=env, cwd=work, capture_output=True
     )
     assert proc.returncode == 2 and b"an argument with a space cannot hold" in proc.stderr
+    # one host: DeepSpeed's runner starts it without pdsh or a shell, so the arguments go as they are, unquoted
+    stand_in(bin_dir, "deepspeed", RECORD)
+    one = tmp_path / "one-host"
+    one.write_text("node-a slots=1\n")
+    log.unlink()
+    proc = subprocess.run([LAUNCH / "multi_node.sh", one, "tiny", *odd], env=env, cwd=work, capture_output=True)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert log.read_text().splitlines()[-5:] == ["train", "tiny", *odd[:2], "wandb.group=a\tb"]

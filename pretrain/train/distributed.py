@@ -119,6 +119,16 @@ def _ranks_from_srun() -> None:
     os.environ["LOCAL_RANK"] = os.environ.get("SLURM_LOCALID", "0")
 
 
+def _local_device(visible: int) -> int:
+    """This process's GPU among the `visible` ones: LOCAL_RANK, modulo them where it names one past them (srun
+    --gpus-per-task shows each task its own, as device 0), written back: DeepSpeed's engine sets its device from
+    LOCAL_RANK again (an invalid device ordinal for every task but the first on a node)."""
+    local = int(os.environ.get("LOCAL_RANK", "0"))
+    if visible and local >= visible:
+        os.environ["LOCAL_RANK"] = str(local % visible)
+    return int(os.environ.get("LOCAL_RANK", "0"))
+
+
 def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     """Join (or, for a plain single process, create) the process group; returns (rank, world_size).
 
@@ -141,8 +151,7 @@ def init_distributed(timeout_minutes: float = 30.0) -> tuple[int, int]:
     if has_cuda():  # before the group: NCCL's first collectives (the barriers below) run on the current device
         import torch
 
-        # modulo the GPUs this process sees: srun --gpus-per-task shows each task one, as device 0
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+        torch.cuda.set_device(_local_device(torch.cuda.device_count()))
     if not dist.is_initialized():
         timeout = timedelta(minutes=timeout_minutes)
         # Groups made later (DeepSpeed's, our control group) take torch's module default, not the first group's
