@@ -177,6 +177,48 @@ def test_each_phase_probes_its_flops_where_its_own_stream_starts(tmp_path, monke
     assert (tmp_path / "probes.txt").read_text().splitlines() == ["0 0", "1 0", "1 8"]
 
 
+SLOW_SAVE = """
+import time
+
+from pretrain.train import checkpoint
+
+save = checkpoint.save_checkpoint
+
+
+def slow(*args, **kwargs):  # a big model's checkpoint on a slow disk: 1.5 s
+    time.sleep(1.5)
+    return save(*args, **kwargs)
+
+
+checkpoint.save_checkpoint = slow
+"""
+
+
+@pytest.mark.slow
+def test_throughput_leaves_out_checkpoint_saves(tmp_path, monkeypatch):
+    """A save inside a log interval (step 1's and 3's, logging every 2) counted into its seconds: tokens/s, TFLOP/s
+    and MFU dipped on every line around a save."""
+    from helpers import run_cli, small_corpus
+
+    from objectives.base import PLUGINS_ENV
+    from pretrain.train.metrics import read_metrics
+
+    (tmp_path / "slow_save.py").write_text(SLOW_SAVE)
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    monkeypatch.setenv(PLUGINS_ENV, "slow_save")
+    corpus = small_corpus(tmp_path)
+    args = [f"output_dir={tmp_path}", "name=r", f"data.corpus=[{corpus}]", "data.vocab_size=512"]
+    args += ["model.num_layers=1", "train.max_steps=4", "train.log_every=2", "train.save_every=1"]
+    run_cli("run", "tiny", "--no-demo", *args, cwd=tmp_path)
+    records = read_metrics(tmp_path / "r")
+    assert [r["step"] for r in records] == [2, 4]
+    previous = 0
+    for record in records:  # each interval's seconds, as its tokens/s says: two tiny steps, not a 1.5 s save
+        assert (record["tokens"] - previous) / record["tokens_per_s"] < 1.5, record
+        previous = record["tokens"]
+    assert records[-1]["time"] > 3.0  # the run's training seconds hold the saves
+
+
 SLOW_LOADER = """
 import time
 

@@ -555,6 +555,9 @@ class Trainer:
             t.keep_checkpoints,
             {EMA_FILE: self.ema.state_dict()} if self.ema is not None else None,
         )
+        # the save is not throughput (as a phase's set-up is not): tokens/s, TFLOP/s and MFU dipped on the lines
+        # around each save; a resumed run's interval never held it either
+        self.interval.started += time.time() - now
 
     @staticmethod
     def sum_ranks(value: int) -> int:
