@@ -208,7 +208,10 @@ def test_only_a_task_of_an_srun_step_of_several_joins_slurms_world(monkeypatch, 
     from pretrain.train import distributed
 
     for name in [*distributed.LAUNCHER_VARS, "SLURM_NTASKS"]:
-        monkeypatch.delenv(name, raising=False)
+        # set first, so that monkeypatch restores it: the code under test writes RANK and the rest into os.environ,
+        # and a RANK left behind made a later in-process run join a world of 2 (DeepSpeed then looked for MPI)
+        monkeypatch.setenv(name, "")
+        monkeypatch.delenv(name)
     for name, value in slurm.items():
         monkeypatch.setenv(name, value)
     if joins:
