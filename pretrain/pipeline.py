@@ -281,14 +281,11 @@ def _rebuild_for_resume(cfg: RunConfig, paths: list, settings: dict, checkpoint:
     if then is not None and now != then and not change_allowed(DATA_KEY, cfg.train.allow_changes):
         shutil.rmtree(tmp, ignore_errors=True)
         # settings that change the shards' files (docs_per_shard cuts the same text elsewhere): named, as the cause
-        changed = [
-            f"{DATA_SETTINGS[k]}={v} (was {before[k]})"
-            for k, v in manifest.get("settings", {}).items()
-            if k in before and before[k] != v and k in DATA_SETTINGS
-        ]
+        now_set = manifest.get("settings", {})
+        differ = [k for k, v in now_set.items() if k in before and before[k] != v]
+        changed = [f"{DATA_SETTINGS[k]}={now_set[k]} (was {before[k]})" for k in differ if k in DATA_SETTINGS]
         why = f" The shards' settings changed: {', '.join(changed)}; put them back to resume." if changed else ""
-        settings_now = manifest.get("settings", {})
-        versions = [k for k in VERSIONS if k in before and k in settings_now and before[k] != settings_now[k]]
+        versions = [k for k in differ if k in VERSIONS]
         if not changed and versions:  # this version cuts the same text otherwise: nothing the user can put back
             why = (
                 f" This version builds shards otherwise ({'; '.join(VERSIONS[k] for k in versions)}): add "

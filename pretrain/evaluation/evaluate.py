@@ -231,10 +231,10 @@ def evaluate_mlm(
     # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
     with contextlib.nullcontext() if hf_dir else reading_checkpoints(target):
         logits_fn, tokenizer_dir, description, limit = load_target(target, ema=not raw_weights)
-        if not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
+        if not max_seq_len and not hf_dir:  # at 128, a run trained at 64 was scored on untrained positions
+            max_seq_len = trained_length(Path(target), limit)
+        elif not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
             max_seq_len = min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
-            if not hf_dir:  # at the length it trained at last: at 128, a run of 64 was scored on untrained positions
-                max_seq_len = trained_length(Path(target), limit)
         elif limit is not None and max_seq_len > limit:
             raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
         # the held-out shards beside what is scored: a checkpoint's go in its run's eval/, not into the checkpoint

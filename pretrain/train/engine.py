@@ -124,9 +124,11 @@ class Engine:
         """engine.step(): the optimizer steps at the end of the accumulation (DeepSpeed knows when)."""
         boundary = self.ds.is_gradient_accumulation_boundary()
         # counted around this step, not since the engine was built: loading a checkpoint restores DeepSpeed's count
-        before, scale = self.ds.skipped_steps, self.loss_scale()  # fp16: the scale this step ran at (a host float)
+        noted = boundary and not self.guarded  # DeepSpeed's wrappers decide on the host: note it
+        before = self.ds.skipped_steps
+        scale = self.loss_scale() if noted else None  # fp16: the scale this step ran at (a host float)
         self.ds.step()
-        if boundary and not self.guarded:  # DeepSpeed's wrappers decided on the host already: note it
+        if noted:
             skipped = self.ds.skipped_steps > before
             # fp16 skips an overflow to lower its loss scale, routinely; at the lowest scale nothing is left to lower:
             # the gradients are non-finite as they are, a skip as under any precision (a run skipping every step
