@@ -26,6 +26,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import BinaryIO
 
+from data_pipeline.globbing import glob_paths
 from pretrain.core.errors import DataError
 from pretrain.core.outputs import MARKER
 
@@ -105,7 +106,7 @@ def expand_inputs(paths: Iterable[str]) -> list[Path]:
         # a path that exists is that path, whatever its name holds: 'part[1].jsonl' was read as a pattern matching
         # part1.jsonl (another file, or none), and a list expanded once was expanded again when read
         if glob.has_magic(entry) and not os.path.lexists(entry):
-            matches = [Path(m) for m in glob.glob(entry, recursive=True)]
+            matches = [Path(m) for m in glob_paths(entry)]  # glob's, without its hang on a symlink loop
             if not matches:
                 raise DataError(f"corpus path '{entry}' not found (the pattern matches nothing)")
             base = Path(_static_prefix(entry))

@@ -90,6 +90,32 @@ def test_a_directory_gives_each_corpus_file_once(tmp_path):
         expand_inputs([str(tmp_path / "notes.text")])
 
 
+def test_a_recursive_pattern_over_symlink_loops_returns_each_file_once(tmp_path):
+    """glob's `**` follows a link to a folder above again and again: with two such links it never returned."""
+    import signal
+
+    corpus = tmp_path / "corpus"
+    for sub in ("a", "b"):
+        (corpus / sub).mkdir(parents=True)
+        (corpus / sub / "up").symlink_to(corpus)
+    write_jsonl(corpus / "a" / "x.jsonl", ["x"])
+    write_jsonl(corpus / "top.jsonl", ["top"])
+
+    def too_long(*_):  # not a TimeoutError: glob takes any OSError for an unreadable folder and goes on
+        raise AssertionError("the pattern did not return within 20 s")
+
+    previous = signal.signal(signal.SIGALRM, too_long)
+    signal.alarm(20)
+    try:
+        found = expand_inputs([str(corpus / "**" / "*.jsonl")])
+        below_b = expand_inputs([str(corpus / "b" / "**" / "*.jsonl")])  # through b/up, spelled as reached
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+    assert found == [corpus / "a" / "x.jsonl", corpus / "top.jsonl"]
+    assert below_b == [corpus / "b" / "up" / "a" / "x.jsonl", corpus / "b" / "up" / "top.jsonl"]
+
+
 def test_the_order_inputs_are_given_in_never_changes_the_documents_order(tmp_path):
     """A file reached twice (here through a link) was named by whichever spelling came first, and the files sorted by
     those names: [corpus, link] read a then b, [link, corpus] b then a, so other shards and another cache key."""
