@@ -15,7 +15,7 @@ from safetensors.torch import load_file
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
 from objectives import build_objectives
 from pretrain.core.config import ModelConfig
-from pretrain.core.errors import UserError
+from pretrain.core.errors import ConfigError, UserError
 from pretrain.evaluation.evaluate import load_target
 from pretrain.hf import interop as hf_interop
 from pretrain.hf.export import _probe_batch, compare_with_hf, export_pretrained, lm_head_name, load_hf
@@ -305,6 +305,7 @@ def _import(tmp_path, directory, objectives, **overrides):
             "output_dir": str(tmp_path),
             "name": "run",
             "objectives": objectives,
+            "data": {"max_seq_len": 32},  # within the tiny checkpoints' 40 positions
             "model": {"init_from": str(directory), "hidden_dropout": 0.0, "attention_dropout": 0.0, **overrides},
         }
     )  # resolved: init_from applied
@@ -445,6 +446,101 @@ def test_import_errors_are_clear(tmp_path):
         else:
             with pytest.warns(InitFromWarning, match=f"classifier_activation '{act}' is the tanh approximation"):
                 _import(tmp_path, src, {"mlm": {}})
+
+
+UNTIED = {  # a checkpoint of each kind whose MLM decoder holds values of its own (tie_word_embeddings=false)
+    "bert": (transformers.BertForMaskedLM, transformers.BertConfig(**HF_TINY, max_position_embeddings=40)),
+    "roberta": (
+        transformers.RobertaForMaskedLM,
+        transformers.RobertaConfig(**HF_TINY, max_position_embeddings=41, type_vocab_size=1),
+    ),
+    "albert": (
+        transformers.AlbertForMaskedLM,
+        transformers.AlbertConfig(**HF_TINY, embedding_size=16, max_position_embeddings=40, hidden_act="gelu"),
+    ),
+    "electra": (
+        transformers.ElectraForMaskedLM,
+        transformers.ElectraConfig(**HF_TINY, embedding_size=32, max_position_embeddings=40),
+    ),
+}
+
+
+@pytest.mark.parametrize("name", list(UNTIED))
+def test_an_untied_decoder_is_refused_rather_than_dropped(name, tmp_path):
+    """Ours decodes with the input embeddings: the checkpoint's own decoder was counted as tied and dropped, the
+    MLM logits then off by ~10 with no word."""
+    cls, config = UNTIED[name]
+    config.tie_word_embeddings = False
+    _hf_checkpoint(tmp_path / "src", cls(config))
+    with pytest.raises(UserError, match="decoder .* is not tied to its input embeddings"):
+        _import(tmp_path, tmp_path / "src", {"mlm": {}})
+
+
+def test_an_electra_generator_computing_otherwise_is_refused(tokens, tmp_path):
+    """Only the generator's depth and width were compared: another head count, activation or epsilon loaded into
+    same-shaped weights and computed something else."""
+    from pretrain.hf.electra import export_electra
+
+    src = export_electra(make_model(tokens, {"rtd": {}}), tokens, _tok(tmp_path), tmp_path / "src", CARD)
+    config_file = src / "generator" / "config.json"
+    saved = json.loads(config_file.read_text())
+    for key, value, match in (
+        ("num_attention_heads", saved["num_attention_heads"] * 2, "num_attention_heads"),
+        ("layer_norm_eps", 1e-3, "layer_norm_eps"),
+        ("hidden_act", "relu", "hidden_act 'relu' has no equivalent"),
+    ):
+        config_file.write_text(json.dumps({**saved, key: value}))
+        with pytest.raises(UserError, match=match):
+            _import(tmp_path / key, src, {"rtd": {}})
+
+
+def test_checkpoint_settings_the_run_cannot_honour_are_refused_before_anything_runs(tmp_path):
+    """Each was accepted, then dropped (a biased ModernBERT head: logits off by 2.6) or failed at the first forward
+    with a bare IndexError, after the tokenizer and shards were built."""
+    modern = dict(IMPORTS["ModernBertForMaskedLM"][1].to_dict(), classifier_bias=True)
+    _hf_checkpoint(tmp_path / "modern", transformers.ModernBertForMaskedLM(transformers.ModernBertConfig(**modern)))
+    with pytest.raises(UserError, match="'classifier_bias': True"):
+        _import(tmp_path, tmp_path / "modern", {"mlm": {}})
+    bert = tmp_path / "bert"
+    _hf_checkpoint(bert, transformers.BertForMaskedLM(transformers.BertConfig(**HF_TINY, max_position_embeddings=40)))
+    spec = {"output_dir": str(tmp_path), "objectives": {"mlm": {}}, "model": {"init_from": str(bert)}}
+    with pytest.raises(ConfigError, match=r"checkpoint's architecture, data.max_seq_len \(64\) exceeds .*\(40\)"):
+        config_from_dict({**spec, "data": {"max_seq_len": 64}})
+    roberta = tmp_path / "roberta"
+    _hf_checkpoint(roberta, transformers.RobertaForMaskedLM(UNTIED["roberta"][1]))
+    pairs = {**spec, "model": {"init_from": str(roberta)}, "data": {"max_seq_len": 32}}
+    with pytest.raises(ConfigError, match=r"nsp build segment pairs.*type_vocab_size is 1 \(the checkpoint's"):
+        config_from_dict({**pairs, "objectives": {"mlm": {}, "nsp": {}}})
+    with pytest.raises(ConfigError, match="sop build segment pairs"):  # the run's own model too
+        config_from_dict({"output_dir": str(tmp_path), "objectives": {"sop": {}}, "model": {"type_vocab_size": 1}})
+
+
+def test_a_tokenizer_numbering_tokens_otherwise_than_the_checkpoints_is_said(tmp_path, recwarn):
+    """Same size, same pad id: passed unsaid, every embedding row then another token's."""
+    src = tmp_path / "src"
+    _hf_checkpoint(src, transformers.BertForMaskedLM(IMPORTS["BertForMaskedLM"][1]))
+    _import(
+        tmp_path / "same",
+        src,
+        {"mlm": {}},
+    )
+    assert not [w for w in recwarn.list if "another id" in str(w.message)]
+    shuffled = tmp_path / "shuffled"
+    vocab = _vocab()
+    vocab[5:10] = reversed(vocab[5:10])  # five words renumbered; specials (and so the pad id) kept
+    transformers.BertTokenizer(vocab={t: i for i, t in enumerate(vocab)}).save_pretrained(str(shuffled))
+    spec = {"output_dir": str(tmp_path), "objectives": {"mlm": {}}, "data": {"max_seq_len": 32}}
+    cfg = config_from_dict(
+        {**spec, "model": {"init_from": str(src)}, "data": {**spec["data"], "tokenizer": str(shuffled)}}
+    )
+    tokens = special_tokens(load_tokenizer(cfg.tokenizer_dir))
+    with pytest.warns(InitFromWarning, match=r"4 of the 128 tokens of this run's tokenizer .* have another id"):
+        build_model(cfg, tokens)
+    # a checkpoint with only the slow tokenizer's files, and no data.tokenizer: named, not a dead end later
+    (src / "tokenizer.json").unlink()
+    (src / "vocab.txt").write_text("\n".join(_vocab()) + "\n")  # as transformers 4 and older repos keep it
+    with pytest.raises(UserError, match=r"has no tokenizer.json \(only \['vocab.txt'\]\): set data.tokenizer"):
+        config_from_dict({**spec, "model": {"init_from": str(src)}})
 
 
 # ----------------------------------------------------------------------------------------------

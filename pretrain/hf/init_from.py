@@ -19,7 +19,8 @@ from typing import Any
 from torch import nn
 
 from pretrain.core.config import ModelConfig
-from pretrain.core.errors import UserError
+from pretrain.core.config_checks import check_values
+from pretrain.core.errors import ConfigError, UserError
 from pretrain.hf.architectures import get, names
 from pretrain.hf.architectures.base import InitFromWarning
 from pretrain.hf.architectures.weights import from_hf_state_dict, normalise, read_hf_weights
@@ -35,6 +36,7 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+OLD_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
 def read_hf_config(directory: str | Path) -> Any:
@@ -113,11 +115,22 @@ def resolve_init_from(cfg):
     id from DIR/config.json, so that the run's saved config.yaml describes the model even if DIR later goes away."""
     if not cfg.model.init_from:
         return cfg
+    where = f"model.init_from {cfg.model.init_from}"
     data = cfg.data if cfg.data.tokenizer else replace(cfg.data, tokenizer=cfg.model.init_from)
-    model = model_config_from_hf(
-        read_hf_config(cfg.model.init_from), cfg.model, f"model.init_from {cfg.model.init_from}"
-    )
-    return replace(cfg, data=data, model=model)
+    model = model_config_from_hf(read_hf_config(cfg.model.init_from), cfg.model, where)
+    if not cfg.data.tokenizer and not (Path(cfg.model.init_from) / "tokenizer.json").is_file():
+        found = sorted(p.name for p in Path(cfg.model.init_from).glob("*") if p.name in OLD_TOKENIZER_FILES)
+        raise UserError(  # the run went on to train a tokenizer into the checkpoint's directory, and was refused there
+            f"{where} has no tokenizer.json{f' (only {found})' if found else ''}: set data.tokenizer to the "
+            "directory of a fast tokenizer with the checkpoint's vocabulary (transformers' AutoTokenizer loads this "
+            "one and save_pretrained writes tokenizer.json)"
+        )
+    settled = replace(cfg, data=data, model=model)
+    try:  # the checks the run's own model fields passed, again with the checkpoint's (its positions: max_seq_len)
+        check_values(settled)
+    except ConfigError as err:
+        raise ConfigError(f"{where}: with the checkpoint's architecture, {err}") from None
+    return settled
 
 
 def load_init_from(model: nn.Module, directory: str | Path) -> dict[str, list[str]]:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import warnings
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -15,12 +16,18 @@ from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
-from objectives import build_objectives, check_scheduled_options, sample_builder_for, validate_objectives
+from objectives import (
+    REGISTRY,
+    build_objectives,
+    check_scheduled_options,
+    sample_builder_for,
+    validate_objectives,
+)
 from pretrain.core.config import RunConfig, build_config, load_yaml, read_config
 from pretrain.core.errors import ConfigError, DataError, UserError
 from pretrain.core.schedule import config_at
 from pretrain.core.tokens import SpecialTokens
-from pretrain.hf.init_from import architecture_fields, load_init_from, resolve_init_from
+from pretrain.hf.init_from import InitFromWarning, architecture_fields, load_init_from, resolve_init_from
 from pretrain.model.fp8 import float8_problem
 from pretrain.model.pretraining import PretrainingModel
 from pretrain.train import checkpoint as ckpt
@@ -39,9 +46,26 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
     check_scheduled_options(cfg.schedule.values, cfg.objectives)
     if cfg.data.sources and cfg.data.corpus:
         cfg = replace(cfg, data=replace(cfg.data, corpus=[]))
-    if not apply_init_from:
-        return cfg
-    return _resumed_without_init_dir(cfg) or resolve_init_from(cfg)
+    if apply_init_from:
+        cfg = _resumed_without_init_dir(cfg) or resolve_init_from(cfg)
+    _check_token_types(cfg)
+    return cfg
+
+
+def _check_token_types(cfg: RunConfig) -> None:
+    """Segment pairs type their second segment 1: a model with one token type (RoBERTa's, imported) failed at its
+    first forward with a bare IndexError, after the tokenizer and shards were built."""
+    pairs = sorted(name for name in cfg.objectives if REGISTRY[name].sentence_level)
+    if pairs and cfg.model.type_vocab_size < 2:
+        raise ConfigError(
+            f"objectives {', '.join(pairs)} build segment pairs, typed 0 and 1, but model.type_vocab_size is "
+            f"{cfg.model.type_vocab_size}"
+            + (
+                f" (the checkpoint's, model.init_from {cfg.model.init_from}: it has no second token type)"
+                if cfg.model.init_from
+                else ""
+            )
+        )
 
 
 def _resumed_without_init_dir(cfg: RunConfig) -> RunConfig | None:
@@ -164,8 +188,27 @@ def build_model(
         torch.manual_seed(cfg.train.seed)
     model = PretrainingModel(model_config_for(cfg, tokens), build_objectives(cfg.objectives, tokens))
     if cfg.model.init_from and load_init_weights:
+        _check_vocabulary(cfg.tokenizer_dir, Path(cfg.model.init_from))
         load_init_from(model, cfg.model.init_from)
     return model
+
+
+def _check_vocabulary(tokenizer_dir: Path, init_dir: Path) -> None:
+    """A run's own tokenizer beside a checkpoint that has one: the same size and pad id passed, and every embedding
+    row then belonged to another token where the two number their tokens otherwise. Said, with how many differ."""
+    if not (init_dir / "tokenizer.json").is_file() or Path(tokenizer_dir).resolve() == init_dir.resolve():
+        return
+    ours, theirs = load_tokenizer(tokenizer_dir).get_vocab(), load_tokenizer(init_dir).get_vocab()
+    moved = sorted((i, t) for t, i in ours.items() if theirs.get(t) != i)
+    if moved:
+        examples = ", ".join(f"{t!r} (id {i} here, {theirs.get(t, 'none')} there)" for i, t in moved[:3])
+        warnings.warn(
+            f"model.init_from {init_dir}: {len(moved)} of the {len(ours)} tokens of this run's tokenizer "
+            f"({tokenizer_dir}) have another id in the checkpoint's tokenizer, e.g. {examples}: their embeddings are "
+            "those the checkpoint learned for other tokens. Leave data.tokenizer unset to use the checkpoint's",
+            InitFromWarning,
+            stacklevel=3,
+        )
 
 
 def compile_for_this_machine(cfg: RunConfig, world: int = 1) -> RunConfig:

@@ -144,6 +144,7 @@ ALBERT = register(
         target=albert_target,
         to_config=albert_config,
         from_config=albert_from_config,
+        decoder=("predictions.decoder.weight", "albert.embeddings.word_embeddings.weight"),
         tied=(
             "predictions.decoder.weight",
             "predictions.decoder.bias",

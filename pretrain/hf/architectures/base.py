@@ -108,6 +108,9 @@ class Architecture:
     """A transformers config -> our ModelConfig fields beyond the sizes every architecture has."""
     tied: tuple[str, ...] = ()
     """HF keys that hold nothing of their own: tied decoders, buffers older versions saved."""
+    decoder: tuple[str, str] | None = None
+    """(HF key of the MLM decoder's weight, of the input embeddings ours ties it to): a checkpoint whose decoder
+    holds other values (tie_word_embeddings=false) is refused on import, as ours cannot hold it."""
     claims: Callable[[nn.Module], str | None] | None = None
     """Why only this architecture can export the model (ELECTRA: an rtd run), or None."""
     priority: int = 0

@@ -137,6 +137,7 @@ BERT = register(
         target=lambda model: mlm_target(model, "bert", "BertForMaskedLM", ("nsp", "BertForPreTraining")),
         to_config=bert_config,
         from_config=bert_from_config,
+        decoder=("cls.predictions.decoder.weight", "bert.embeddings.word_embeddings.weight"),
         tied=(
             "cls.predictions.decoder.weight",
             "cls.predictions.decoder.bias",
@@ -205,6 +206,7 @@ ROBERTA = register(
         target=roberta_target,
         to_config=roberta_config,
         from_config=roberta_from_config,
+        decoder=("lm_head.decoder.weight", "roberta.embeddings.word_embeddings.weight"),
         tied=(
             "lm_head.decoder.weight",
             "lm_head.decoder.bias",

@@ -30,6 +30,7 @@ from pretrain.hf.architectures.base import (
     Part,
     Table,
     Target,
+    check_act,
     has,
     lin,
     lm_head_name,
@@ -276,13 +277,30 @@ def _check_generator_shape(ours: ModelConfig, gen_dir: Path) -> None:
     import json
 
     theirs = json.loads((gen_dir / "config.json").read_text())
+    where = f"model.init_from {gen_dir}"
     mine = {"num_hidden_layers": ours.num_layers, "hidden_size": ours.hidden_size}
     differ = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) not in (None, v)}
     if differ:
         said = ", ".join(f"{k} {a} (this run's: {b})" for k, (a, b) in differ.items())
         raise UserError(
-            f"model.init_from {gen_dir}: the checkpoint's generator has {said}: set objectives.rtd.generator_layers "
+            f"{where}: the checkpoint's generator has {said}: set objectives.rtd.generator_layers "
             "(its depth) and objectives.rtd.generator_size (its width over the encoder's) to the checkpoint's"
+        )
+    # What the sizes above do not fix: same-shaped weights computing something else (another head split, another
+    # activation or epsilon) loaded unsaid, the generator's logits off by up to 0.3 on a random model
+    check_act(theirs.get("hidden_act", "gelu"), where)
+    derived = {  # the generator's heads and FFN follow generator_size; its epsilon is the encoder's
+        "num_attention_heads": ours.num_heads,
+        "intermediate_size": ours.intermediate_size,
+        "layer_norm_eps": ours.layer_norm_eps,
+    }
+    differ = {k: (theirs.get(k), v) for k, v in derived.items() if theirs.get(k) not in (None, v)}
+    if differ:
+        said = ", ".join(f"{k} {a} (this run's: {b})" for k, (a, b) in differ.items())
+        raise UserError(
+            f"{where}: the checkpoint's generator has {said}, which this run's generator (derived from the encoder by "
+            "objectives.rtd.generator_size) cannot take: import the discriminator without it (a directory without "
+            "generator/) to train a fresh generator"
         )
 
 
@@ -365,6 +383,7 @@ ELECTRA = register(
         target=electra_target,
         to_config=electra_config,
         from_config=electra_from_config,
+        decoder=("generator_lm_head.weight", "electra.embeddings.word_embeddings.weight"),  # a generator's
         tied=("generator_lm_head.weight", "electra.embeddings.position_ids", "electra.embeddings.token_type_ids"),
         claims=electra_claims,
         priority=30,

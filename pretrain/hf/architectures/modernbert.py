@@ -146,7 +146,8 @@ def modernbert_config(model: nn.Module, target: Target, tokens) -> Any:
 def modernbert_from_config(hf_cfg: Any, where: str) -> dict[str, Any]:
     check_act(hf_cfg.hidden_activation, where, "hidden_activation")
     check_act(getattr(hf_cfg, "classifier_activation", "gelu"), where, "classifier_activation")  # the MLM head's
-    biases = {k: getattr(hf_cfg, k) for k in ("norm_bias", "attention_bias", "mlp_bias")}
+    # classifier_bias: the MLM head's dense bias, which ours has only with use_bias=true (dropped, logits off by ~2.6)
+    biases = {k: getattr(hf_cfg, k, False) for k in ("norm_bias", "attention_bias", "mlp_bias", "classifier_bias")}
     if any(biases.values()):
         raise UserError(f"{where}: ModernBERT with {biases}: only bias-free layers are supported (use_bias=false)")
     thetas = {}

@@ -87,6 +87,7 @@ def from_hf_state_dict(
 ) -> tuple[dict[str, torch.Tensor], list[Link], list[str]]:
     """(our tensors incl. tied aliases, our links absent from the checkpoint, checkpoint keys not used)."""
     record = get(arch)
+    check_tied_decoder(record, hf_sd, where)
     table = record.table(model) if table is None else table
     state, absent = from_hf(table, hf_sd, model.state_dict(), where)
     used = {h for link in table for h in link.hf} | set(record.tied)
@@ -94,6 +95,20 @@ def from_hf_state_dict(
         used |= record.import_fixup(model, hf_sd, state, where)
     unused = sorted(k for k in hf_sd if k not in used)
     return fill_aliases(model, state), absent, unused
+
+
+def check_tied_decoder(record, hf_sd: dict[str, torch.Tensor], where: str) -> None:
+    """Refuse a checkpoint whose decoder is not its input embeddings: ours decodes with the embeddings, so its own
+    decoder, counted as tied, was dropped unsaid (MLM logits off by ~10 on a random BERT)."""
+    if record.decoder is None:
+        return
+    decoder, embeddings = record.decoder
+    if decoder in hf_sd and embeddings in hf_sd and not torch.equal(hf_sd[decoder], hf_sd[embeddings]):
+        raise UserError(
+            f"{where}: the checkpoint's MLM decoder ({decoder}) is not tied to its input embeddings ({embeddings}; "
+            "config tie_word_embeddings=false): our model decodes with the input embeddings and cannot hold a decoder "
+            "of its own"
+        )
 
 
 def normalise(sd: dict[str, torch.Tensor], arch: str) -> dict[str, torch.Tensor]:
