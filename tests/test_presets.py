@@ -52,6 +52,21 @@ def test_modernbert_base_has_modernbert_bases_shape():
     assert cfg.objectives["mlm"].mask_prob == 0.30 and cfg.train.lr_schedule == "wsd" and cfg.model.unpadded
 
 
+def test_modernbert_base_decays_its_weights_as_modernberts_optimizer_does():
+    """ModernBERT's weight decay of 1e-5 is StableAdamW's decoupled one (1e-5 of a weight a step at the peak lr);
+    copied as AdamW's weight_decay it became 8e-4 x 1e-5 = 8e-9 a step, which leaves an fp32 weight of 1 unchanged."""
+    from pretrain.train.optim import build_optimizer
+
+    t = load_config("modernbert-base").train
+    layer = torch.nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    optimizer = build_optimizer(layer, t)
+    layer.weight.grad = torch.zeros_like(layer.weight)
+    optimizer.step()  # at the peak lr, a zero gradient: all that moves the weight is the decay
+    assert 1.0 - layer.weight[0, 0].item() == pytest.approx(1e-5, rel=1e-2)
+
+
 def test_bert_base_two_phase_is_berts_two_phases():
     """Devlin et al.'s 128 tokens for 90% of the steps, then 512, at 256 sequences a step on 1 rank or 8."""
     cfg = load_config("bert-base-two-phase")
