@@ -115,6 +115,24 @@ def test_failed_runs_count_in_no_pretraining_mean(tmp_path):
     assert "not all of an arm's runs" not in render_note("budget", budget)
 
 
+def test_a_time_budget_says_which_arms_stopped_at_the_step_cap_with_minutes_left(tmp_path):
+    """Under a time budget run.train.max_steps still caps each arm: a fast arm stopped there with minutes left, the
+    arms did not get equal time, and the report said only that time on a shared machine is noisy."""
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.report import cells, notes, pretraining, render_note
+
+    task = f"eval.tasks=[{make_pair_task(tmp_path / 't', 4, 2)}]"
+    config = str(ROOT / "configs" / "ablation-tiny.yaml")
+    ab = load_ablation(config, [task, f"output_dir={tmp_path / 'a'}", "budget={kind: time, amount: 1}"])
+    results = _fake_results(ab, {"mlm": 0.9, "span": 0.6, "none": 0.6})  # every run 10 steps of a 10-step cap, 3 s
+    results["span"]["pretraining"]["wall_s"] = 60.0  # span's ran out of minutes first
+    budget = dict(notes(ab, cells(ab, results), [], pretraining(ab, results)))["budget"]
+    assert budget["capped"] == {"mlm": [1, 1]} and budget["max_steps"] == ab.base.train.max_steps
+    assert "stopped at the step cap" in render_note("budget", budget) and "mlm 1 of 1" in render_note("budget", budget)
+    tokens = load_ablation(config, [task, f"output_dir={tmp_path / 'b'}"])
+    assert "capped" not in dict(notes(tokens, cells(tokens, results), [], pretraining(tokens, results)))["budget"]
+
+
 def test_flops_per_token_is_per_real_token_as_the_tokens_column(tmp_path):
     """A padded arm (sentence pairs) fills its token slots with fewer real tokens: per slot (the plan's FLOPs per step
     over its tokens per step) it looked cheaper than mlm while, at equal FLOPs, it trained on fewer real tokens, so the
@@ -654,3 +672,11 @@ def right_with(rng, labels, accuracy):
     import numpy as np
 
     return np.where(rng.random(len(labels)) < accuracy, labels, 1 - labels)[None, None]
+
+
+def test_a_p_value_is_never_printed_on_the_other_side_of_alpha():
+    """11 seeds, one comparison: a Holm-adjusted p of 102/2048 = 0.0498 holds, and printed as 'seeds p 0.05'."""
+    from pretrain.evaluation.report_render import fmt_p
+
+    assert fmt_p(102 / 2048) == "0.0498" and fmt_p(0.05) == "0.05" and fmt_p(0.0504) == "0.05"
+    assert fmt_p(0.012345) == "0.012" and fmt_p(0.5) == "0.5" and fmt_p(1.0) == "1"

@@ -126,6 +126,93 @@ def test_print_commands_plans_record_the_flops_the_report_shows(tmp_path, monkey
     assert read_state(mlm)["plan"]["flops_per_step"] == 1000
 
 
+def test_an_arm_planned_for_the_printed_jobs_is_planned_again_where_it_trains_in_one_process(tmp_path, monkeypatch):
+    """--print-commands plans each arm for launch.procs ranks; an arm `pretrain ablate` then trained here, in one
+    process, kept that plan: 3 steps of one rank's batch, half its tokens (1/8 with procs 8), and the report gave the
+    planned totals. It is planned again for one process where nothing trained yet; a job's finished arm keeps its
+    plan, and one its job has started is refused. Slurm's printed jobs ask for the plan's ranks."""
+    from pretrain.evaluation import ablate, ablation_plan
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import read_state
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    args = [f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}", "launch.procs=2"]
+    for module in (ablate, ablation_plan):
+        monkeypatch.setattr(module, "measure_phase_flops", lambda cfg: [1000])
+    ablate.print_commands(load_ablation(tiny, args))
+    ab = load_ablation(tiny, args)
+    mlm = ab.arms[0]
+    assert read_state(mlm)["plan"]["max_steps"] == 3  # 3072 tokens at 2 x 8 sequences of 64
+
+    trained = {}
+
+    def train(ab, arm, cfg_path):
+        trained["steps"] = arm.cfg.train.max_steps
+        return {"step": arm.cfg.train.max_steps, "tokens_seen": 1, "elapsed_s": 1.0}
+
+    monkeypatch.setattr(ablate, "train_arm", train)
+    monkeypatch.setattr(ablate, "_final_losses", lambda cfg: {})
+    monkeypatch.setattr(ablate, "_exported", lambda arm, state: True)
+    for started, outcome in (({"step": 1}, "refused"), ({"step": 3}, "kept"), ({}, "planned again")):
+        ab = load_ablation(tiny, args)
+        arm = ab.arms[0]
+        monkeypatch.setattr(ablate, "_trainer_state", lambda cfg, started=started: started)
+        state = read_state(arm)
+        if outcome == "refused":
+            with pytest.raises(UserError, match=r"has started training in one: finish it with its job"):
+                ablate._pretrain_arm(ab, arm, state, ab.arm_config_path(arm))
+            continue
+        ablate._pretrain_arm(ab, arm, state, ab.arm_config_path(arm))
+        plan = read_state(arm)["plan"]
+        assert (plan["max_steps"], plan["global_batch"]) == ((3, 16) if outcome == "kept" else (6, 8)), outcome
+        if outcome == "planned again":
+            assert trained["steps"] == 6 and read_state(arm)["pretraining"]["token_slots"] == 3072
+        (arm.cfg.run_dir / "state.json").unlink()
+        ablate.print_commands(load_ablation(tiny, args))  # the jobs' plan again, for the next case
+
+    slurm = load_ablation(
+        tiny,
+        [
+            args[0],
+            f"output_dir={tmp_path / 'slurm'}",
+            "launch.procs=12",
+            "launch.scheduler=slurm",
+            "budget.amount=30720",
+        ],
+    )
+    jobs = [line for line in ablate.print_commands(slurm) if line.startswith("sbatch")]
+    assert jobs and all(
+        "--nodes=2 --ntasks=12 --ntasks-per-node=8 --gpus-per-node=8 launch/slurm.sbatch" in j for j in jobs
+    )
+
+
+def test_changed_evaluation_settings_evaluate_again_and_keep_the_pretraining(tmp_path, capsys):
+    """eval.epochs changed on a finished ablation was refused with "remove <run> to run it again": the pretraining
+    thrown away to score the same weights otherwise. Evaluation settings alone now re-open the evaluation."""
+    from pretrain.evaluation.ablate import check_settings, hyperparameters
+    from pretrain.evaluation.ablation_plan import load_ablation
+    from pretrain.evaluation.ablation_record import arm_settings, finished, read_state, write_state
+
+    tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
+    args = [f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"]
+    ab = load_ablation(tiny, args)
+    done = {"trained": True, "exported": True, "evaluated": True, "downstream": {"probe": {"a": {}}}}
+    for arm in ab.arms:
+        write_state(arm, {"settings": arm_settings(ab, arm), **done})
+    again = load_ablation(tiny, [*args, "eval.epochs=2"])
+    check_settings(again)  # --print-commands, --data-only: nothing evaluates there, nothing is changed
+    assert all(read_state(a)["evaluated"] for a in again.arms)
+    check_settings(again, reopen=True)
+    for arm in again.arms:
+        state = read_state(arm)
+        assert state["trained"] and "downstream" not in state and not finished(again, state)
+        assert state["settings"] == arm_settings(again, arm)
+    assert "its pretraining stands" in capsys.readouterr().out
+    with pytest.raises(UserError, match=r"ran with other settings \(run.train.lr"):  # the pretraining's: refused
+        check_settings(load_ablation(tiny, [*args, "eval.epochs=2", "run.train.lr=0.5"]), reopen=True)
+    assert hyperparameters(again.arms[0], {"warmup_steps": 1})["warmup_steps"] == 1  # the plan's cut, not the config's
+
+
 def test_seeds_added_afterwards_reuse_the_runs_done(tmp_path):
     """A run is named <arm> with one pretraining seed and <arm>-seed<S> with several: adding seeds to a finished
     ablation trained and evaluated every arm again at the seed it had (as mlm-seed1234 beside mlm), and taking them

@@ -197,15 +197,26 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
             f"arm {arm.name}: `pretrain train {cfg_path}` failed with exit status {returncode} (see its output above)"
         )
     state = _trainer_state(arm.cfg)
-    finished = state.get("step", 0) >= t.max_steps or (
-        ab.budget_kind == "time" and state.get("elapsed_s", 0.0) >= ab.budget_amount * 60 - 1
-    )
-    if not finished:
+    if not _budget_spent(ab, t.max_steps, state):
+        limits = [f"train.{k} {getattr(t, k):g}" for k in ("max_minutes", "exit_after_steps") if getattr(t, k)]
         raise UserError(
             f"arm {arm.name}: training stopped at step {state.get('step', 0)} of {t.max_steps} "
             "before the budget was spent; run again to resume"
+            + (
+                f" (the run's {' and '.join(limits)} end each invocation's training: set them to 0 in run: to train "
+                "every arm to its budget at once)"
+                if limits and ab.budget_kind != "time"
+                else ""
+            )
         )
     return state
+
+
+def _budget_spent(ab: Ablation, max_steps: int, trainer_state: dict) -> bool:
+    """Whether a trainer state has its arm's budget: its steps, or under a time budget its minutes."""
+    return trainer_state.get("step", 0) >= max_steps or (
+        ab.budget_kind == "time" and trainer_state.get("elapsed_s", 0.0) >= ab.budget_amount * 60 - 1
+    )
 
 
 def _run_trainer(command: list[str], env: dict) -> tuple[int, int]:
@@ -319,19 +330,44 @@ def host_record(sharing: int = 1) -> dict:
     }
 
 
-def hyperparameters(arm: Arm) -> dict:
-    """What the report shows of an arm's pretraining: its objectives, learning rate and what it overrides."""
+def hyperparameters(arm: Arm, plan: dict | None = None) -> dict:
+    """What the report shows of an arm's pretraining: its objectives, learning rate, warm-up (its plan's: the budget
+    cuts it to a tenth of the steps, and the config's was recorded) and what it overrides."""
     t = arm.cfg.train
     return {
         "objectives": sorted(arm.cfg.objectives) if arm.pretrain else [],
         "lr": t.lr if arm.pretrain else None,
-        "warmup_steps": t.warmup_steps if arm.pretrain else None,
+        "warmup_steps": (plan or {}).get("warmup_steps", t.warmup_steps) if arm.pretrain else None,
         "overrides": arm.overrides,
     }
 
 
+def _drop_plan_for_other_ranks(ab: Ablation, arm: Arm, state: dict) -> None:
+    """A plan --print-commands made for its jobs' ranks (a global batch other than one process's): kept where that
+    job trained the arm to its budget; refused where it started and did not finish; dropped, to be made again, where
+    nothing trained (trained here in one process, its steps were a fraction of the budget the report then claimed)."""
+    planned, here = (state.get("plan") or {}).get("global_batch"), arm.cfg.train.global_batch(1)
+    if planned is None or planned == here:
+        return
+    done = _trainer_state(arm.cfg)
+    if done and _budget_spent(ab, state["plan"]["max_steps"], done):
+        return
+    if done:
+        raise UserError(
+            f"arm {arm.name} was planned for the jobs of --print-commands (global batch {planned}) and has started "
+            f"training in one: finish it with its job (launch.procs {ab.launch.procs}) before this command, which "
+            f"trains in one process (global batch {here})"
+        )
+    say(
+        f"note: arm {arm.name}: planned by --print-commands for global batch {planned}; trained here in one process "
+        f"(global batch {here}), so planned again for it"
+    )
+    del state["plan"]
+
+
 def _pretrain_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
     """Plan (once), train and export a pretrained arm, each stage recorded in `state` as it finishes."""
+    _drop_plan_for_other_ranks(ab, arm, state)
     if "plan" not in state:
         state["plan"] = apply_budget(ab, arm, measure_phase_flops(arm.cfg))
         save_config(arm.cfg, cfg_path)
@@ -410,13 +446,14 @@ def _baseline_arm(ab: Ablation, arm: Arm, state: dict, cfg_path: Path) -> None:
 def run_arm(ab: Ablation, arm: Arm, sharing: int = 1) -> dict:
     state = read_state(arm)
     state.setdefault("settings", arm_settings(ab, arm))  # what `check_settings` holds the next invocation to
-    state["hyperparameters"] = hyperparameters(arm)  # (re)written: a resumed arm's record matches its config
+    state["hyperparameters"] = hyperparameters(arm, state.get("plan"))  # (re)written: a resumed arm's is its config's
     if finished(ab, state):
         say(f"arm {arm.name}: finished earlier, skipped ({arm.cfg.run_dir / 'state.json'})")
         return state
     cfg_path = ab.arm_config_path(arm)
     started = time.time()
     (_pretrain_arm if arm.pretrain else _baseline_arm)(ab, arm, state, cfg_path)
+    state["hyperparameters"] = hyperparameters(arm, state.get("plan"))  # planned now, where it was not before
     say(
         f"arm {arm.name}: downstream ({', '.join(ab.eval.modes)}, seeds {ab.eval.seeds}) on "
         f"{len(ab.eval.tasks)} task(s)"
@@ -527,7 +564,9 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     if ab.launch.threads > 0:
         torch.set_num_threads(ab.launch.threads)
     sharing = _check_sharing(ab)
-    check_settings(ab)  # before anything but the marker is written: a changed config never mixes into the runs done
+    # before anything but the marker is written: a changed config never mixes into the runs done (changed evaluation
+    # settings re-open the evaluation alone)
+    check_settings(ab, reopen=True)
     # what was run, overrides in; whole or not at all: the printed commands, and the user after them, run from it
     write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     prepare_data(ab)
@@ -664,8 +703,13 @@ def _print_commands(ab: Ablation) -> list[str]:
         save_config(arm.cfg, cfg_path)
         # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
         write_state(arm, {"settings": settings, **read_state(arm), "plan": plan})
-        if ab.launch.scheduler == "slurm":
-            lines.append(f"sbatch --job-name={q('ablate-' + arm.name)} launch/slurm.sbatch {q(cfg_path)}")
+        if ab.launch.scheduler == "slurm":  # the plan's ranks: slurm.sbatch's own header asks for one node of 8
+            per_node = min(procs, SLURM_GPUS_PER_NODE)
+            nodes = -(-procs // per_node)
+            lines.append(
+                f"sbatch --job-name={q('ablate-' + arm.name)} --nodes={nodes} --ntasks={procs} "
+                f"--ntasks-per-node={per_node} --gpus-per-node={per_node} launch/slurm.sbatch {q(cfg_path)}"
+            )
         else:
             lines.append(f"launch/single_node.sh {procs} {q(cfg_path)}")
     write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
@@ -674,6 +718,9 @@ def _print_commands(ab: Ablation) -> list[str]:
         f"pretrain ablate {q(ab.out / 'ablation.yaml')}",
     ]
     return lines
+
+
+SLURM_GPUS_PER_NODE = 8  # launch/slurm.sbatch's header: one node of 8 tasks, a GPU each, unless the command says
 
 
 def q(path: Path | str) -> str:

@@ -47,19 +47,35 @@ def arm_settings(ab: Ablation, arm: Arm) -> dict:
     }
 
 
-def check_settings(ab: Ablation) -> None:
+def check_settings(ab: Ablation, reopen: bool = False) -> None:
     """Refuse (UserError, nothing written) to go on with an ablation whose runs recorded other settings than its
-    config gives now: a skipped run's results, or a resumed run's plan, would not be what the report says they are."""
+    config gives now: a skipped run's results, or a resumed run's plan, would not be what the report says they are.
+    Evaluation settings alone changed leave the pretraining as it was: with `reopen` (an invocation that evaluates),
+    such runs' downstream results are dropped, to be made again under the new settings (the message said to remove
+    the run, and its pretraining with it)."""
+    evaluated_otherwise = []
     for arm in ab.arms:
         saved = read_state(arm).get("settings")
         changed = changed_settings(saved, arm_settings(ab, arm)) if saved is not None else []
-        if changed:
+        if changed and all(c.startswith("eval.") for c in changed):
+            evaluated_otherwise.append((arm, changed))
+        elif changed:
             shown = "; ".join(changed[:4]) + (f"; and {len(changed) - 4} more" if len(changed) > 4 else "")
             raise UserError(
                 f"{ab.path}: run {arm.name} in {ab.out} ran with other settings ({shown}): its results would not be "
                 f"comparable with the rest. Put the config back, give the changed ablation another output_dir, or "
                 f"remove {arm.cfg.run_dir} to run it again (nothing was changed)"
             )
+    for arm, changed in evaluated_otherwise if reopen else ():
+        state = read_state(arm)
+        for done in ("downstream", "evaluated"):
+            state.pop(done, None)
+        write_state(arm, {**state, "settings": arm_settings(ab, arm)})
+        print(
+            f"[ablate] run {arm.name}: evaluated with other settings ({'; '.join(changed[:4])}): its pretraining "
+            "stands, its downstream results are made again",
+            flush=True,
+        )
 
 
 def finished(ab: Ablation, state: dict) -> bool:

@@ -56,7 +56,7 @@ from pretrain.evaluation.report_numbers import (
     seed_differences,
 )
 from pretrain.evaluation.report_plots import plot_downstream, plot_losses, plot_significance
-from pretrain.evaluation.report_render import LISTED, _fmt_num, _fmt_time, render_note
+from pretrain.evaluation.report_render import LISTED, _fmt_num, _fmt_time, fmt_p, render_note
 from pretrain.evaluation.stats import ALPHA, POWER, metric_batch
 
 __all__ = [
@@ -249,7 +249,7 @@ def _own_lr(ab, arm: str) -> str:
 def _versus_cell(c: Comparison | None) -> str:
     if c is None:
         return "–"
-    seeds = "" if c.seed_p_holm is None else f" seeds p {c.seed_p_holm:.2g}"
+    seeds = "" if c.seed_p_holm is None else f" seeds p {fmt_p(c.seed_p_holm)}"
     return f"{c.interval()}{' **✓**' if c.significant else ''}{seeds}"
 
 
@@ -271,7 +271,7 @@ def family_table(fams: dict) -> list[str]:
             else f"untested ({f['seeds']} seed(s); needs {SEED_TEST_MIN})"
         )
         lines.append(
-            f"| {family}: {f['what']} | {f['comparisons']} | {f['replicates']:,} | {f['floor']:.2g} | {seed_floor} |"
+            f"| {family}: {f['what']} | {f['comparisons']} | {f['replicates']:,} | {fmt_p(f['floor'])} | {seed_floor} |"
         )
     return lines
 

@@ -97,7 +97,10 @@ def budget_note(ab, trained: dict) -> Note:
     totals are the mean of fewer than all their runs (`partial`: [trained, runs]; the others failed or are missing)."""
     spent = {a: v["tokens" if ab.budget_kind == "flops" else "flops"] for a, v in trained.items()}
     partial = {a: [v["trained"], v["runs"]] for a, v in trained.items() if v["trained"] < v["runs"]}
-    return ("budget", {"budget_kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent, "partial": partial})
+    # under a time budget, run.train.max_steps still caps every arm: a fast arm stopped there with minutes left
+    capped = {a: [v["capped"], v["runs"]] for a, v in trained.items() if v.get("capped")}
+    data = {"budget_kind": ab.budget_kind, "amount": ab.budget_amount, "spent": spent, "partial": partial}
+    return ("budget", {**data, "capped": capped, "max_steps": ab.base.train.max_steps} if capped else data)
 
 
 def method_notes(ab, fams: dict, main: str, seeds: int) -> list[Note]:

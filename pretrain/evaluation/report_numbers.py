@@ -288,6 +288,13 @@ def _failed(failures: list[str], runs: int, trained: int) -> str | None:
     return f"{len(failures)} of {runs} runs ({totals}): {failures[0]}"
 
 
+def _capped(ab, state: dict) -> bool:
+    """Whether a run of a time budget stopped at its step cap (run.train.max_steps) with minutes of it left."""
+    steps, wall = (state.get("pretraining") or {}).get("steps"), (state.get("pretraining") or {}).get("wall_s", 0.0)
+    cap = (state.get("plan") or {}).get("max_steps")
+    return ab.budget_kind == "time" and steps is not None and cap and steps >= cap and wall < ab.budget_amount * 60 - 1
+
+
 def pretraining(ab, results: dict) -> dict[str, dict]:
     """Per arm: spent budget and final pretraining numbers, averaged over its runs that have them (`trained` of
     `runs`): a run that failed before its training was recorded, or is missing, counts in none of the means."""
@@ -315,5 +322,6 @@ def pretraining(ab, results: dict) -> dict[str, dict]:
             "failed": _failed(failures, len(runs), trained),
             "runs": len(runs),
             "trained": trained,
+            "capped": sum(bool(_capped(ab, s)) for s in states),
         }
     return out

@@ -11,6 +11,13 @@ from pretrain.evaluation.stats import ALPHA, sign_flip_floor
 LISTED = 8  # comparisons named in one note at most; the rest are counted
 
 
+def fmt_p(p: float) -> str:
+    """A p-value to two significant digits, or four where two would put it on the other side of ALPHA: an adjusted p
+    of 0.0498, which holds, read 0.05."""
+    short = f"{p:.2g}"
+    return short if (float(short) < ALPHA) == (p < ALPHA) else f"{p:.4g}"
+
+
 def _fmt_num(x: float) -> str:
     if x == 0:
         return "0"
@@ -57,7 +64,14 @@ def _budget(d: dict) -> str:
     partial = ", ".join(f"{a} {n} of {runs}" for a, (n, runs) in (d.get("partial") or {}).items())
     if partial:  # the other runs failed or are missing: their totals count in no mean
         partial = f" Totals are means over the runs that trained, not all of an arm's runs: {partial}."
-    return _budget_kind(d) + partial
+    capped = ", ".join(f"{a} {n} of {runs}" for a, (n, runs) in (d.get("capped") or {}).items())
+    if capped:
+        capped = (
+            f" Runs that stopped at the step cap (train.max_steps {d['max_steps']:,}) with minutes of the budget "
+            f"left, so the arms did not get equal time: {capped}. Raise run.train.max_steps above what any arm reaches "
+            "within the budget."
+        )
+    return _budget_kind(d) + partial + capped
 
 
 def _budget_kind(d: dict) -> str:
@@ -87,7 +101,7 @@ def _method(d: dict) -> str:
         if f:
             parts.append(
                 f"the {family} family ({f['what']}: {f['comparisons']} comparison(s), {f['replicates']:,} "
-                f"replicates; the smallest adjusted p it can reach is {f['floor']:.2g}"
+                f"replicates; the smallest adjusted p it can reach is {fmt_p(f['floor'])}"
                 + (", so nothing in it can be significant" if f["floor"] >= d["alpha"] else "")
                 + ")"
             )
@@ -209,7 +223,7 @@ def _seed_level(d: dict) -> str:
         parts.append(
             "these do not: "
             + ", ".join(
-                f"{i['a']} vs {i['b']} on {i['task']} ({i['mode']}, p {i['seed_p_holm']:.2g})"
+                f"{i['a']} vs {i['b']} on {i['task']} ({i['mode']}, p {fmt_p(i['seed_p_holm'])})"
                 for i in d["not_held"][:LISTED]
             )
         )
