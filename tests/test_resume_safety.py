@@ -173,6 +173,12 @@ def test_bad_files_on_resume_are_messages(run, corpus):
         "resumed from" in proc.stderr and yaml.safe_load((run / "config.yaml").read_text())["train"]["max_steps"] == 4
     )
 
+    # max_steps below the checkpoint's step: nothing trained, exit 0, and config.yaml said 2 for a model of 4 steps
+    before = (run / "config.yaml").read_bytes()
+    proc = pretrain("train", *run_args(tmp, corpus, "train.max_steps=2"), cwd=tmp, rc=2)
+    one_line_error(proc, "train.max_steps 2 is below the step of the checkpoint", "step 4): nothing would train")
+    assert (run / "config.yaml").read_bytes() == before
+
     # a foreign pickle in a checkpoint's rng file (its integrity record rewritten to match): refused by name
     from pretrain.train.checkpoint import latest_checkpoint, write_integrity
 

@@ -192,6 +192,8 @@ def test_a_decay_branch_stops_where_its_command_says_not_where_its_source_did(tm
     assert (cfg.train.lr, cfg.train.max_minutes, cfg.train.exit_after_steps, cfg.train.max_steps) == (1e-3, 0, 0, 6)
     cfg = decay_config(checkpoint, 2, None, [override, "train.exit_after_steps=1"])[0]
     assert cfg.train.exit_after_steps == 1
+    with pytest.raises(UserError, match="at least two steps, got 1: its first step trains at the peak"):
+        decay_config(checkpoint, 1, None, [override])  # exported undecayed, said decayed
     # a checkpoint inside the warm-up: said so (it was a message about decay_steps, which the user set nowhere)
     warm = tmp_path / "w" / "checkpoints" / "step_00000002"
     warm.mkdir(parents=True)

@@ -91,8 +91,11 @@ def decay_config(
     `steps` steps after the checkpoint's step, named `name` (default <source name>-decay<step>) beside the source."""
     from pretrain.train.setup import resolve_config
 
-    if steps < 1:
-        raise UserError(f"--steps: the decay needs at least one step, got {steps}")
+    if steps < 2:  # --steps 1 exported a model trained at the peak learning rate, said to be decayed
+        raise UserError(
+            f"--steps: the decay needs at least two steps, got {steps}: its first step trains at the peak learning "
+            "rate (the rate falls after each step, as in transformers' schedules), so one step does not decay"
+        )
     _refuse_what_decay_sets(overrides)
     checkpoint = ckpt.resolve_checkpoint(source)
     state = TrainState.load(checkpoint)

@@ -133,6 +133,17 @@ def wandb_keeps_note(dropped: list[int], start: int) -> str:
     )
 
 
+def check_not_past_the_end(max_steps: int, step: int, latest: Path) -> None:
+    """A resume whose train.max_steps is below the checkpoint's step trained nothing, exited 0 and wrote max_steps 4
+    into config.yaml for a model trained 6 steps on a schedule that ended at 8: refused before anything is written."""
+    if max_steps < step:
+        raise UserError(
+            f"train.max_steps {max_steps} is below the step of the checkpoint this run resumes from ({latest}, step "
+            f"{step}): nothing would train. Give train.max_steps={step} or more (equal: the run as it is, to export), "
+            "or decay it to an end with `pretrain decay` (a new run beside it)"
+        )
+
+
 def record_start(cfg: RunConfig, config: dict, config_text: str, latest: Path | None) -> None:
     """Rank 0, before training: say what a resume changes, then write config.yaml and what it takes to reproduce
     this start (code, versions, command, config, input hashes)."""
@@ -282,6 +293,7 @@ class Trainer:
                 saved.world_size or world,
                 world,
             )
+            check_not_past_the_end(t.max_steps, saved.step, latest)
             cfg = _keep_an_older_ema_without_warmup(cfg, latest)
             t = cfg.train
         config = to_dict(cfg)
