@@ -151,3 +151,43 @@ def test_settings_a_phase_from_step_0_replaces_are_said_unused(capsys):
     ) in out
     assert "activations (estimate, micro-batch 32, seq 128, the largest phase)" in out
     assert main(["train", "bert-base-two-phase", "--dry-run"]) == 0 and "note: schedule" not in capsys.readouterr().out
+
+
+def test_dry_run_memory_counts_what_the_run_keeps(capsys):
+    """Activation checkpointing was not credited (4.78 GiB with it or without), the EMA's copy was left out, and ZeRO-1
+    and fp32 got DeepSpeed's ZeRO-2, 16-bit figure (gradients partitioned, 2-byte weights)."""
+
+    def memory(*overrides) -> tuple[int, dict[str, float]]:
+        assert main(["train", "bert-base", "--dry-run", "--world-size", "8", *overrides]) == 0
+        out = capsys.readouterr().out
+        total = int(re.search(r"^total\s+([\d,]+)$", out, re.M).group(1).replace(",", ""))
+        figures = {
+            line.split(":")[0].split(" (")[0]: float(line.rsplit(" ", 2)[-2])
+            for line in _memory(out).splitlines()
+            if line.endswith(" GiB")
+        }
+        return total, figures
+
+    params, plain = memory()
+    _, checkpointed = memory("model.activation_checkpointing=true")
+    layer = 34 * 128 * 128 * 768 / 2**30  # one layer's activations at 16 bits: micro-batch 128 of 128 tokens
+    assert plain["activations"] == pytest.approx(12 * layer, abs=0.01)
+    assert checkpointed["activations"] == pytest.approx(12 * 2 * 128 * 128 * 768 / 2**30 + layer, abs=0.01)
+    _, zero1 = memory("train.zero_stage=1", "train.ema_decay=0.999")
+    assert zero1["model states of this run"] == pytest.approx((2 + 2 + 16 / 8) * params / 2**30, abs=0.01)
+    assert zero1["EMA of the fp32 weights"] == pytest.approx(4 * params / 8 / 2**30, abs=0.01)
+    _, fp32 = memory("train.zero_stage=2", "train.precision=fp32")
+    assert fp32["model states of this run"] == pytest.approx((4 + 4 / 8 + 8 / 8) * params / 2**30, abs=0.01)
+    assert "EMA of the fp32 weights" not in plain
+
+
+def test_dry_run_says_its_tokens_are_slots_where_samples_do_not_fill_them(capsys):
+    """doc_bounded packing and sentence pairs pad their samples: '10,240 tokens' where the run counted 8,325."""
+    for overrides, said in (
+        (["data.packing=doc_bounded"], "data.packing=doc_bounded"),
+        (["objectives={mlm: {}, sop: {}}"], "sop"),
+    ):
+        assert main(["train", "tiny", "--dry-run", *overrides]) == 0
+        assert f"note: the tokens above are slots (sequences x length): with {said}" in capsys.readouterr().out
+    assert main(["train", "tiny", "--dry-run"]) == 0
+    assert "are slots" not in capsys.readouterr().out  # full sentences packed: every slot a token

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 import yaml
 
+from objectives import REGISTRY
 from pretrain.core.config import GLOBAL_BATCH, RunConfig
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import to_dict
@@ -137,7 +138,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
     per_node, nodes = plan_nodes(world, gpus_per_node)
     from pretrain.train.setup import resolve_run
 
-    t, m = cfg.train, cfg.model
+    t = cfg.train
     run = resolve_run(cfg, _special_tokens(cfg, _vocab_size(cfg)), world=world)
     precision, global_batch = run.precision, run.global_batch
     model = _model_on_meta(run)
@@ -179,7 +180,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
             if t.loss_normalization == "step"
             else "each micro-batch, then averaged (train.loss_normalization=micro_batch)"
         ),
-        *(f"note: {note}" for note in (warmup_note(t), unused_by_first_phase(cfg)) if note),
+        *(f"note: {note}" for note in (warmup_note(t), unused_by_first_phase(cfg), _padding_note(cfg)) if note),
         "",
         *(schedule_lines(cfg, schedule, plan, world) if plan is not None else []),
         "# parameters",
@@ -192,23 +193,74 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
         + (" with float8 products in the encoder layers" if t.precision == "fp8" else "")
         + f", {world} rank(s) on {nodes} node(s))",
     ]
-    if t.zero_stage == 0:
-        weights = {"fp32": 4, BF16_AUTOCAST: 4, "fp16": 2}[precision]  # autocast: fp32 weights and gradients
-        master = 0 if weights == 4 else 4
-        states = total * (weights + master + 8 + weights)  # weights, fp32 master, Adam moments, gradients
-        lines.append(f"model states (weights, master copy, Adam moments, gradients): {_gib(states)}")
-    else:
-        lines.append("model states, DeepSpeed's estimator:")
-        lines.append(_zero_estimate(t.zero_stage, total, largest, per_node, nodes))
-    lines.append(_activations(schedule, m, precision))
+    lines += _model_states(t, precision, total, largest, per_node, nodes)
+    lines += _activations(schedule, cfg, precision, model.encoder.embeddings.word_embeddings.num_embeddings)
     lines += ["", "# DeepSpeed config (derived)", yaml.safe_dump(ds, sort_keys=False).rstrip()]
     return "\n".join(lines)
 
 
-def _activations(schedule: Schedule, m, precision: str) -> str:
+def _padding_note(cfg: RunConfig) -> str | None:
+    """The tokens above are slots (sequences x length): where samples do not fill them, the run counts fewer."""
+    pairs = sorted(name for name in cfg.objectives if REGISTRY[name].sentence_level)
+    why = "data.packing=doc_bounded" if cfg.data.packing == "doc_bounded" else ", ".join(pairs) if pairs else None
+    if why is None:
+        return None
+    return (
+        f"the tokens above are slots (sequences x length): with {why} padding fills some of them, and the run's "
+        "metrics count real tokens only (`pretrain data inspect` gives the share filled)"
+    )
+
+
+def _model_states(t, precision: str, params: int, largest: int, per_node: int, nodes: int) -> list[str]:
+    """Weights, gradients, fp32 master copy and Adam moments per device, and the EMA's copy. Under ZeRO 1-2 our own
+    figure beside DeepSpeed's table, which assumes 16-bit weights and partitioned gradients (stage 2's) for stage 1
+    too: ZeRO-1 keeps every gradient (2 bytes a parameter more), an fp32 run has 4-byte weights and gradients."""
+    world = per_node * nodes
+    weights = 4 if precision in ("fp32", BF16_AUTOCAST) else 2  # autocast: fp32 weights and gradients
+    # what ZeRO 1-2 partition over the ranks: Adam's moments, and beside 16-bit weights an fp32 master and gradients
+    partitioned = 8 + (0 if weights == 4 else 8)
+    if t.zero_stage == 0:
+        states = params * (weights + (0 if weights == 4 else 4) + 8 + weights)
+        lines = [f"model states (weights, master copy, Adam moments, gradients): {_gib(states)}"]
+    else:
+        lines = ["model states, DeepSpeed's estimator:", _zero_estimate(t.zero_stage, params, largest, per_node, nodes)]
+        if t.zero_stage in (1, 2):
+            gradients = weights * params if t.zero_stage == 1 else weights * params / world
+            states = weights * params + gradients + partitioned * params / world
+            lines.append(
+                f"model states of this run (ZeRO {t.zero_stage}, {weights}-byte weights, gradients "
+                f"{'whole' if t.zero_stage == 1 else 'partitioned'}; no offload): {_gib(states)}"
+            )
+    if t.ema_decay and not t.ema_on_cpu:  # the fp32 weights' average: whole at ZeRO-0, this rank's fragment above
+        lines.append(
+            f"EMA of the fp32 weights (train.ema_on_cpu=false): {_gib(4 * params / (world if t.zero_stage else 1))}"
+        )
+    return lines
+
+
+def _activations(schedule: Schedule, cfg: RunConfig, precision: str, vocab: int) -> list[str]:
     """The activation estimate of the largest micro-batch of tokens any phase trains with (a phase from step 0
-    replaces the run's own micro-batch and length)."""
+    replaces the run's own micro-batch and length): 34 bytes per token and hidden unit a layer at 16 bits (Korthikanti
+    et al., 2022), with fused attention; under activation checkpointing each layer keeps its input alone and one layer
+    at a time is recomputed whole. The token-prediction logits and the attention scores of unfused attention (a CPU,
+    masks that rule the fused kernels out) are said beside it."""
+    m = cfg.model
     micro, seq = max(((p.micro_batch_size, p.max_seq_len) for p in schedule.phases), key=lambda x: x[0] * x[1])
-    act_bytes = 34 * seq * micro * m.hidden_size * m.num_layers * (2 if precision == "fp32" else 1)
+    width = 2 if precision == "fp32" else 1
+    layer = 34 * seq * micro * m.hidden_size * width
+    checkpointed = m.activation_checkpointing
+    act_bytes = (
+        (m.num_layers * 2 * seq * micro * m.hidden_size * width + layer) if checkpointed else m.num_layers * layer
+    )
+    rates = [getattr(o, "mask_prob", 0.0) for o in cfg.objectives.values()]
+    targets = max(rates, default=0.0) * seq * micro  # masked positions: the decoder scores those alone
+    logits = targets * vocab * (2 * width + 4 + 4)  # logits, their fp32 for the loss, its gradient
+    scores = 5 * m.num_heads * seq * seq * micro * width * (1 if checkpointed else m.num_layers)
     largest = ", the largest phase" if len(schedule.phases) > 1 else ""
-    return f"activations (estimate, micro-batch {micro}, seq {seq}{largest}): {_gib(act_bytes)}"
+    return [
+        f"activations (estimate, micro-batch {micro}, seq {seq}{largest}"
+        + (", activation checkpointing" if checkpointed else "")
+        + f"): {_gib(act_bytes)}",
+        *([f"token-prediction logits (masked positions x vocabulary): {_gib(logits)}"] if logits else []),
+        f"without fused attention (a CPU, or masks that rule it out) add the attention scores: {_gib(scores)}",
+    ]
