@@ -327,6 +327,12 @@ def build_objectives(spec: dict[str, Any], tokens: SpecialTokens) -> list[Object
     return sorted(objectives, key=lambda o: not o.sentence_level)
 
 
+def pair_objectives(names) -> list[str]:
+    """The objectives among `names` that build segment pairs (nsp, sop), sorted: their samples are padded, and their
+    second segment typed 1."""
+    return sorted(name for name in names if REGISTRY[name].sentence_level)
+
+
 def sample_builder_for(objectives: list[Objective]) -> str:
     """The one sample builder every objective of a run agrees on."""
     kinds = {o.sample_builder for o in objectives if o.sample_builder != "packed"}

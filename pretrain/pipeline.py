@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pretrain.core.config import RunConfig
 from pretrain.core.parsing import to_dict
+from pretrain.hf.init_from import check_init_tokenizer
 from pretrain.train.checkpoint import latest_checkpoint
 from pretrain.train.fingerprint import TOKENIZER_SETTINGS
 from pretrain.train.setup import load_checkpoint_model
@@ -22,6 +23,7 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
     checkpoint trained on it, `_tokenizer_settings_changed`); a tokenizer the config names is used as it is."""
     from data_pipeline.tokenizer import train_tokenizer
 
+    check_init_tokenizer(cfg)  # the checkpoint's, where it has none: said, not trained into its directory
     out = cfg.tokenizer_dir
     d = cfg.data
     if d.tokenizer and (out / "tokenizer.json").is_file():  # the user's, used as it is: what it holds decides

@@ -680,3 +680,4 @@ def test_a_p_value_is_never_printed_on_the_other_side_of_alpha():
 
     assert fmt_p(102 / 2048) == "0.0498" and fmt_p(0.05) == "0.05" and fmt_p(0.0504) == "0.05"
     assert fmt_p(0.012345) == "0.012" and fmt_p(0.5) == "0.5" and fmt_p(1.0) == "1"
+    assert fmt_p(520 / 10401) == "0.049995"  # 26 comparisons' 10,400 replicates: held, and read 0.05 at four digits

@@ -169,6 +169,13 @@ def test_an_arm_planned_for_the_printed_jobs_is_planned_again_where_it_trains_in
             assert trained["steps"] == 6 and read_state(arm)["pretraining"]["token_slots"] == 3072
         (arm.cfg.run_dir / "state.json").unlink()
         ablate.print_commands(load_ablation(tiny, args))  # the jobs' plan again, for the next case
+    # an arm its job trained whose checkpoints are gone since (removed after its export, a record copied back with its
+    # hf/ alone): trained, its plan stays that of the job
+    arm = load_ablation(tiny, args).arms[0]
+    state = {**read_state(arm), "trained": True}
+    monkeypatch.setattr(ablate, "_trainer_state", lambda cfg: {})
+    ablate._drop_plan_for_other_ranks(load_ablation(tiny, args), arm, state)
+    assert (state["plan"]["max_steps"], state["plan"]["global_batch"]) == (3, 16)
 
     slurm = load_ablation(
         tiny,

@@ -347,7 +347,7 @@ def _drop_plan_for_other_ranks(ab: Ablation, arm: Arm, state: dict) -> None:
     job trained the arm to its budget; refused where it started and did not finish; dropped, to be made again, where
     nothing trained (trained here in one process, its steps were a fraction of the budget the report then claimed)."""
     planned, here = (state.get("plan") or {}).get("global_batch"), arm.cfg.train.global_batch(1)
-    if planned is None or planned == here:
+    if planned is None or planned == here or state.get("trained"):  # trained: its checkpoints may be gone since
         return
     done = _trainer_state(arm.cfg)
     if done and _budget_spent(ab, state["plan"]["max_steps"], done):

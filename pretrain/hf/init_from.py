@@ -29,6 +29,7 @@ from pretrain.hf.export import check_model_dir
 __all__ = [
     "InitFromWarning",
     "architecture_fields",
+    "check_init_tokenizer",
     "load_init_from",
     "model_config_from_hf",
     "read_hf_config",
@@ -118,19 +119,27 @@ def resolve_init_from(cfg):
     where = f"model.init_from {cfg.model.init_from}"
     data = cfg.data if cfg.data.tokenizer else replace(cfg.data, tokenizer=cfg.model.init_from)
     model = model_config_from_hf(read_hf_config(cfg.model.init_from), cfg.model, where)
-    if not cfg.data.tokenizer and not (Path(cfg.model.init_from) / "tokenizer.json").is_file():
-        found = sorted(p.name for p in Path(cfg.model.init_from).glob("*") if p.name in OLD_TOKENIZER_FILES)
-        raise UserError(  # the run went on to train a tokenizer into the checkpoint's directory, and was refused there
-            f"{where} has no tokenizer.json{f' (only {found})' if found else ''}: set data.tokenizer to the "
-            "directory of a fast tokenizer with the checkpoint's vocabulary (transformers' AutoTokenizer loads this "
-            "one and save_pretrained writes tokenizer.json)"
-        )
     settled = replace(cfg, data=data, model=model)
     try:  # the checks the run's own model fields passed, again with the checkpoint's (its positions: max_seq_len)
         check_values(settled)
     except ConfigError as err:
         raise ConfigError(f"{where}: with the checkpoint's architecture, {err}") from None
     return settled
+
+
+def check_init_tokenizer(cfg) -> None:
+    """Before the tokenizer is read or trained: a run reading the checkpoint's tokenizer (no data.tokenizer given)
+    from a directory without tokenizer.json (older repos keep vocab.txt) went on to train one into the checkpoint's
+    directory, and was refused there with a message about that directory's files."""
+    init = Path(cfg.model.init_from) if cfg.model.init_from else None
+    if init is None or Path(cfg.tokenizer_dir).resolve() != init.resolve() or (init / "tokenizer.json").is_file():
+        return
+    found = sorted(p.name for p in init.glob("*") if p.name in OLD_TOKENIZER_FILES)
+    raise UserError(
+        f"model.init_from {init} has no tokenizer.json{f' (only {found})' if found else ''}: set data.tokenizer to "
+        "the directory of a fast tokenizer with the checkpoint's vocabulary (transformers' AutoTokenizer loads this "
+        "one and save_pretrained writes tokenizer.json)"
+    )
 
 
 def load_init_from(model: nn.Module, directory: str | Path) -> dict[str, list[str]]:

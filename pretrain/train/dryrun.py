@@ -10,13 +10,14 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 
 import numpy as np
 import torch
 import yaml
 
-from objectives import REGISTRY
+from objectives import pair_objectives
 from pretrain.core.config import GLOBAL_BATCH, RunConfig
 from pretrain.core.errors import UserError
 from pretrain.core.parsing import to_dict
@@ -201,7 +202,7 @@ def dry_run(cfg: RunConfig, world_size: int | None = None, gpus_per_node: int | 
 
 def _padding_note(cfg: RunConfig) -> str | None:
     """The tokens above are slots (sequences x length): where samples do not fill them, the run counts fewer."""
-    pairs = sorted(name for name in cfg.objectives if REGISTRY[name].sentence_level)
+    pairs = pair_objectives(cfg.objectives)
     why = "data.packing=doc_bounded" if cfg.data.packing == "doc_bounded" else ", ".join(pairs) if pairs else None
     if why is None:
         return None
@@ -252,7 +253,10 @@ def _activations(schedule: Schedule, cfg: RunConfig, precision: str, vocab: int)
     act_bytes = (
         (m.num_layers * 2 * seq * micro * m.hidden_size * width + layer) if checkpointed else m.num_layers * layer
     )
-    rates = [getattr(o, "mask_prob", 0.0) for o in cfg.objectives.values()]
+    # the share of positions each token-level objective predicts (PLM: the last 1/K of its order)
+    rates = [
+        getattr(o, "mask_prob", 0.0) or 1 / getattr(o, "predict_fraction_k", math.inf) for o in cfg.objectives.values()
+    ]
     targets = max(rates, default=0.0) * seq * micro  # masked positions: the decoder scores those alone
     logits = targets * vocab * (2 * width + 4 + 4)  # logits, their fp32 for the loss, its gradient
     scores = 5 * m.num_heads * seq * seq * micro * width * (1 if checkpointed else m.num_layers)

@@ -17,9 +17,9 @@ from data_pipeline.samples import build_samples, builder_kind
 from data_pipeline.shards import ShardSet
 from data_pipeline.tokenizer import load_tokenizer, special_tokens
 from objectives import (
-    REGISTRY,
     build_objectives,
     check_scheduled_options,
+    pair_objectives,
     sample_builder_for,
     validate_objectives,
 )
@@ -55,7 +55,7 @@ def resolve_config(cfg: RunConfig, apply_init_from: bool = True) -> RunConfig:
 def _check_token_types(cfg: RunConfig) -> None:
     """Segment pairs type their second segment 1: a model with one token type (RoBERTa's, imported) failed at its
     first forward with a bare IndexError, after the tokenizer and shards were built."""
-    pairs = sorted(name for name in cfg.objectives if REGISTRY[name].sentence_level)
+    pairs = pair_objectives(cfg.objectives)
     if pairs and cfg.model.type_vocab_size < 2:
         raise ConfigError(
             f"objectives {', '.join(pairs)} build segment pairs, typed 0 and 1, but model.type_vocab_size is "

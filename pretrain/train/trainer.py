@@ -41,6 +41,7 @@ from pretrain.core.parsing import to_dict
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Phase, Schedule, config_at, unused_by_first_phase
 from pretrain.core.tokens import SpecialTokens
+from pretrain.hf.init_from import check_init_tokenizer
 from pretrain.model.encoder import set_rope_theta
 from pretrain.model.fp8 import use_float8
 from pretrain.train import checkpoint as ckpt
@@ -272,6 +273,7 @@ class Trainer:
         """Data, model, engine and the checkpoint to resume from; refuses a resume that changes the run before
         anything is written (`pretrain.train.fingerprint`)."""
         run_dir, t = cfg.run_dir, cfg.train
+        check_init_tokenizer(cfg)
         run = resolve_run(cfg, special_tokens(load_tokenizer(cfg.tokenizer_dir)), rank, world)
         tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
         shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
