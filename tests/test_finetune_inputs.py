@@ -118,6 +118,34 @@ def test_max_seq_len_beyond_the_models_positions_is_refused(tmp_path):
         assert finetune(model, task, [1], mode="probe", epochs=1)["max_seq_len"] == 32
 
 
+def test_a_model_without_its_tokenizer_or_with_a_larger_one_is_refused(tmp_path):
+    """Without a tokenizer beside the model, transformers made up a 5-token one: every word read [UNK], and fine-tuning
+    scored nothing, rc 0. A tokenizer of more tokens than the model's vocabulary failed mid-run with an IndexError."""
+    import json
+
+    from pretrain.evaluation.evaluate import evaluate_mlm
+
+    model = tiny_bert(tmp_path / "m", PAIR_WORDS)
+    tokenizer = {name: (model / name).read_bytes() for name in ("tokenizer.json", "tokenizer_config.json")}
+    for name in tokenizer:
+        (model / name).unlink()
+    tasks = long_tasks(tmp_path)
+    for task in tasks:
+        with pytest.raises(UserError, match=r"m: no tokenizer \(tokenizer.json, vocab.txt"):
+            finetune(model, task, [1], mode="probe", epochs=1, max_seq_len=32)
+    for name, data in tokenizer.items():
+        (model / name).write_bytes(data)
+    config = json.loads((model / "config.json").read_text())
+    vocab = config["vocab_size"]
+    (model / "config.json").write_text(json.dumps({**config, "vocab_size": vocab - 3}))
+    for task in tasks:
+        with pytest.raises(UserError, match=rf"its tokenizer has {vocab} tokens, more than the model's vocabulary"):
+            finetune(model, task, [1], mode="probe", epochs=1, max_seq_len=32)
+    with pytest.raises(UserError, match=rf"its tokenizer has {vocab} tokens, more than the model's vocabulary"):
+        (tmp_path / "held-out.txt").write_text("the words of a held-out text\n")
+        evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")])
+
+
 @pytest.mark.parametrize("head", ["sequence", "token"])
 def test_a_classifier_of_another_label_count_gets_a_new_head(tmp_path, capsys, head):
     """A *ForSequenceClassification (or token) model fine-tuned on a task of 5 labels, started on one of 2."""

@@ -51,7 +51,8 @@ def load_target(target: Path, ema: bool = True) -> tuple[Callable, Path, str, in
     if _is_hf_dir(target):
         from transformers import AutoConfig, AutoModelForMaskedLM
 
-        from pretrain.hf.export import check_model_dir
+        from data_pipeline.tokenizer import load_tokenizer
+        from pretrain.hf.export import check_model_dir, check_tokenizer
 
         config = json.loads((target / "config.json").read_text())
         model_dir = target
@@ -59,6 +60,8 @@ def load_target(target: Path, ema: bool = True) -> tuple[Callable, Path, str, in
         if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():
             model_dir = target / "generator"
         check_model_dir(model_dir)
+        check_tokenizer(target, None, config.get("vocab_size"))
+        check_tokenizer(target, len(load_tokenizer(target)), config.get("vocab_size"))  # past it: an IndexError
         try:
             AutoConfig.from_pretrained(str(model_dir))
             model = AutoModelForMaskedLM.from_pretrained(str(model_dir), dtype=torch.float32).eval().to(local_device())

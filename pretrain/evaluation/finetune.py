@@ -47,7 +47,7 @@ from pretrain.evaluation.token_tasks import (
     load_token_task,
     read_task_text,
 )
-from pretrain.hf.export import check_model_dir, position_limit
+from pretrain.hf.export import check_model_dir, check_tokenizer, position_limit
 from pretrain.train.distributed import local_device
 
 csv.field_size_limit(1 << 24)
@@ -330,7 +330,9 @@ def load_model(model_dir: Path | None, num_labels: int, kind: str, random_init: 
     model_dir = check_model_dir(model_dir)
     problem = "regression" if kind == "regression" else "single_label_classification"
     config = AutoConfig.from_pretrained(str(model_dir), num_labels=num_labels, problem_type=problem)
+    check_tokenizer(model_dir, None, config.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    check_tokenizer(model_dir, len(tokenizer), config.vocab_size)
     if random_init:
         model = AutoModelForSequenceClassification.from_config(config)
     else:

@@ -35,7 +35,7 @@ from tqdm import tqdm
 from pretrain.core.errors import UserError
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.evaluation.fit import autocast, batches, fit, linear_schedule, load_with_head, precision
-from pretrain.hf.export import check_model_dir
+from pretrain.hf.export import check_model_dir, check_tokenizer
 from pretrain.train.distributed import local_device
 
 SPLITS = ("train.txt", "dev.txt")
@@ -298,7 +298,9 @@ def load_token_model(model_dir: Path, tags: list[str], random_init: bool = False
         id2label=dict(enumerate(tags)),
         label2id={t: i for i, t in enumerate(tags)},
     )
+    check_tokenizer(model_dir, None, config.vocab_size)
     tokenizer = AutoTokenizer.from_pretrained(str(model_dir))
+    check_tokenizer(model_dir, len(tokenizer), config.vocab_size)
     if random_init:
         return tokenizer, AutoModelForTokenClassification.from_config(config)
     return tokenizer, load_with_head(AutoModelForTokenClassification, model_dir, config)

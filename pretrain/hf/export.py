@@ -97,6 +97,27 @@ def check_model_dir(directory: str | Path, what: str = "") -> Path:
     return directory
 
 
+# What a HuggingFace tokenizer is saved as: one of these beside a model's config.json
+TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+
+
+def check_tokenizer(directory: Path, tokens: int | None, vocab_size: int | None) -> None:
+    """A model directory's tokenizer, as fine-tuning and eval read it: there (without one, transformers made up a
+    5-token tokenizer, every word read [UNK], and the scores were those of nothing), and with no more tokens than the
+    model's vocabulary (ids past it failed mid-run with a bare IndexError). `tokens`: its size, None before it is
+    loaded."""
+    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+        raise UserError(
+            f"{directory}: no tokenizer ({', '.join(TOKENIZER_FILES)}) beside the model: save the tokenizer it was "
+            "trained with there (`pretrain export` writes it)"
+        )
+    if tokens is not None and vocab_size and tokens > vocab_size:
+        raise UserError(
+            f"{directory}: its tokenizer has {tokens:,} tokens, more than the model's vocabulary ({vocab_size:,}): "
+            "it is not the tokenizer this model was trained with"
+        )
+
+
 def position_limit(config: dict) -> int:
     """The longest input the encoder's position table allows: RoBERTa's starts after the padding index."""
     limit = int(config.get("max_position_embeddings") or 512)
