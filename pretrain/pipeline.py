@@ -646,12 +646,15 @@ def _inputs_missing(cfg: RunConfig):
     from data_pipeline.mixing import source_inputs
     from data_pipeline.readers import expand_inputs
     from pretrain.core.errors import UserError
+    from pretrain.core.outputs import claim_output
 
     try:
         if cfg.data.sources:
             source_inputs(cfg.data.sources)
         elif cfg.data.corpus:
             expand_inputs(cfg.data.corpus)
+        if cfg.export_dir:  # a folder of the user's files (or a file) was refused only after the whole training
+            claim_output(Path(cfg.export_dir), "export", "export_dir")
     except UserError as err:
         return err
     return None

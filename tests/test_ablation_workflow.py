@@ -220,6 +220,24 @@ def test_changed_evaluation_settings_evaluate_again_and_keep_the_pretraining(tmp
     assert hyperparameters(again.arms[0], {"warmup_steps": 1})["warmup_steps"] == 1  # the plan's cut, not the config's
 
 
+def test_a_task_that_cannot_be_read_is_refused_before_any_arm_trains(tmp_path, monkeypatch):
+    """An empty dev.tsv was read only when each arm had pretrained and exported: every arm failed after its work."""
+    from pretrain.evaluation import ablate
+    from pretrain.evaluation.ablation_plan import load_ablation
+
+    def went_on(ab):
+        raise AssertionError("the ablation went on to build its data")
+
+    monkeypatch.setattr(ablate, "prepare_data", went_on)
+    task = tsv_task(tmp_path / "empty-dev", 20)
+    (task / "dev.tsv").write_text("")
+    ab = load_ablation(
+        str(ROOT / "configs" / "ablation-tiny.yaml"), [f"eval.tasks=[{task}]", f"output_dir={tmp_path / 'ab'}"]
+    )
+    with pytest.raises(UserError, match=r"dev.tsv"):
+        ablate.run_ablation(ab)
+
+
 def test_seeds_added_afterwards_reuse_the_runs_done(tmp_path):
     """A run is named <arm> with one pretraining seed and <arm>-seed<S> with several: adding seeds to a finished
     ablation trained and evaluated every arm again at the seed it had (as mlm-seed1234 beside mlm), and taking them

@@ -33,7 +33,7 @@ def trained(tmp_path_factory, corpus):
     return tmp, tmp / "r"
 
 
-def test_export_never_replaces_what_is_not_an_export(trained, tmp_path):
+def test_export_never_replaces_what_is_not_an_export(trained, corpus, tmp_path):
     tmp, run = trained
     before = snapshot(run)
     proc = pretrain("export", run, "--out", run, cwd=tmp, rc=2)
@@ -50,6 +50,13 @@ def test_export_never_replaces_what_is_not_an_export(trained, tmp_path):
     proc = pretrain("export", run, "--out", foreign, cwd=tmp, rc=2)
     one_line_error(proc, str(foreign), "thesis.tex")
     assert (foreign / "thesis.tex").read_text() == "months of work" and len(list(foreign.iterdir())) == 1
+
+    # `pretrain run` with that folder as export_dir: refused before anything is built or trained (it trained to the
+    # end, then refused the export, naming a --out the user never gave)
+    fresh = tmp_path / "fresh"
+    proc = pretrain("run", *run_args(fresh, corpus, f"export_dir={foreign}"), "--no-demo", cwd=tmp, rc=2)
+    one_line_error(proc, f"export_dir {foreign} already holds files", "thesis.tex")
+    assert not fresh.exists() and len(list(foreign.iterdir())) == 1
 
     # a directory this tool exported into is ours to replace, again and again
     out = tmp_path / "export"

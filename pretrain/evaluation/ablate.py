@@ -212,6 +212,16 @@ def train_arm(ab: Ablation, arm: Arm, cfg_path: Path) -> dict:
     return state
 
 
+def check_tasks(ab: Ablation) -> None:
+    """Read every task as its evaluation will, before any arm trains: an empty dev.tsv or a bad label was found only
+    after each arm had pretrained and exported, and failed every arm."""
+    from pretrain.evaluation.finetune import load_task
+
+    for task in ab.eval.tasks:
+        options = ab.eval.finetune(ab.eval.modes[0])
+        load_task(Path(task), options.task_type, options.max_train)
+
+
 def _budget_spent(ab: Ablation, max_steps: int, trainer_state: dict) -> bool:
     """Whether a trainer state has its arm's budget: its steps, or under a time budget its minutes."""
     return trainer_state.get("step", 0) >= max_steps or (
@@ -567,6 +577,7 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     # before anything but the marker is written: a changed config never mixes into the runs done (changed evaluation
     # settings re-open the evaluation alone)
     check_settings(ab, reopen=True)
+    check_tasks(ab)
     # what was run, overrides in; whole or not at all: the printed commands, and the user after them, run from it
     write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
     prepare_data(ab)
