@@ -82,11 +82,25 @@ def _load(args) -> RunConfig:
     return load_config(args.config, args.overrides)
 
 
+def not_a_trained_runs(out: Path) -> None:
+    """--out of `pretrain tokenizer` or `pretrain shards` naming a run's own tokenizer/ or shards/, which its
+    checkpoints trained on: replaced, the run could not resume, and its refusal blamed the corpus."""
+    from pretrain.core.outputs import marked_kind
+
+    run = out.resolve().parent
+    if marked_kind(run) == "run" and any((run / "checkpoints").glob("step_*")):
+        raise UserError(
+            f"--out {out} is the {out.name} of the run {run}, whose checkpoints trained on it: replaced, the run could "
+            "not resume; choose another directory"
+        )
+
+
 def cmd_tokenizer(args) -> int:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.tokenizer import train_tokenizer
 
     out = Path(args.out)
+    not_a_trained_runs(out)
     tok = train_tokenizer(
         expand_inputs(args.corpus),
         out,
@@ -110,6 +124,7 @@ def cmd_shards(args) -> int:
     from data_pipeline.readers import expand_inputs
     from data_pipeline.shards import build_shards
 
+    not_a_trained_runs(Path(args.out))
     manifest = build_shards(
         expand_inputs(args.corpus),
         Path(args.tokenizer),

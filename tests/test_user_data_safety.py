@@ -80,8 +80,15 @@ def test_tokenizer_and_shards_never_replace_a_users_directory(trained, corpus, t
     one_line_error(proc, "vocab-notes.md", "did not write")
     assert snapshot(mine) == {"vocab-notes.md": b"mine"}
 
-    # a run directory given as the tokenizer directory is neither trained over nor deleted
+    # a run's own tokenizer/ and shards/, which its checkpoints trained on: replaced, the run could not resume
     before = snapshot(run)
+    for command in (["tokenizer", corpus, "--vocab-size", "512"], ["shards", corpus, "--tokenizer", run / "tokenizer"]):
+        out = run / ("tokenizer" if command[0] == "tokenizer" else "shards")
+        proc = pretrain(*command, "--out", out, cwd=tmp, rc=2)
+        one_line_error(proc, f"is the {out.name} of the run", "whose checkpoints trained on it")
+    assert snapshot(run) == before
+
+    # a run directory given as the tokenizer directory is neither trained over nor deleted
     proc = pretrain("run", *run_args(tmp, corpus, "name=other", f"data.tokenizer={run}"), cwd=tmp, rc=2)
     one_line_error(proc, "is a run directory of this tool, not a tokenizer directory")
     assert snapshot(run) == before
