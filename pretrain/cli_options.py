@@ -236,8 +236,8 @@ def tokenizer_args(p):
         "tokenizer_type",
         help="tokenizer model: WordPiece (BERT), byte-level BPE (RoBERTa) or Unigram",
     )
-    add_field_option(p, "--vocab-size", DataConfig, "vocab_size")
-    add_field_option(p, "--min-frequency", DataConfig, "min_frequency")
+    add_field_option(p, "--vocab-size", DataConfig, "vocab_size", type=positive_int)
+    add_field_option(p, "--min-frequency", DataConfig, "min_frequency", type=non_negative_int)
     add_field_option(p, "--cased", DataConfig, "lowercase", help="keep case")
     add_field_option(p, "--keep-accents", DataConfig, "strip_accents", help="keep accents")
     add_field_option(p, "--text-field", DataConfig, "text_field")
@@ -247,6 +247,7 @@ def tokenizer_args(p):
         "--sample-docs",
         DataConfig,
         "tokenizer_sample_docs",
+        type=non_negative_int,
         help="train on about N documents, an equal share from the start of each input file (0 = all)",
     )
     bad_input_args(p)

@@ -129,8 +129,13 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     assert "model.hidden_size" in proc.stderr and "'wide'" in proc.stderr and "Traceback" not in proc.stderr
     # values out of range: tracebacks before (an OverflowError, torch's dropout check), or silently one document per
     # shard
-    proc = pretrain("tokenizer", small_corpus, "--out", tmp_path / "neg", "--vocab-size", "-5", cwd=tmp_path, rc=2)
-    assert "vocab_size must be >= 1, got -5" in proc.stderr and "Traceback" not in proc.stderr
+    for flag, value, needle in (
+        ("--vocab-size", "-5", "argument --vocab-size: must be a whole number above 0, got '-5'"),
+        ("--min-frequency", "-1", "argument --min-frequency: must be a whole number, 0 or more"),  # an OverflowError
+        ("--vocab-size", "1000000000000", "vocab_size must be within 1..8,388,608"),  # the trainer's abort, rc 134
+    ):
+        proc = pretrain("tokenizer", small_corpus, "--out", tmp_path / "neg", f"{flag}={value}", cwd=tmp_path, rc=2)
+        assert needle in proc.stderr and "Traceback" not in proc.stderr and not (tmp_path / "neg").exists()
     # the presets' demo corpus is relative to the project: from elsewhere, the message says where it is
     proc = pretrain("tokenizer", "data/us-speeches.public-domain.jsonl", "--out", tmp_path / "t", cwd=tmp_path, rc=2)
     assert f"the project's copy is {ROOT / 'data' / 'us-speeches.public-domain.jsonl'}" in proc.stderr

@@ -72,6 +72,12 @@ def test_bad_schedule_settings_are_refused_by_name(override, needle):
         (["train.grad_clip=-1"], "train.grad_clip: must be >= 0, got -1.0"),
         (["train.weight_decay=-0.01"], "train.weight_decay: must be >= 0, got -0.01"),
         (["train.adam_beta2=1.0"], "train.adam_beta2: must be within [0, 1), got 1.0"),
+        # accepted unsaid, or a trainer's OverflowError after the corpus was read
+        (["train.max_skipped_steps=-1"], "train.max_skipped_steps: must be >= 0, got -1"),
+        (["train.peak_tflops=-1"], "train.peak_tflops: must be >= 0, got -1.0"),
+        (["data.loader_workers=-5"], "data.loader_workers: must be >= -1"),
+        (["data.min_frequency=-1"], "data.min_frequency: must be >= 0, got -1"),
+        (["data.tokenizer_sample_docs=-3"], "data.tokenizer_sample_docs: must be >= 0, got -3"),
     ],
 )
 def test_schedule_options_the_schedule_does_not_use_are_refused(overrides, needle):

@@ -51,6 +51,11 @@ def check_values(cfg: RunConfig) -> None:
         raise ConfigError(
             f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.num_heads ({cfg.model.num_heads})"
         )
+    if cfg.data.loader_workers < -1:
+        raise ConfigError(
+            f"data.loader_workers: must be >= -1 (-1: chosen from the cores, 0: the training process), got "
+            f"{cfg.data.loader_workers}"
+        )
     if cfg.data.max_seq_len < 8:  # as a schedule phase's: [CLS] A [SEP] B [SEP] and a masked token need room
         raise ConfigError(f"data.max_seq_len: must be >= 8 tokens, got {cfg.data.max_seq_len}")
     for key in ("hidden_dropout", "attention_dropout"):
@@ -75,6 +80,8 @@ def check_values(cfg: RunConfig) -> None:
         "grad_clip",
         "weight_decay",
         "adam_eps",
+        "max_skipped_steps",
+        "peak_tflops",
     ):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
@@ -276,6 +283,9 @@ def check_data_stages(d: DataConfig) -> None:
     for key in ("vocab_size", "docs_per_shard"):
         if getattr(d, key) < 1:
             raise ConfigError(f"data.{key}: must be >= 1, got {getattr(d, key)}")
+    for key in ("min_frequency", "tokenizer_sample_docs"):  # a trainer's OverflowError; "all" unsaid
+        if getattr(d, key) < 0:
+            raise ConfigError(f"data.{key}: must be >= 0, got {getattr(d, key)}")
 
 
 def check_options_apply(t: TrainConfig) -> None:
