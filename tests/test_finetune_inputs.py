@@ -1,6 +1,8 @@
 """What `pretrain finetune` reads and refuses before it trains: a task's TSV files (encoding, quoting, columns), the
 task type a directory allows, the seeds, the model's positions and an existing classification head."""
 
+from pathlib import Path
+
 import pytest
 from helpers import PAIR_WORDS, tiny_bert
 
@@ -272,3 +274,26 @@ def test_each_seed_is_its_own_run_and_a_seed_again_the_same():
     task = Task("t", "regression", False, [], ([""] * 40, None, labels), ([""] * 10, None, [0.0] * 10))
     runs = [train_probe(task, train_x, dev_x, seed, epochs=2, batch_size=8)[1] for seed in (1, 2, 1)]
     assert runs[0] == runs[2] and runs[0] != runs[1]
+
+
+def test_eval_of_an_export_never_writes_into_a_users_eval_folder(tmp_path):
+    """The held-out shards of an exported model are cached in <its parent>/eval: any folder of the user's, written into
+    (and a file of that name was a NotADirectoryError traceback)."""
+    from pretrain.evaluation.evaluate import evaluate_mlm
+
+    model = tiny_bert(tmp_path / "models" / "m", PAIR_WORDS)
+    held = tmp_path / "held-out.txt"
+    held.write_text(" ".join(PAIR_WORDS * 8) + "\n")
+    users = tmp_path / "models" / "eval"
+    users.mkdir()
+    (users / "results.txt").write_text("mine")
+    with pytest.raises(UserError, match=r"models/eval is where held-out shards .* left untouched; give --shards"):
+        evaluate_mlm(model, corpus=[str(held)], max_samples=1)
+    assert [p.name for p in users.iterdir()] == ["results.txt"]
+    users.rename(tmp_path / "mine")
+    users.write_text("a file")
+    with pytest.raises(UserError, match=r"models/eval is where held-out shards"):
+        evaluate_mlm(model, corpus=[str(held)], max_samples=1)
+    users.unlink()
+    first = evaluate_mlm(model, corpus=[str(held)], max_samples=1)  # absent: made, and read again the next time
+    assert Path(first["shards"]).parent == users and evaluate_mlm(model, corpus=[str(held)], max_samples=1) == first

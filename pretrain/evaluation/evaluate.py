@@ -177,8 +177,27 @@ def resolve_shards(
     default = DataConfig()
     said = sorted((k, v) for k, v in reading.items() if v != getattr(default, k))
     key = [sorted(map(str, files)), tokenizer_hash(tokenizer_dir), *([said] if said else [])]
-    out = cache_root / f"eval-shards-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
+    out = cache_root / f"{CACHE_PREFIX}{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}"
     build_shards(files, tokenizer_dir, out, num_workers=0, **reading)  # a cache hit when it exists
+    return out
+
+
+CACHE_PREFIX = "eval-shards-"
+
+
+def cache_dir(out: Path) -> Path:
+    """`out` as the cache of held-out shards: absent, or holding such caches alone. Beside an exported model its parent
+    is any folder of the user's: its own eval/ was written into, and a file of that name was a traceback."""
+    from pretrain.core.outputs import LOCK, MARKER
+
+    ours = (MARKER, LOCK)
+    if out.exists() and (
+        not out.is_dir() or any(p.name not in ours and not p.name.startswith(CACHE_PREFIX) for p in out.iterdir())
+    ):
+        raise UserError(
+            f"{out} is where held-out shards built from --corpus are kept, and it holds what this tool did not write: "
+            "it was left untouched; give --shards DIR (built with `pretrain shards`) instead"
+        )
     return out
 
 
@@ -244,7 +263,7 @@ def evaluate_mlm(
         # (rotated away with it); a checkpoint outside a run keeps them in its own eval/
         cache_root = Path(target).parent if hf_dir else run_of(target) or Path(target)
         reading = corpus_reading(Path(target), hf_dir, text_field, text_documents) if corpus else {}
-        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
+        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_dir(cache_root / "eval"), reading)
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
     samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep, each_token_once=True)
