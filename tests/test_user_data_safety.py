@@ -268,6 +268,11 @@ def test_a_damaged_checkpoint_names_the_intact_previous_one(corpus, tmp_path):
     one_line_error(proc, "is corrupt", "step_00000002 is intact", f"mv {latest} {aside}")
     proc = pretrain("export", tmp_path / "r", "--out", tmp_path / "hf", cwd=tmp_path, rc=2)
     one_line_error(proc, "step_00000002 is intact")
+    record = (latest / "integrity.json").read_bytes()
+    for torn in (record[:20], b"[1, 2]"):  # its record torn, or not one of ours: a JSONDecodeError, an AttributeError
+        (latest / "integrity.json").write_bytes(torn)
+        proc = pretrain("export", tmp_path / "r", "--out", tmp_path / "hf", cwd=tmp_path, rc=2)
+        one_line_error(proc, "integrity.json is damaged", "step_00000002 is intact")
     latest.rename(aside)  # as the message says: the run continues from step 2
     proc = pretrain("train", *args[:-3], "train.max_steps=4", cwd=tmp_path)
     assert "continuing from step_00000002" in proc.stderr and "step 2" in proc.stderr

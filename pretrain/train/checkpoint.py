@@ -94,7 +94,13 @@ def verify_integrity(path: Path) -> None:
     manifest = Path(path) / INTEGRITY
     if not manifest.is_file():
         raise UserError(f"checkpoint {path} has no {INTEGRITY}: it was not completely written")
-    for name, want in json.loads(manifest.read_text()).items():
+    try:
+        record = json.loads(manifest.read_text())
+        entries = [(name, int(want["bytes"]), str(want["sha256"])) for name, want in record.items()]
+    except (ValueError, UnicodeDecodeError, AttributeError, TypeError, KeyError):  # torn or not a record of ours
+        raise UserError(f"checkpoint {path}: its {INTEGRITY} is damaged (not the record this tool writes)") from None
+    for name, size, sha in entries:
+        want = {"bytes": size, "sha256": sha}
         file = Path(path) / name
         if not file.is_file():
             raise UserError(f"checkpoint file {file} is missing")
