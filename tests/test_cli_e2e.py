@@ -125,6 +125,12 @@ def test_bad_inputs_fail_in_one_line(tmp_path, small_corpus):
     proc = pretrain("run", "tiny", *args, "--no-demo", cwd=tmp_path, rc=2)
     assert "has no document of two sentences or more: nsp and sop" in proc.stderr.strip().splitlines()[-1]
 
+    afile = tmp_path / "afile"
+    afile.write_text("mine")
+    proc = pretrain("run", "tiny", *overrides(afile, small_corpus), "--no-demo", cwd=tmp_path, rc=2)
+    assert f"{afile} is a file, not a directory" in proc.stderr and "Traceback" not in proc.stderr  # NotADirectoryError
+    assert afile.read_text() == "mine"
+
     proc = pretrain("train", "tiny", "model.hidden_size=wide", cwd=tmp_path, rc=2)
     assert "model.hidden_size" in proc.stderr and "'wide'" in proc.stderr and "Traceback" not in proc.stderr
     # values out of range: tracebacks before (an OverflowError, torch's dropout check), or silently one document per

@@ -175,6 +175,9 @@ def claim_output(path: Path, kind: str, option: str = "") -> None:
     where = f"{option} {path}" if option else str(path)
     if path.exists() and not path.is_dir():
         raise UserError(f"{where} is a file, not a directory: choose another output")
+    above = next((p for p in path.parents if p.exists()), None)  # the nearest that exists: it must be a directory
+    if above is not None and not above.is_dir():  # (output_dir=a file: a NotADirectoryError traceback)
+        raise UserError(f"{where}: {above} is a file, not a directory: choose another output")
     if not path.is_dir():
         return
     entries = [p.name for p in path.iterdir() if p.name != MARKER]
