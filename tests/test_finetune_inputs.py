@@ -297,3 +297,24 @@ def test_eval_of_an_export_never_writes_into_a_users_eval_folder(tmp_path):
     users.unlink()
     first = evaluate_mlm(model, corpus=[str(held)], max_samples=1)  # absent: made, and read again the next time
     assert Path(first["shards"]).parent == users and evaluate_mlm(model, corpus=[str(held)], max_samples=1) == first
+
+
+def test_a_torn_model_directory_is_named_not_a_traceback(tmp_path):
+    """A truncated model.safetensors or a torn config.json was a SafetensorError or JSONDecodeError traceback."""
+    from pretrain.evaluation.evaluate import evaluate_mlm
+
+    model = tiny_bert(tmp_path / "m", PAIR_WORDS)
+    tsv, _ = long_tasks(tmp_path)
+    (tmp_path / "held-out.txt").write_text(" ".join(PAIR_WORDS) + "\n")
+    weights = (model / "model.safetensors").read_bytes()
+    (model / "model.safetensors").write_bytes(weights[:5000])
+    for run in (
+        lambda: finetune(model, tsv, [1], mode="probe", epochs=1, max_seq_len=32),
+        lambda: evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")]),
+    ):
+        with pytest.raises(UserError, match=r"model.safetensors: truncated or not a safetensors file"):
+            run()
+    (model / "model.safetensors").write_bytes(weights)
+    (model / "config.json").write_text('{"model_type": "bert", "hidden_size": 32')
+    with pytest.raises(UserError, match=r"config.json: not valid JSON"):
+        evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")])

@@ -54,7 +54,7 @@ def load_target(target: Path, ema: bool = True) -> tuple[Callable, Path, str, in
         from data_pipeline.tokenizer import load_tokenizer
         from pretrain.hf.export import check_model_dir, check_tokenizer
 
-        config = json.loads((target / "config.json").read_text())
+        config = json.loads((check_model_dir(target) / "config.json").read_text())  # checked: JSON, an object
         model_dir = target
         # An ELECTRA export keeps the discriminator at the top and the masked-LM generator below it
         if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():

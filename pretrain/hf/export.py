@@ -18,6 +18,7 @@ The layout `save_pretrained` writes, which we reproduce (transformers 5.x):
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 from collections.abc import Callable
@@ -94,7 +95,27 @@ def check_model_dir(directory: str | Path, what: str = "") -> Path:
                 f"{what}{where}: an export into it stopped while replacing its files, so it may hold parts of two "
                 "exports: run the same `pretrain export` again"
             )
+    _check_readable(directory, what)
     return directory
+
+
+def _check_readable(directory: Path, what: str) -> None:
+    """config.json as JSON and each safetensors file's header: a torn or truncated one was a JSONDecodeError or a
+    SafetensorError traceback from eval, finetune and model.init_from."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        config = json.loads((directory / "config.json").read_text())
+    except (ValueError, UnicodeDecodeError) as err:
+        raise UserError(f"{what}{directory / 'config.json'}: not valid JSON ({err})") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{what}{directory / 'config.json'}: not a model config (a JSON object)")
+    for weights in sorted(directory.glob("*.safetensors")):
+        try:
+            with safe_open(str(weights), "pt"):
+                pass
+        except (SafetensorError, OSError) as err:
+            raise UserError(f"{what}{weights}: truncated or not a safetensors file ({err})") from None
 
 
 # What a HuggingFace tokenizer is saved as: one of these beside a model's config.json
