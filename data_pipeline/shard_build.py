@@ -206,6 +206,7 @@ def build_shards(
     if docs_per_shard < 1:
         raise DataError(f"docs_per_shard must be >= 1, got {docs_per_shard}")
     out = Path(out_dir)
+    _check_readable(Path(tokenizer_dir) / "tokenizer.json")
     tok_hash = tokenizer_hash(tokenizer_dir)
     settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes, text_documents)
     key, fingerprint = build_key(paths, tok_hash, settings)
@@ -224,6 +225,19 @@ def build_shards(
         tok_file = Path(tokenizer_dir) / "tokenizer.json"
         build = Build(paths, tok_file, tok_hash, out, key, fingerprint, settings, num_workers, show_progress)
         return _build_locked(build)
+
+
+def _check_readable(tok_file: Path) -> None:
+    """The tokenizer, read before the shard directory is claimed: a torn tokenizer.json was the tokenizers library's
+    bare Exception ('EOF while parsing...'), and left a shard directory holding its marker and lock alone."""
+    from tokenizers import Tokenizer
+
+    if not tok_file.is_file():
+        raise DataError(f"no tokenizer.json in {tok_file.parent} — train the tokenizer first")
+    try:
+        Tokenizer.from_file(str(tok_file))
+    except Exception as err:  # the library raises a bare Exception for every kind of bad file
+        raise DataError(f"{tok_file}: not a tokenizer the tokenizers library reads ({err})") from None
 
 
 @dataclass(frozen=True)

@@ -432,6 +432,19 @@ def test_cache_hit_and_rebuild(tmp_path, corpus, tok_dir, shard_dir):
         ShardSet(shard_dir, expected_tokenizer_hash="0" * 64)
 
 
+def test_a_torn_tokenizer_is_named_before_a_shard_directory_is_made(tmp_path, corpus, tok_dir):
+    """The tokenizers library's bare Exception ('EOF while parsing a string'), after the shard directory was claimed."""
+    torn = tmp_path / "torn"
+    torn.mkdir()
+    (torn / "tokenizer.json").write_bytes((tok_dir / "tokenizer.json").read_bytes()[:500])
+    for broken in (None, b"{}"):
+        if broken is not None:
+            (torn / "tokenizer.json").write_bytes(broken)
+        with pytest.raises(DataError, match=r"torn/tokenizer.json: not a tokenizer the tokenizers library reads"):
+            build_shards([str(corpus)], torn, tmp_path / "shards", num_workers=0, show_progress=False)
+        assert not (tmp_path / "shards").exists()
+
+
 def test_shards_a_run_reads_are_not_rebuilt_under_it(tmp_path, corpus, tok_dir):
     """Two runs on one data.shards: the second, on another corpus, would rewrite the files the first's loader workers
     open by name (old offsets over new tokens, no error). A trainer holds its shard directories shared, and a build
