@@ -72,6 +72,8 @@ class ShardSet:
             self.manifest: dict = json.loads(path.read_text())
         except (OSError, ValueError) as e:
             raise DataError(f"cannot read {path}: {e}") from e
+        if not isinstance(self.manifest, dict):  # ([] was an AttributeError traceback)
+            raise DataError(f"{path}: not a shard manifest (a JSON object); rebuild the shards")
         if self.manifest.get("format_version") != FORMAT_VERSION:
             raise DataError(
                 f"{path}: format_version {self.manifest.get('format_version')!r}, expected "
