@@ -443,6 +443,10 @@ def test_a_torn_tokenizer_is_named_before_a_shard_directory_is_made(tmp_path, co
         with pytest.raises(DataError, match=r"torn/tokenizer.json: not a tokenizer the tokenizers library reads"):
             build_shards([str(corpus)], torn, tmp_path / "shards", num_workers=0, show_progress=False)
         assert not (tmp_path / "shards").exists()
+    (tmp_path / "listed").mkdir()
+    (tmp_path / "listed" / "manifest.json").write_text("[]")  # an AttributeError traceback
+    with pytest.raises(DataError, match=r"listed/manifest.json: not a shard manifest"):
+        ShardSet(tmp_path / "listed")
 
 
 def test_shards_a_run_reads_are_not_rebuilt_under_it(tmp_path, corpus, tok_dir):
