@@ -278,30 +278,30 @@ def _check_generator_shape(ours: ModelConfig, gen_dir: Path) -> None:
 
     theirs = json.loads((gen_dir / "config.json").read_text())
     where = f"model.init_from {gen_dir}"
-    mine = {"num_hidden_layers": ours.num_layers, "hidden_size": ours.hidden_size}
-    differ = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) not in (None, v)}
-    if differ:
-        said = ", ".join(f"{k} {a} (this run's: {b})" for k, (a, b) in differ.items())
-        raise UserError(
-            f"{where}: the checkpoint's generator has {said}: set objectives.rtd.generator_layers "
-            "(its depth) and objectives.rtd.generator_size (its width over the encoder's) to the checkpoint's"
-        )
+
+    def refuse_differences(mine: dict, remedy: str) -> None:
+        differ = {k: (theirs.get(k), v) for k, v in mine.items() if theirs.get(k) not in (None, v)}
+        if differ:
+            said = ", ".join(f"{k} {a} (this run's: {b})" for k, (a, b) in differ.items())
+            raise UserError(f"{where}: the checkpoint's generator has {said}{remedy}")
+
+    refuse_differences(
+        {"num_hidden_layers": ours.num_layers, "hidden_size": ours.hidden_size},
+        ": set objectives.rtd.generator_layers (its depth) and objectives.rtd.generator_size (its width over the "
+        "encoder's) to the checkpoint's",
+    )
     # What the sizes above do not fix: same-shaped weights computing something else (another head split, another
     # activation or epsilon) loaded unsaid, the generator's logits off by up to 0.3 on a random model
     check_act(theirs.get("hidden_act", "gelu"), where)
-    derived = {  # the generator's heads and FFN follow generator_size; its epsilon is the encoder's
-        "num_attention_heads": ours.num_heads,
-        "intermediate_size": ours.intermediate_size,
-        "layer_norm_eps": ours.layer_norm_eps,
-    }
-    differ = {k: (theirs.get(k), v) for k, v in derived.items() if theirs.get(k) not in (None, v)}
-    if differ:
-        said = ", ".join(f"{k} {a} (this run's: {b})" for k, (a, b) in differ.items())
-        raise UserError(
-            f"{where}: the checkpoint's generator has {said}, which this run's generator (derived from the encoder by "
-            "objectives.rtd.generator_size) cannot take: import the discriminator without it (a directory without "
-            "generator/) to train a fresh generator"
-        )
+    refuse_differences(  # the generator's heads and FFN follow generator_size; its epsilon is the encoder's
+        {
+            "num_attention_heads": ours.num_heads,
+            "intermediate_size": ours.intermediate_size,
+            "layer_norm_eps": ours.layer_norm_eps,
+        },
+        ", which this run's generator (derived from the encoder by objectives.rtd.generator_size) cannot take: import "
+        "the discriminator without it (a directory without generator/) to train a fresh generator",
+    )
 
 
 def _merge_generator(model: nn.Module, state: dict, gen_state: dict, where: str) -> dict:
