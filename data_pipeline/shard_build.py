@@ -206,7 +206,6 @@ def build_shards(
     if docs_per_shard < 1:
         raise DataError(f"docs_per_shard must be >= 1, got {docs_per_shard}")
     out = Path(out_dir)
-    _check_readable(Path(tokenizer_dir) / "tokenizer.json")
     tok_hash = tokenizer_hash(tokenizer_dir)
     settings = _settings(text_field, docs_per_shard, on_bad, max_document_bytes, text_documents)
     key, fingerprint = build_key(paths, tok_hash, settings)
@@ -217,6 +216,7 @@ def build_shards(
     cached = _cached(out, key, tok_hash)  # lock-free fast path: the manifest is written atomically
     if cached is not None:
         return cached
+    _check_readable(Path(tokenizer_dir) / "tokenizer.json")
     mark_output(out, "shards")
     with exclusive(out, "building shards", ", or use another data.shards directory"):
         cached = _cached(out, key, tok_hash)  # another process may have finished it while we waited
@@ -232,9 +232,7 @@ def _check_readable(tok_file: Path) -> None:
     bare Exception ('EOF while parsing...'), and left a shard directory holding its marker and lock alone."""
     from tokenizers import Tokenizer
 
-    if not tok_file.is_file():
-        raise DataError(f"no tokenizer.json in {tok_file.parent} — train the tokenizer first")
-    try:
+    try:  # (its presence: tokenizer_hash's)
         Tokenizer.from_file(str(tok_file))
     except Exception as err:  # the library raises a bare Exception for every kind of bad file
         raise DataError(f"{tok_file}: not a tokenizer the tokenizers library reads ({err})") from None

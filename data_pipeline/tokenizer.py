@@ -52,7 +52,7 @@ VOCAB_MULTIPLE = 64  # padded vocab keeps the embedding/output matmuls on tensor
 FILLER = "[unused{}]"
 MODEL_MAX_LENGTH = 512
 MIN_FREQUENCY = DataConfig.min_frequency  # the one value a unigram tokenizer (which has no such option) takes
-MAX_VOCAB_SIZE = 2**23  # 8.4M pieces: the largest vocabularies in use have ~256k
+MAX_VOCAB_SIZE = 2**23  # 8.4M pieces, a cap chosen well past any vocabulary in use (~256k): 10^12 aborted the trainer
 
 
 def tokenizer_hash(directory: str | os.PathLike) -> str:
@@ -230,7 +230,7 @@ def _output_dir(out: Path, paths: list[str]) -> Path:
 
 def _check_training_settings(kind: str, vocab_size: int, min_frequency: int) -> None:
     """Values the trainer would crash on, or ignore, refused before anything is read or written."""
-    if not 1 <= vocab_size <= MAX_VOCAB_SIZE:  # past it the trainer's allocation aborted the process, no message
+    if not 1 <= vocab_size <= MAX_VOCAB_SIZE:  # 10^12: the trainer's allocation aborted the process, no message
         raise DataError(f"vocab_size must be within 1..{MAX_VOCAB_SIZE:,}, got {vocab_size:,}")
     if min_frequency < 0:  # an OverflowError from the trainer
         raise DataError(f"min_frequency must be >= 0, got {min_frequency}")

@@ -88,7 +88,7 @@ def not_a_trained_runs(out: Path) -> None:
     from pretrain.core.outputs import marked_kind
 
     run = out.resolve().parent
-    if marked_kind(run) == "run" and any((run / "checkpoints").glob("step_*")):
+    if out.name in ("tokenizer", "shards") and marked_kind(run) == "run" and any((run / "checkpoints").glob("step_*")):
         raise UserError(
             f"--out {out} is the {out.name} of the run {run}, whose checkpoints trained on it: replaced, the run could "
             "not resume; choose another directory"

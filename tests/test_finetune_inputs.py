@@ -290,6 +290,12 @@ def test_eval_of_an_export_never_writes_into_a_users_eval_folder(tmp_path):
     with pytest.raises(UserError, match=r"models/eval is where held-out shards .* left untouched; give --shards"):
         evaluate_mlm(model, corpus=[str(held)], max_samples=1)
     assert [p.name for p in users.iterdir()] == ["results.txt"]
+    from data_pipeline.shards import build_shards
+
+    given = tmp_path / "given-shards"
+    build_shards([str(held)], model, given, num_workers=0, show_progress=False)
+    assert evaluate_mlm(model, shards=str(given), max_samples=1)["shards"] == str(given)  # no cache: not refused
+    assert [p.name for p in users.iterdir()] == ["results.txt"]
     users.rename(tmp_path / "mine")
     users.write_text("a file")
     with pytest.raises(UserError, match=r"models/eval is where held-out shards"):

@@ -87,6 +87,14 @@ def test_schedule_options_the_schedule_does_not_use_are_refused(overrides, needl
     read_config("tiny", ["train.max_steps=1000", "train.lr_schedule=cosine", "train.min_lr_ratio=0.1"])  # it ends there
 
 
+def test_a_checkpoints_config_with_a_value_refused_since_still_loads():
+    """Refused for a new config only: a run trained with loader_workers -2 (read as -1 then) still exports."""
+    from pretrain.core.config import build_config
+
+    cfg = build_config({"data": {"loader_workers": -2}, "train": {"max_skipped_steps": -1, "peak_tflops": -1.0}})
+    assert cfg.data.loader_workers == -2
+
+
 def re_escape(text: str) -> str:
     import re
 

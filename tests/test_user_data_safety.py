@@ -4,6 +4,7 @@ per run directory, a torn metrics line blocks nothing, a full disk says so."""
 
 import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
@@ -87,6 +88,10 @@ def test_tokenizer_and_shards_never_replace_a_users_directory(trained, corpus, t
         proc = pretrain(*command, "--out", out, cwd=tmp, rc=2)
         one_line_error(proc, f"is the {out.name} of the run", "whose checkpoints trained on it")
     assert snapshot(run) == before
+    # held-out shards of the run's tokenizer kept beside it: a new directory, not the run's own
+    pretrain("shards", corpus, "--tokenizer", run / "tokenizer", "--out", run / "valid-shards", cwd=tmp)
+    assert (run / "valid-shards" / "manifest.json").is_file()
+    shutil.rmtree(run / "valid-shards")
 
     # a run directory given as the tokenizer directory is neither trained over nor deleted
     proc = pretrain("run", *run_args(tmp, corpus, "name=other", f"data.tokenizer={run}"), cwd=tmp, rc=2)

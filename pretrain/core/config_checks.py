@@ -51,11 +51,6 @@ def check_values(cfg: RunConfig) -> None:
         raise ConfigError(
             f"model.hidden_size ({cfg.model.hidden_size}) must be divisible by model.num_heads ({cfg.model.num_heads})"
         )
-    if cfg.data.loader_workers < -1:
-        raise ConfigError(
-            f"data.loader_workers: must be >= -1 (-1: chosen from the cores, 0: the training process), got "
-            f"{cfg.data.loader_workers}"
-        )
     if cfg.data.max_seq_len < 8:  # as a schedule phase's: [CLS] A [SEP] B [SEP] and a masked token need room
         raise ConfigError(f"data.max_seq_len: must be >= 8 tokens, got {cfg.data.max_seq_len}")
     for key in ("hidden_dropout", "attention_dropout"):
@@ -80,8 +75,6 @@ def check_values(cfg: RunConfig) -> None:
         "grad_clip",
         "weight_decay",
         "adam_eps",
-        "max_skipped_steps",
-        "peak_tflops",
     ):
         if getattr(cfg.train, key) < 0:
             raise ConfigError(f"train.{key}: must be >= 0, got {getattr(cfg.train, key)}")
@@ -286,11 +279,20 @@ def check_data_stages(d: DataConfig) -> None:
     for key in ("min_frequency", "tokenizer_sample_docs"):  # a trainer's OverflowError; "all" unsaid
         if getattr(d, key) < 0:
             raise ConfigError(f"data.{key}: must be >= 0, got {getattr(d, key)}")
+    if d.loader_workers < -1:  # (an older version read any negative as -1: a checkpoint's config still loads)
+        raise ConfigError(
+            f"data.loader_workers: must be >= -1 (-1: chosen from the cores, 0: the training process), got "
+            f"{d.loader_workers}"
+        )
 
 
 def check_options_apply(t: TrainConfig) -> None:
     """Options the run does not use are refused rather than ignored: a learning-rate schedule's (a preset's wsd
-    decay under a cosine override, a floor the linear schedule never reaches), where the EMA is kept without one."""
+    decay under a cosine override, a floor the linear schedule never reaches), where the EMA is kept without one; and
+    values below what they mean anything at (accepted unsaid before: a checkpoint's config that has one still loads)."""
+    for key in ("max_skipped_steps", "peak_tflops"):
+        if getattr(t, key) < 0:
+            raise ConfigError(f"train.{key}: must be >= 0, got {getattr(t, key)}")
     for key in ("ema_on_cpu", "ema_warmup"):
         if getattr(t, key) != getattr(TrainConfig(), key) and not t.ema_decay:
             raise ConfigError(f"train.{key}={getattr(t, key)} has no EMA without train.ema_decay: set both, or neither")

@@ -217,8 +217,8 @@ def check_tasks(ab: Ablation) -> None:
     after each arm had pretrained and exported, and failed every arm."""
     from pretrain.evaluation.finetune import load_task
 
+    options = ab.eval.finetune(ab.eval.modes[0])
     for task in ab.eval.tasks:
-        options = ab.eval.finetune(ab.eval.modes[0])
         load_task(Path(task), options.task_type, options.max_train)
 
 

@@ -60,7 +60,6 @@ def load_target(target: Path, ema: bool = True) -> tuple[Callable, Path, str, in
         if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():
             model_dir = target / "generator"
         check_model_dir(model_dir)
-        check_tokenizer(target, None, config.get("vocab_size"))
         check_tokenizer(target, len(load_tokenizer(target)), config.get("vocab_size"))  # past it: an IndexError
         try:
             AutoConfig.from_pretrained(str(model_dir))
@@ -173,6 +172,7 @@ def resolve_shards(
     from data_pipeline.tokenizer import tokenizer_hash
 
     files = expand_inputs(corpus)
+    cache_dir(cache_root)
     # the reading is in the key only where it is not the default, so caches built before it was keep their names
     default = DataConfig()
     said = sorted((k, v) for k, v in reading.items() if v != getattr(default, k))
@@ -194,9 +194,10 @@ def cache_dir(out: Path) -> Path:
     if out.exists() and (
         not out.is_dir() or any(p.name not in ours and not p.name.startswith(CACHE_PREFIX) for p in out.iterdir())
     ):
+        held = "is a file" if not out.is_dir() else "holds what this tool did not write"
         raise UserError(
-            f"{out} is where held-out shards built from --corpus are kept, and it holds what this tool did not write: "
-            "it was left untouched; give --shards DIR (built with `pretrain shards`) instead"
+            f"{out} is where held-out shards built from --corpus are kept, and it {held}: it was left untouched; give "
+            "--shards DIR (built with `pretrain shards`) instead"
         )
     return out
 
@@ -263,7 +264,7 @@ def evaluate_mlm(
         # (rotated away with it); a checkpoint outside a run keeps them in its own eval/
         cache_root = Path(target).parent if hf_dir else run_of(target) or Path(target)
         reading = corpus_reading(Path(target), hf_dir, text_field, text_documents) if corpus else {}
-        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_dir(cache_root / "eval"), reading)
+        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
         tokens = special_tokens(load_tokenizer(tokenizer_dir))
         shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
     samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep, each_token_once=True)

@@ -118,8 +118,19 @@ def _check_readable(directory: Path, what: str) -> None:
             raise UserError(f"{what}{weights}: truncated or not a safetensors file ({err})") from None
 
 
-# What a HuggingFace tokenizer is saved as: one of these beside a model's config.json
-TOKENIZER_FILES = ("tokenizer.json", "vocab.txt", "vocab.json", "spiece.model", "sentencepiece.bpe.model")
+# What a HuggingFace tokenizer is saved as (a fast one's tokenizer.json, or a slow one's vocabulary): one of these
+# beside a model's config.json
+HF_TOKENIZER_FILES = (
+    "tokenizer.json",
+    "vocab.txt",
+    "vocab.json",
+    "merges.txt",
+    "spiece.model",
+    "spm.model",
+    "sentencepiece.bpe.model",
+    "sentencepiece.model",
+    "tokenizer.model",
+)
 
 
 def check_tokenizer(directory: Path, tokens: int | None, vocab_size: int | None) -> None:
@@ -127,9 +138,9 @@ def check_tokenizer(directory: Path, tokens: int | None, vocab_size: int | None)
     5-token tokenizer, every word read [UNK], and the scores were those of nothing), and with no more tokens than the
     model's vocabulary (ids past it failed mid-run with a bare IndexError). `tokens`: its size, None before it is
     loaded."""
-    if not any((directory / name).is_file() for name in TOKENIZER_FILES):
+    if not any((directory / name).is_file() for name in HF_TOKENIZER_FILES):
         raise UserError(
-            f"{directory}: no tokenizer ({', '.join(TOKENIZER_FILES)}) beside the model: save the tokenizer it was "
+            f"{directory}: no tokenizer ({', '.join(HF_TOKENIZER_FILES)}) beside the model: save the tokenizer it was "
             "trained with there (`pretrain export` writes it)"
         )
     if tokens is not None and vocab_size and tokens > vocab_size:

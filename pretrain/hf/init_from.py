@@ -24,7 +24,7 @@ from pretrain.core.errors import ConfigError, UserError
 from pretrain.hf.architectures import get, names
 from pretrain.hf.architectures.base import InitFromWarning
 from pretrain.hf.architectures.weights import from_hf_state_dict, normalise, read_hf_weights
-from pretrain.hf.export import check_model_dir
+from pretrain.hf.export import HF_TOKENIZER_FILES, check_model_dir
 
 __all__ = [
     "InitFromWarning",
@@ -37,7 +37,6 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
-OLD_TOKENIZER_FILES = ("vocab.txt", "vocab.json", "merges.txt", "spiece.model", "sentencepiece.bpe.model")
 
 
 def read_hf_config(directory: str | Path) -> Any:
@@ -134,7 +133,7 @@ def check_init_tokenizer(cfg) -> None:
     init = Path(cfg.model.init_from) if cfg.model.init_from else None
     if init is None or Path(cfg.tokenizer_dir).resolve() != init.resolve() or (init / "tokenizer.json").is_file():
         return
-    found = sorted(p.name for p in init.glob("*") if p.name in OLD_TOKENIZER_FILES)
+    found = sorted(p.name for p in init.glob("*") if p.name in HF_TOKENIZER_FILES)
     raise UserError(
         f"model.init_from {init} has no tokenizer.json{f' (only {found})' if found else ''}: set data.tokenizer to "
         "the directory of a fast tokenizer with the checkpoint's vocabulary (transformers' AutoTokenizer loads this "
