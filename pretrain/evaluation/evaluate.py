@@ -58,8 +58,7 @@ def load_target(target: Path, ema: bool = True) -> tuple[Callable, Path, str, in
         model_dir = target
         # An ELECTRA export keeps the discriminator at the top and the masked-LM generator below it
         if config.get("model_type") == "electra" and (target / "generator" / "config.json").is_file():
-            model_dir = target / "generator"
-        check_model_dir(model_dir)
+            model_dir = check_model_dir(target / "generator")  # the top one is checked above
         check_tokenizer(target, len(load_tokenizer(target)), config.get("vocab_size"))  # past it: an IndexError
         try:
             AutoConfig.from_pretrained(str(model_dir))
