@@ -411,7 +411,8 @@ def cmd_finetune(args) -> int:
 def cmd_ablate(args) -> int:
     import shlex
 
-    from pretrain.evaluation.ablate import data_only, print_commands, run_ablation
+    from pretrain.evaluation.ablate import data_only, run_ablation
+    from pretrain.evaluation.ablation_commands import print_commands
     from pretrain.evaluation.ablation_plan import load_ablation
     from pretrain.evaluation.ablation_record import copy_record
 

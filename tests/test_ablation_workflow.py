@@ -24,7 +24,8 @@ def test_a_second_ablate_in_the_same_directory_is_refused(tmp_path, monkeypatch)
     import sys
 
     from pretrain.evaluation import ablate
-    from pretrain.evaluation.ablate import print_commands, run_ablation
+    from pretrain.evaluation.ablate import run_ablation
+    from pretrain.evaluation.ablation_commands import print_commands
     from pretrain.evaluation.ablation_plan import load_ablation
 
     def went_on(ab):
@@ -95,17 +96,17 @@ def test_print_commands_plans_record_the_flops_the_report_shows(tmp_path, monkey
     """--print-commands measured a step's FLOPs only for a flops budget: under a tokens or time budget its plan said
     0 FLOPs per step, and the report showed 0 FLOPs (and 0 per token) for every arm trained by those commands. They
     are measured where the data exist, else when `pretrain ablate` takes the trained arm over (step 3)."""
-    from pretrain.evaluation import ablate, ablation_plan
+    from pretrain.evaluation import ablate, ablation_commands, ablation_plan
     from pretrain.evaluation.ablation_plan import load_ablation
     from pretrain.evaluation.ablation_record import read_state
 
     tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
     args = [f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}"]
-    for module in (ablate, ablation_plan):
+    for module in (ablation_commands, ablate, ablation_plan):
         monkeypatch.setattr(module, "measure_phase_flops", lambda cfg: [1000])  # a micro-batch of 8
     ab = load_ablation(tiny, args)
     mlm = ab.arms[0]
-    ablate.print_commands(ab)  # no data yet: nothing to measure a step on
+    ablation_commands.print_commands(ab)  # no data yet: nothing to measure a step on
     assert read_state(mlm)["plan"]["flops_per_step"] == 0
 
     trained = {"step": 6, "tokens_seen": 3000, "elapsed_s": 1.0}
@@ -122,7 +123,7 @@ def test_print_commands_plans_record_the_flops_the_report_shows(tmp_path, monkey
         (ab.out / name).parent.mkdir(exist_ok=True)
         (ab.out / name).write_text("{}")
     (ab.out / "arms" / "mlm" / "state.json").unlink()
-    ablate.print_commands(load_ablation(tiny, args))
+    ablation_commands.print_commands(load_ablation(tiny, args))
     assert read_state(mlm)["plan"]["flops_per_step"] == 1000
 
 
@@ -131,15 +132,15 @@ def test_an_arm_planned_for_the_printed_jobs_is_planned_again_where_it_trains_in
     process, kept that plan: 3 steps of one rank's batch, half its tokens (1/8 with procs 8), and the report gave the
     planned totals. It is planned again for one process where nothing trained yet; a job's finished arm keeps its
     plan, and one its job has started is refused. Slurm's printed jobs ask for the plan's ranks."""
-    from pretrain.evaluation import ablate, ablation_plan
+    from pretrain.evaluation import ablate, ablation_commands, ablation_plan
     from pretrain.evaluation.ablation_plan import load_ablation
     from pretrain.evaluation.ablation_record import read_state
 
     tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
     args = [f"eval.tasks=[{tsv_task(tmp_path / 'a', 20)}]", f"output_dir={tmp_path / 'ab'}", "launch.procs=2"]
-    for module in (ablate, ablation_plan):
+    for module in (ablation_commands, ablate, ablation_plan):
         monkeypatch.setattr(module, "measure_phase_flops", lambda cfg: [1000])
-    ablate.print_commands(load_ablation(tiny, args))
+    ablation_commands.print_commands(load_ablation(tiny, args))
     ab = load_ablation(tiny, args)
     mlm = ab.arms[0]
     assert read_state(mlm)["plan"]["max_steps"] == 3  # 3072 tokens at 2 x 8 sequences of 64
@@ -168,7 +169,7 @@ def test_an_arm_planned_for_the_printed_jobs_is_planned_again_where_it_trains_in
         if outcome == "planned again":
             assert trained["steps"] == 6 and read_state(arm)["pretraining"]["token_slots"] == 3072
         (arm.cfg.run_dir / "state.json").unlink()
-        ablate.print_commands(load_ablation(tiny, args))  # the jobs' plan again, for the next case
+        ablation_commands.print_commands(load_ablation(tiny, args))  # the jobs' plan again, for the next case
     # an arm its job trained whose checkpoints are gone since (removed after its export, a record copied back with its
     # hf/ alone): trained, its plan stays that of the job
     arm = load_ablation(tiny, args).arms[0]
@@ -187,7 +188,7 @@ def test_an_arm_planned_for_the_printed_jobs_is_planned_again_where_it_trains_in
             "budget.amount=30720",
         ],
     )
-    jobs = [line for line in ablate.print_commands(slurm) if line.startswith("sbatch")]
+    jobs = [line for line in ablation_commands.print_commands(slurm) if line.startswith("sbatch")]
     assert jobs and all(
         "--nodes=2 --ntasks=12 --ntasks-per-node=8 --gpus-per-node=8 launch/slurm.sbatch" in j for j in jobs
     )
@@ -326,7 +327,7 @@ def test_print_commands_build_the_data_the_config_gives(tmp_path):
     import shlex
 
     from pretrain.cli import build_parser
-    from pretrain.evaluation.ablate import print_commands
+    from pretrain.evaluation.ablation_commands import print_commands
     from pretrain.evaluation.ablation_plan import load_ablation
 
     tiny = str(ROOT / "configs" / "ablation-tiny.yaml")
@@ -542,7 +543,8 @@ def test_print_commands_of_weighted_sources_in_a_directory_with_a_space(tmp_path
     from helpers import small_corpus
 
     from pretrain.cli import build_parser, main
-    from pretrain.evaluation.ablate import data_only, print_commands
+    from pretrain.evaluation.ablate import data_only
+    from pretrain.evaluation.ablation_commands import print_commands
     from pretrain.evaluation.ablation_plan import load_ablation
 
     a, b = small_corpus(tmp_path, slice(0, 12), "a.jsonl"), small_corpus(tmp_path, slice(12, 24), "b.jsonl")

@@ -44,7 +44,6 @@ what the next machine needs to go on, without weights: the tokenizer and each fi
 from __future__ import annotations
 
 import os
-import shlex
 import subprocess
 import sys
 import time
@@ -56,9 +55,7 @@ import yaml
 from pretrain.core.config import RunConfig, load_yaml, save_config
 from pretrain.core.errors import ConfigError, UserError
 from pretrain.core.files import write_atomic
-from pretrain.core.outputs import claim_output, exclusive, mark_output
 from pretrain.core.provenance import run_provenance, write_provenance
-from pretrain.core.schedule import Schedule
 from pretrain.evaluation.ablation_plan import (
     Ablation,
     Arm,
@@ -72,6 +69,7 @@ from pretrain.evaluation.ablation_record import (
     check_settings,
     expected_seconds,
     finished,
+    holding,
     read_state,
     recorded_seconds,
     timed_seconds,
@@ -550,18 +548,11 @@ def run_arm_alone(ab: Ablation, name: str, sharing: int, threads: int) -> None:
     run_arm(ab, next(arm for arm in ab.arms if arm.name == name), sharing)
 
 
-# one `pretrain ablate` (or --print-commands) at a time in an ablation directory: two would evaluate the same run at
-# once, interleave its state.json, and mark as failed the arms whose trainer the other holds
-BUSY, BUSY_HINT = "running `pretrain ablate`", " before running it again, or give this one another output_dir"
-
-
 def run_ablation(ab: Ablation, command: str | None = None, within_minutes: float = 0.0) -> Path | None:
     """Run every arm that has not finished, then write the report. With `within_minutes`, a run that would not finish
     within that many minutes of this invocation (judged by `expected_seconds`) is left for the next invocation of
     the same command, and the report waits for it: None is returned then."""
-    claim_output(ab.out, "ablation", "output_dir")
-    mark_output(ab.out, "ablation")  # first: a directory holding the lock alone would not look like ours
-    with exclusive(ab.out, BUSY, BUSY_HINT):
+    with holding(ab):
         return _run_ablation(ab, command, within_minutes)
 
 
@@ -645,106 +636,10 @@ def _run_ablation(ab: Ablation, command: str | None, within_minutes: float) -> P
     return report
 
 
-# ----------------------------------------------------------------------------------------------
-# Cluster commands
-
-
-def data_commands(ab: Ablation) -> list[str]:
-    """`pretrain tokenizer` and `pretrain shards` with every setting of the config that they take, so that they build
-    the data `pretrain ablate` would: with the commands' defaults, a cased config got a lowercased tokenizer (its
-    min_frequency, text_field, ... the defaults too), which the arms and the report then used as it was. Weighted
-    data.sources (a shard directory per source and the mixture's manifest) have no such commands: `pretrain ablate
-    --data-only` builds them, as the ablation would."""
-    d = ab.base.data
-    if d.sources:
-        return [f"pretrain ablate {q(ab.out / 'ablation.yaml')} --data-only"]
-    corpus = " ".join(q(c) for c in d.corpus)
-    reading = (
-        f"--text-field {q(d.text_field)} --text-documents {d.text_documents} --on-bad {d.on_bad_document} "
-        f"--max-document-bytes {d.max_document_bytes}"
-    )
-    tokenizer = (
-        f"pretrain tokenizer {corpus} --out {q(ab.base.tokenizer_dir)} --type {d.tokenizer_type} "
-        f"--vocab-size {d.vocab_size} --min-frequency {d.min_frequency}"
-        + ("" if d.lowercase else " --cased")
-        + ("" if d.strip_accents else " --keep-accents")
-        + (f" --sample-docs {d.tokenizer_sample_docs}" if d.tokenizer_sample_docs else "")
-    )
-    shards = (
-        f"pretrain shards {corpus} --tokenizer {q(ab.base.tokenizer_dir)} --out {q(ab.base.shards_dir)} "
-        f"--docs-per-shard {d.docs_per_shard}"
-    )
-    return [f"{tokenizer} {reading}", f"{shards} {reading}"]
-
-
-def print_commands(ab: Ablation) -> list[str]:
-    """Write each arm's config (budget applied) and return one launch command per arm."""
-    claim_output(ab.out, "ablation", "output_dir")
-    mark_output(ab.out, "ablation")  # first: a directory holding the lock alone would not look like ours
-    with exclusive(ab.out, BUSY, BUSY_HINT):
-        return _print_commands(ab)
-
-
-def _print_commands(ab: Ablation) -> list[str]:
-    check_settings(ab)
-    procs = ab.launch.procs
-    lines = [
-        "# 1. data, once (a cache hit when it exists); put the ablation directory on a shared filesystem",
-        *data_commands(ab),
-        f"# 2. one job per arm ({ab.budget_kind} budget {ab.budget_amount:g}, {procs} "
-        f"process{'es' if procs != 1 else ''} each)",
-    ]
-    have_data = (ab.base.tokenizer_dir / "tokenizer.json").is_file() and (
-        ab.base.shards_dir / "manifest.json"
-    ).is_file()
-    for arm in ab.arms:
-        if not arm.pretrain:
-            continue
-        cfg_path = ab.arm_config_path(arm)
-        if read_state(arm).get("trained"):
-            lines.append(f"# {arm.name}: already trained here ({arm.cfg.run_dir}), nothing to launch")
-            continue
-        settings = arm_settings(ab, arm)  # as the ablation file gives it, before the budget below
-        phases = len(Schedule.of(arm.cfg).phases)
-        if ab.budget_kind == "flops" and not have_data:
-            lines.append(f"# {arm.name}: a flops budget needs the data to measure a step; run step 1, then again")
-            continue
-        # the report's FLOPs whatever the budget; without the data, step 3 measures them (`planned_flops_per_step`)
-        plan = apply_budget(ab, arm, measure_phase_flops(arm.cfg) if have_data else [0] * phases, world=procs)
-        save_config(arm.cfg, cfg_path)
-        # the local `pretrain ablate` of step 3 must find this plan, or it would re-plan for one process
-        write_state(arm, {"settings": settings, **read_state(arm), "plan": plan})
-        if ab.launch.scheduler == "slurm":  # the plan's ranks: slurm.sbatch's own header asks for one node of 8
-            per_node = min(procs, SLURM_GPUS_PER_NODE)
-            nodes = -(-procs // per_node)
-            lines.append(
-                f"sbatch --job-name={q('ablate-' + arm.name)} --nodes={nodes} --ntasks={procs} "
-                f"--ntasks-per-node={per_node} --gpus-per-node={per_node} launch/slurm.sbatch {q(cfg_path)}"
-            )
-        else:
-            lines.append(f"launch/single_node.sh {procs} {q(cfg_path)}")
-    write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
-    lines += [
-        "# 3. when the jobs are done: export, downstream evaluation and the report (trained arms are not retrained)",
-        f"pretrain ablate {q(ab.out / 'ablation.yaml')}",
-    ]
-    return lines
-
-
-SLURM_GPUS_PER_NODE = 8  # launch/slurm.sbatch's header: one node of 8 tasks, a GPU each, unless the command says
-
-
-def q(path: Path | str) -> str:
-    """A path as a shell word: printed commands are pasted into a shell, spaces and all."""
-    return shlex.quote(str(path))
-
-
 def data_only(ab: Ablation) -> None:
     """`pretrain ablate --data-only`: the tokenizer and shards the runs share, built as the ablation builds them,
     and nothing else (step 1 of --print-commands where the data has weighted sources)."""
-    claim_output(ab.out, "ablation", "output_dir")
-    mark_output(ab.out, "ablation")
-    with exclusive(ab.out, BUSY, BUSY_HINT):
+    with holding(ab):
         check_settings(ab)  # as every path does first: the runs launched may be training on this data
         write_atomic(ab.out / "ablation.yaml", yaml.safe_dump(ab.raw, sort_keys=False))
         prepare_data(ab)

@@ -8,14 +8,27 @@ from __future__ import annotations
 import json
 import os
 import shutil
+from contextlib import contextmanager
 from pathlib import Path
 
 from pretrain.core.errors import UserError
-from pretrain.core.outputs import LOCK, mark_output
+from pretrain.core.outputs import LOCK, claim_output, exclusive, mark_output
 from pretrain.core.parsing import to_dict
 from pretrain.evaluation.ablation_plan import Ablation, Arm
 from pretrain.evaluation.task_files import stale
 from pretrain.train.fingerprint import changed_settings
+
+
+@contextmanager
+def holding(ab: Ablation):
+    """The ablation directory, claimed as ours and held: one `pretrain ablate` (or --print-commands, --data-only) at a
+    time in it, as two would evaluate the same run at once, interleave its state.json, and mark as failed the arms
+    whose trainer the other holds. A second is refused, naming the first."""
+    claim_output(ab.out, "ablation", "output_dir")
+    mark_output(ab.out, "ablation")  # first: a directory holding the lock alone would not look like ours
+    hint = " before running it again, or give this one another output_dir"
+    with exclusive(ab.out, "running `pretrain ablate`", hint):
+        yield
 
 
 def read_state(arm: Arm) -> dict:
