@@ -60,8 +60,12 @@ class AdamW(StepGuard, torch.optim.AdamW):
 
 
 class Lamb(StepGuard, torch.optim.Optimizer):
-    """Adam moments, then a per-tensor trust ratio ||w|| / ||update|| scales the step (1 where a norm is 0). A skipped
-    step (the guard's flag) leaves parameters, moments and step count as they were, without leaving the device."""
+    """Adam moments, then a per-tensor trust ratio ||w|| / ||update|| scales the step (1 where a norm is 0), in the
+    groups marked `adapt` (`build_optimizer`: the decayed matrices). Biases and LayerNorm weights take plain Adam steps,
+    as in the LAMB authors' BERT code (excluded from layer adaptation as from decay) and NVIDIA's (no trust ratio where
+    there is no decay): a bias starts at 0, so its ratio would shrink its steps to the size of its small norm. A
+    skipped step (the guard's flag) leaves parameters, moments and step count as they were, without leaving the
+    device."""
 
     def __init__(self, params, lr=1e-3, betas=(0.9, 0.999), eps=1e-6, weight_decay=0.0):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay))
@@ -93,9 +97,10 @@ class Lamb(StepGuard, torch.optim.Optimizer):
                 update = (m / (1 - beta1**step)) / ((v / (1 - beta2**step)).sqrt_().add_(group["eps"]))
                 if group["weight_decay"]:
                     update.add_(p, alpha=group["weight_decay"])
-                w_norm, u_norm = p.norm(), update.norm()
-                trust = torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
-                p.add_(update * (trust * keep), alpha=-group["lr"])
+                if group.get("adapt", True):  # a checkpoint from before `adapt` goes on as it trained
+                    w_norm, u_norm = p.norm(), update.norm()
+                    keep = keep * torch.where((w_norm > 0) & (u_norm > 0), w_norm / u_norm, torch.ones_like(w_norm))
+                p.add_(update * keep, alpha=-group["lr"])
         return loss
 
 
@@ -122,7 +127,8 @@ def build_optimizer(model: nn.Module, train_cfg, guard: bool = False) -> torch.o
     if t.optimizer == "adamw":
         optimizer = AdamW(groups, lr=t.lr, betas=betas, eps=t.adam_eps)
     elif t.optimizer == "lamb":
-        optimizer = Lamb(groups, lr=t.lr, betas=betas, eps=t.adam_eps)
+        decayed, plain = groups
+        optimizer = Lamb([{**decayed, "adapt": True}, {**plain, "adapt": False}], lr=t.lr, betas=betas, eps=t.adam_eps)
     else:
         raise ConfigError(f"train.optimizer: value '{t.optimizer}' is not one of adamw, lamb")
     optimizer.guard, optimizer.max_norm = guard, t.grad_clip
