@@ -98,8 +98,8 @@ def _clear(out: Path) -> None:
     with exclusive_if_free(out) as free:
         if not free:
             raise DataError(
-                f"{out} holds shards a run is training on (it reads them now): build these into another "
-                "data.shards directory; the shards were left as they were"
+                f"{out} holds shards another process is reading now (a run training on them, an evaluation): build "
+                "these into another directory (--out, data.shards); the shards were left as they were"
             )
         _remove_build_files(out)
 

@@ -4,6 +4,7 @@ another corpus's tokens under its frequencies."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -20,6 +21,7 @@ from data_pipeline.shard_format import (
 )
 from pretrain.core.errors import DataError
 from pretrain.core.files import sha256_file
+from pretrain.core.outputs import shared
 
 
 def mappable_shards() -> int:
@@ -298,3 +300,15 @@ def unigram_cross_entropy(
     seen, held = seen[ids] + 1.0, held[ids]
     p = held / held.sum()
     return float(-(p[held > 0] * np.log(seen[held > 0] / seen.sum())).sum())
+
+
+@contextlib.contextmanager
+def reading_shards(shards_dir: str | os.PathLike):
+    """Hold a shard directory (a mixture's, each source's too) `shared` while its shards are read: `ShardSet` opens
+    their files by name as it goes, so a build that rewrote them meanwhile (`shard_build._clear`: another run's, or
+    `pretrain shards --out` into them) would hand the reader new tokens at the old offsets. It is refused instead."""
+    with contextlib.ExitStack() as held:
+        sources = [p.parent for p in Path(shards_dir).glob("*/manifest.json") if not p.parent.name.startswith(".")]
+        for directory in [Path(shards_dir), *sorted(sources)]:  # not a rebuild beside them (.rebuild): not read
+            held.enter_context(shared(directory))
+        yield

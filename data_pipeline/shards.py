@@ -25,7 +25,7 @@ from data_pipeline.shard_format import (
     shards_hash,
     token_dtype,
 )
-from data_pipeline.shard_read import ShardSet, unigram_cross_entropy, unigram_entropy
+from data_pipeline.shard_read import ShardSet, reading_shards, unigram_cross_entropy, unigram_entropy
 
 __all__ = [
     "BUILD_STATE",
@@ -36,6 +36,7 @@ __all__ = [
     "SUFFIXES",
     "TMP",
     "ShardSet",
+    "reading_shards",
     "build_key",
     "build_shards",
     "mixture_hash",

@@ -17,6 +17,7 @@ reading line breaks as the pipeline does (`join_lines_as_the_pipeline`).
 from __future__ import annotations
 
 import collections
+import hashlib
 import itertools
 import json
 import os
@@ -39,7 +40,7 @@ from data_pipeline.readers import (
 from pretrain.core.config import DataConfig
 from pretrain.core.errors import DataError, UserError
 from pretrain.core.files import sha256_file
-from pretrain.core.outputs import check_not_input, claim_output, mark_output
+from pretrain.core.outputs import check_not_input, claim_output, exclusive_if_free, mark_output
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerFast
@@ -282,6 +283,7 @@ def train_tokenizer(
     """
     _check_training_settings(kind, vocab_size, min_frequency)
     out = _output_dir(Path(out_dir), paths)
+    _check_not_in_use(out)  # before the training: its work would be in vain
     built = _build(kind, lowercase, strip_accents)
     read = dict(text_field=text_field, on_bad=on_bad, max_document_bytes=max_document_bytes)
     read.update(text_documents=text_documents)
@@ -383,26 +385,48 @@ def _wrap(tok, lowercase: bool, strip_accents: bool) -> PreTrainedTokenizerFast:
     )
 
 
+def _in_use(out: Path) -> str:
+    return (
+        f"{out} holds the tokenizer a run is training with (it reads it now): train this one into another directory "
+        f"(--out, data.tokenizer); {out} was left as it was"
+    )
+
+
+def _check_not_in_use(out: Path) -> None:
+    """Refuse to train into a tokenizer directory that a run holds `shared` while it trains
+    (`pretrain.train.trainer.reading_data`): its shards and checkpoints are of the tokenizer there."""
+    if (out / "tokenizer.json").is_file():
+        with exclusive_if_free(out) as free:
+            if not free:
+                raise DataError(_in_use(out))
+
+
 def _save_atomically(fast: PreTrainedTokenizerFast, out: Path, settings: dict) -> None:
     """Write the tokenizer (and the `settings` it was trained with) to `<out>.tmp-<pid>` and rename it into place, so
     `out` is never half-written. Entries of an old `out` that are not tokenizer files (the user's notes, an eval/
-    directory) are carried into the new one first, and put back if the swap fails: never deleted with the old."""
+    directory) are carried into the new one first, and put back if the swap fails: never deleted with the old. Not
+    while a run trains with the old one (`_check_not_in_use`): the new one is kept at `<out>.tmp-<pid>` then."""
     tmp = out.with_name(f"{out.name}.tmp-{os.getpid()}")
     old = out.with_name(f"{out.name}.old-{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     carried: list[str] = []
+    kept = False
     try:
         fast.save_pretrained(tmp)
         (tmp / SETTINGS_FILE).write_text(json.dumps(settings, indent=1) + "\n")
         mark_output(tmp, "tokenizer")
-        if out.exists():  # os.replace cannot overwrite a non-empty directory: move the old one aside first
-            ours = {p.name for p in tmp.iterdir()} | set(TOKENIZER_FILES) | {SETTINGS_FILE}
-            for entry in sorted(out.iterdir()):
-                if entry.name not in ours:
-                    os.replace(entry, tmp / entry.name)
-                    carried.append(entry.name)
-            os.replace(out, old)
-        os.replace(tmp, out)
+        with exclusive_if_free(out) as free:
+            if not free:  # a run started on the old one while this one trained
+                kept = True
+                raise DataError(f"{_in_use(out)}; the tokenizer trained now is in {tmp}")
+            if out.exists():  # os.replace cannot overwrite a non-empty directory: move the old one aside first
+                ours = {p.name for p in tmp.iterdir()} | set(TOKENIZER_FILES) | {SETTINGS_FILE}
+                for entry in sorted(out.iterdir()):
+                    if entry.name not in ours:
+                        os.replace(entry, tmp / entry.name)
+                        carried.append(entry.name)
+                os.replace(out, old)
+            os.replace(tmp, out)
     except BaseException:
         if old.exists() and not out.exists():
             os.replace(old, out)
@@ -411,7 +435,7 @@ def _save_atomically(fast: PreTrainedTokenizerFast, out: Path, settings: dict) -
                 os.replace(tmp / name, out / name)
         raise
     finally:  # removed only when nothing there is the only copy of something: the user's entries, the old tokenizer
-        if not any((tmp / name).exists() for name in carried):
+        if not kept and not any((tmp / name).exists() for name in carried):
             shutil.rmtree(tmp, ignore_errors=True)
         if out.exists():
             shutil.rmtree(old, ignore_errors=True)
@@ -451,20 +475,39 @@ def takes_token_types(model_type: str | None, type_vocab_size: int = 2) -> bool:
     return (model_type is None or model_type in TOKEN_TYPE_ARCHS) and type_vocab_size > 1
 
 
+def read_tokenizer_files(tokenizer_dir: str | os.PathLike) -> dict[str, bytes]:
+    """The tokenizer's own files (`TOKENIZER_FILES`), read once: a run keeps the tokenizer it trains with this way,
+    and writes it into each checkpoint, whatever becomes of the directory meanwhile."""
+    return {n: (Path(tokenizer_dir) / n).read_bytes() for n in TOKENIZER_FILES if (Path(tokenizer_dir) / n).is_file()}
+
+
+def files_hash(files: dict[str, bytes]) -> str:
+    """`tokenizer_hash` of files read by `read_tokenizer_files`."""
+    return hashlib.sha256(files["tokenizer.json"]).hexdigest()
+
+
 def copy_tokenizer_files(
-    tokenizer_dir: str | os.PathLike, dest: str | os.PathLike, hf_config: Any = None, max_length: int | None = None
+    tokenizer: str | os.PathLike | dict[str, bytes],
+    dest: str | os.PathLike,
+    hf_config: Any = None,
+    max_length: int | None = None,
 ) -> None:
-    """The tokenizer's own files into `dest` (exports carry the tokenizer): not our output marker, nor the weights of
-    a checkpoint directory that doubles as the tokenizer directory. Unchanged but for `model_input_names` in
+    """The tokenizer's own files (from its directory, or as `read_tokenizer_files` read them) into `dest` (exports and
+    checkpoints carry the tokenizer): not our output marker, nor the weights of a checkpoint directory that doubles
+    as the tokenizer directory. Unchanged but for `model_input_names` in
     tokenizer_config.json, which decides whether transformers returns token_type_ids (`takes_token_types` of
     `hf_config`, the export's transformers config: its model_type and type_vocab_size; None: as BERT), and, given
     `max_length` (the longest input the export's position table holds), `model_max_length` capped at it: with
     truncation=True transformers then cuts inputs to what the model takes, rather than to 512 past its table."""
     dest = Path(dest)
     dest.mkdir(parents=True, exist_ok=True)
-    for name in TOKENIZER_FILES:
-        if (Path(tokenizer_dir) / name).is_file():
-            shutil.copy2(Path(tokenizer_dir) / name, dest / name)
+    if isinstance(tokenizer, dict):
+        for name, data in tokenizer.items():
+            (dest / name).write_bytes(data)
+    else:
+        for name in TOKENIZER_FILES:
+            if (Path(tokenizer) / name).is_file():
+                shutil.copy2(Path(tokenizer) / name, dest / name)
     model_type = getattr(hf_config, "model_type", None) if hf_config is not None else None
     type_vocab_size = getattr(hf_config, "type_vocab_size", 2) if hf_config is not None else 2
     set_model_inputs(dest, takes_token_types(model_type, type_vocab_size), max_length)

@@ -215,3 +215,22 @@ def test_a_checkpoint_write_that_fails_otherwise_is_not_called_a_full_disk(tmp_p
     with pytest.raises(OSError, match="Input/output error"):
         save_checkpoint(FakeEngine(), tmp_path, TrainState(step=4), "model: {}\n", None, keep=5)
     assert (tmp_path / LATEST).read_text().strip() == "step_00000003" and not (tmp_path / "step_00000004").exists()
+
+
+def test_each_checkpoint_carries_the_tokenizer_the_run_started_with(tmp_path):
+    """Checkpoints copied the tokenizer directory as it was at each save: edited or trained again meanwhile, the
+    later checkpoints (and their export) carried another tokenizer than the run's shards and embeddings. The trainer
+    reads it once at the start (`read_tokenizer_files`) and each checkpoint writes those bytes."""
+    from data_pipeline.tokenizer import read_tokenizer_files
+    from pretrain.train.checkpoint import save_checkpoint
+    from pretrain.train.state import TrainState
+
+    tok = tmp_path / "tok"
+    tok.mkdir()
+    (tok / "tokenizer.json").write_text('{"the": "run\'s"}')
+    (tok / "vocab.txt").write_text("[PAD]\n")
+    started = read_tokenizer_files(tok)
+    (tok / "tokenizer.json").write_text('{"a": "new one"}')
+    path = save_checkpoint(FakeEngine(), tmp_path / "ckpt", TrainState(step=3), "model: {}\n", started, keep=2)
+    assert (path / "tokenizer" / "tokenizer.json").read_text() == '{"the": "run\'s"}'
+    assert (path / "tokenizer" / "vocab.txt").read_text() == "[PAD]\n"

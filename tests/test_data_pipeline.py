@@ -453,14 +453,14 @@ def test_shards_a_run_reads_are_not_rebuilt_under_it(tmp_path, corpus, tok_dir):
     """Two runs on one data.shards: the second, on another corpus, would rewrite the files the first's loader workers
     open by name (old offsets over new tokens, no error). A trainer holds its shard directories shared, and a build
     that would rewrite them is refused, leaving them whole; once the trainer is gone it goes ahead."""
-    from pretrain.train.trainer import reading_shards
+    from data_pipeline.shards import reading_shards
 
     out = tmp_path / "shards"
     build_shards([str(corpus)], tok_dir, out, num_workers=0, show_progress=False)
     before = snapshot(out)
     other = write_jsonl(tmp_path / "other.jsonl", make_docs(8, seed=3))
     with reading_shards(out):
-        with pytest.raises(DataError, match="holds shards a run is training on"):
+        with pytest.raises(DataError, match="holds shards another process is reading now"):
             build_shards([str(other)], tok_dir, out, num_workers=0, show_progress=False)
         assert snapshot(out) == before
         build_shards([str(corpus)], tok_dir, out, num_workers=0, show_progress=False)  # the same build: a cache hit

@@ -324,3 +324,31 @@ def test_a_torn_model_directory_is_named_not_a_traceback(tmp_path):
     (model / "config.json").write_text('{"model_type": "bert", "hidden_size": 32')
     with pytest.raises(UserError, match=r"config.json: not valid JSON"):
         evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")])
+
+
+def test_eval_holds_its_shards_while_it_scores(tmp_path, monkeypatch):
+    """`pretrain eval` opened the shards and scored them while another process could rebuild them in place (`pretrain
+    shards --out` into them): the reader, which opens the files by name as it goes, read new tokens at the old
+    offsets and scored a mix of two corpora. The shards are held until scored: such a build is refused meanwhile."""
+    from data_pipeline.shards import build_shards
+    from pretrain.core.errors import DataError
+    from pretrain.evaluation import evaluate
+
+    model = tiny_bert(tmp_path / "m", PAIR_WORDS)
+    held, other = tmp_path / "held-out.txt", tmp_path / "other.txt"
+    held.write_text(" ".join(PAIR_WORDS * 8) + "\n")
+    other.write_text(" ".join(reversed(PAIR_WORDS * 8)) + "\n")
+    given = tmp_path / "given-shards"
+    build_shards([str(held)], model, given, num_workers=0, show_progress=False)
+    score, refused = evaluate._score_masked, []
+
+    def rebuilt_meanwhile(*args):
+        with pytest.raises(DataError, match="holds shards another process is reading now"):
+            build_shards([str(other)], model, given, num_workers=0, show_progress=False)
+        refused.append(True)
+        return score(*args)
+
+    monkeypatch.setattr(evaluate, "_score_masked", rebuilt_meanwhile)
+    evaluate.evaluate_mlm(model, shards=str(given), max_samples=1)
+    assert refused
+    build_shards([str(other)], model, given, num_workers=0, show_progress=False)  # scored: the build goes ahead

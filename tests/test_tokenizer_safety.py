@@ -26,6 +26,7 @@ from objectives import build_objectives
 from objectives.sentence_head import assemble_pair
 from pretrain.cli import main
 from pretrain.core.config import ModelConfig
+from pretrain.core.errors import DataError
 from pretrain.hf.export import ExportError, export_pretrained
 from pretrain.hf.interop import hf_config, lm_head_name, select_architecture
 from pretrain.hf.tokenizer_check import check_pair_encoding
@@ -534,3 +535,28 @@ def test_a_named_tokenizer_trained_otherwise_than_the_config_says_is_said(corpus
     said = named("data.tokenizer_type=bpe", "data.lowercase=false")
     assert f"note: data.tokenizer {own} was trained with tokenizer_type=wordpiece, lowercase=True: it is used" in said
     assert "the config's data.tokenizer_type=bpe, data.lowercase=False do not apply" in said
+
+
+def test_a_tokenizer_a_run_trains_with_is_not_replaced_under_it(corpus, tmp_path, monkeypatch):
+    """`pretrain tokenizer --out` into the data.tokenizer of a run training meanwhile went through: the run's later
+    checkpoints and its export then carried the new tokenizer, 503 of 512 ids of another piece than the embeddings
+    were trained on, and nothing said so. A trainer holds its tokenizer directory (`reading_data`): a tokenizer
+    trained into it is refused before its training, and, were a run to start meanwhile, at the swap, where the one
+    trained is kept beside it."""
+    from data_pipeline import tokenizer as tokenizer_module
+    from pretrain.core.outputs import shared
+
+    out = tmp_path / "tok"
+    train_tokenizer([str(corpus)], out, vocab_size=300, show_progress=False)
+    before = (out / "tokenizer.json").read_bytes()
+    with shared(out):  # as a trainer holds it
+        with pytest.raises(DataError, match=r"tok holds the tokenizer a run is training with .* left as it was$"):
+            train_tokenizer([str(corpus)], out, vocab_size=320, show_progress=False)
+        monkeypatch.setattr(tokenizer_module, "_check_not_in_use", lambda out: None)  # the run started after it
+        with pytest.raises(DataError, match=r"the tokenizer trained now is in .*tok\.tmp-\d+$") as refused:
+            train_tokenizer([str(corpus)], out, vocab_size=320, show_progress=False)
+    assert (out / "tokenizer.json").read_bytes() == before
+    kept = Path(str(refused.value).rsplit(" is in ", 1)[1])
+    assert load_tokenizer(kept).vocab_size == 320
+    train_tokenizer([str(corpus)], out, vocab_size=320, show_progress=False)  # the run is gone: replaced
+    assert load_tokenizer(out).vocab_size == 320

@@ -231,7 +231,7 @@ def evaluate_mlm(
     read; None: as a run target read its own corpus (`corpus_reading`). `raw_weights`: a run that kept a weight EMA
     is scored by its training weights, not the EMA (as `pretrain export --raw-weights`)."""
     from data_pipeline.samples import PackedSequences
-    from data_pipeline.shards import ShardSet
+    from data_pipeline.shards import ShardSet, reading_shards
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
     from objectives.mlm import MaskedLM, MLMOptions
     from pretrain.train.checkpoint import reading_checkpoints, run_of
@@ -250,42 +250,44 @@ def evaluate_mlm(
     hf_dir = _is_hf_dir(Path(target))
     if raw_weights and hf_dir:
         raise UserError(f"--raw-weights picks a run's or checkpoint's training weights; {target} holds one set")
-    # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
-    with contextlib.nullcontext() if hf_dir else reading_checkpoints(target):
-        logits_fn, tokenizer_dir, description, limit = load_target(target, ema=not raw_weights)
-        if not max_seq_len and not hf_dir:  # at 128, a run trained at 64 was scored on untrained positions
-            max_seq_len = trained_length(Path(target), limit)
-        elif not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
-            max_seq_len = min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
-        elif limit is not None and max_seq_len > limit:
-            raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
-        # the held-out shards beside what is scored: a checkpoint's go in its run's eval/, not into the checkpoint
-        # (rotated away with it); a checkpoint outside a run keeps them in its own eval/
-        cache_root = Path(target).parent if hf_dir else run_of(target) or Path(target)
-        reading = corpus_reading(Path(target), hf_dir, text_field, text_documents) if corpus else {}
-        shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
-        tokens = special_tokens(load_tokenizer(tokenizer_dir))
-        shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
-    samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep, each_token_once=True)
-    n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
-    if n == 0:
-        raise UserError(f"{shard_dir}: no samples of {max_seq_len} tokens to evaluate on")
-    masker = MaskedLM(MLMOptions(mask_prob=mask_prob), tokens)
-    total_loss, correct, count = _score_masked(logits_fn, samples, n, masker, tokens.pad, batch_size, seed)
-    loss = total_loss / max(count, 1)
-    return {
-        "target": str(target),
-        "model": description,
-        "shards": str(shard_dir),
-        "samples": n,
-        "max_seq_len": max_seq_len,
-        "masked_tokens": count,
-        "accuracy": correct / max(count, 1),
-        "loss": loss,
-        "perplexity": math.exp(min(loss, 700.0)),
-        "mask_prob": mask_prob,
-        "seed": seed,
-    }
+    with contextlib.ExitStack() as held:
+        # a checkpoint's tokenizer is read until the shards are open: a run saving meanwhile must not rotate it away
+        with contextlib.nullcontext() if hf_dir else reading_checkpoints(target):
+            logits_fn, tokenizer_dir, description, limit = load_target(target, ema=not raw_weights)
+            if not max_seq_len and not hf_dir:  # at 128, a run trained at 64 was scored on untrained positions
+                max_seq_len = trained_length(Path(target), limit)
+            elif not max_seq_len:  # a model of 64 positions is scored at 64 rather than refused at the default
+                max_seq_len = min(DEFAULT_SEQ_LEN, limit) if limit is not None else DEFAULT_SEQ_LEN
+            elif limit is not None and max_seq_len > limit:
+                raise UserError(f"--max-seq-len {max_seq_len} is longer than {description} takes ({limit} positions)")
+            # the held-out shards beside what is scored: a checkpoint's go in its run's eval/, not into the checkpoint
+            # (rotated away with it); a checkpoint outside a run keeps them in its own eval/
+            cache_root = Path(target).parent if hf_dir else run_of(target) or Path(target)
+            reading = corpus_reading(Path(target), hf_dir, text_field, text_documents) if corpus else {}
+            shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
+            held.enter_context(reading_shards(shard_dir))  # until scored: a build into them meanwhile is refused
+            tokens = special_tokens(load_tokenizer(tokenizer_dir))
+            shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
+        samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep, each_token_once=True)
+        n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
+        if n == 0:
+            raise UserError(f"{shard_dir}: no samples of {max_seq_len} tokens to evaluate on")
+        masker = MaskedLM(MLMOptions(mask_prob=mask_prob), tokens)
+        total_loss, correct, count = _score_masked(logits_fn, samples, n, masker, tokens.pad, batch_size, seed)
+        loss = total_loss / max(count, 1)
+        return {
+            "target": str(target),
+            "model": description,
+            "shards": str(shard_dir),
+            "samples": n,
+            "max_seq_len": max_seq_len,
+            "masked_tokens": count,
+            "accuracy": correct / max(count, 1),
+            "loss": loss,
+            "perplexity": math.exp(min(loss, 700.0)),
+            "mask_prob": mask_prob,
+            "seed": seed,
+        }
 
 
 @torch.no_grad()

@@ -207,7 +207,14 @@ def shards_to_rebuild(cfg) -> list[str]:
 
 def inspect_data(cfg, out_png: str | os.PathLike | None = None, num_samples: int = 3) -> dict:
     """Counts, histogram, packing efficiency and decoded samples for a run's shards; returns a report dict
-    (`format_report` turns it into text)."""
+    (`format_report` turns it into text). The shards are held while read: a build into them meanwhile is refused."""
+    from data_pipeline.shards import reading_shards
+
+    with reading_shards(cfg.shards_dir):
+        return _inspect_data(cfg, out_png, num_samples)
+
+
+def _inspect_data(cfg, out_png: str | os.PathLike | None, num_samples: int) -> dict:
     from data_pipeline.samples import build_samples, builder_kind
     from data_pipeline.shards import ShardSet
     from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash

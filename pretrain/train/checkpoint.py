@@ -225,12 +225,13 @@ def save_checkpoint(
     root: Path,
     state: TrainState,
     config_text: str,
-    tokenizer_dir: Path,
+    tokenizer: dict[str, bytes] | None,
     keep: int,
     extra: dict[str, dict[str, torch.Tensor]] | None = None,
 ) -> Path:
     """Collective: every rank calls it. Returns the checkpoint directory. A rank that fails to write (a full disk)
-    fails every rank, and the half-written directory goes: `latest` still names the previous checkpoint. `extra`:
+    fails every rank, and the half-written directory goes: `latest` still names the previous checkpoint. `tokenizer`:
+    the files of the tokenizer the run trains with (`read_tokenizer_files`), written into the checkpoint. `extra`:
     more files of tensors (name -> state) that rank 0 writes, such as the weight EMA (the same on every rank)."""
     from pretrain.train.distributed import any_rank
 
@@ -251,10 +252,10 @@ def save_checkpoint(
         torch.save(rng, path / f"rng_rank{rank}.pt")
         if rank == 0:
             (path / "config.yaml").write_text(config_text)
-            if tokenizer_dir and Path(tokenizer_dir).is_dir() and not (path / "tokenizer").exists():
+            if tokenizer and not (path / "tokenizer").exists():
                 from data_pipeline.tokenizer import copy_tokenizer_files
 
-                copy_tokenizer_files(tokenizer_dir, path / "tokenizer")
+                copy_tokenizer_files(tokenizer, path / "tokenizer")
             for name, tensors in (extra or {}).items():
                 torch.save(tensors, path / name)
             state.save(path)

@@ -29,8 +29,8 @@ import yaml
 from data_pipeline.loader import PhaseBatchSampler, PretrainDataset, sampler_loader
 from data_pipeline.mixing import MixedSamples
 from data_pipeline.samples import FULL_WINDOWS, builder_kind
-from data_pipeline.shards import ShardSet
-from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+from data_pipeline.shards import ShardSet, reading_shards
+from data_pipeline.tokenizer import files_hash, load_tokenizer, read_tokenizer_files, special_tokens, tokenizer_hash
 from objectives import sample_builder_for
 from pretrain.core.batch import Batch
 from pretrain.core.config import RunConfig, load_yaml
@@ -178,13 +178,10 @@ def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
 
 
 @contextlib.contextmanager
-def reading_shards(shards_dir: Path):
-    """Hold the run's shard directories (a mixture's, each source's too) `shared` while it trains: a build that would
-    rewrite them (another run's, on the same data.shards) is refused meanwhile (`shard_build._clear`)."""
-    with contextlib.ExitStack() as held:
-        sources = [p.parent for p in Path(shards_dir).glob("*/manifest.json") if not p.parent.name.startswith(".")]
-        for directory in [shards_dir, *sorted(sources)]:  # not a rebuild beside them (.rebuild): it is not read
-            held.enter_context(shared(directory))
+def reading_data(cfg: RunConfig):
+    """Hold the run's shards (`reading_shards`) and its tokenizer directory `shared` while it trains: a tokenizer
+    trained into that directory meanwhile is refused (`data_pipeline.tokenizer`), as a shard build is."""
+    with reading_shards(cfg.shards_dir), shared(cfg.tokenizer_dir):
         yield
 
 
@@ -192,7 +189,7 @@ def train(cfg: RunConfig) -> dict:
     """Train (resuming from the latest checkpoint if there is one). Returns a summary of the run."""
     logging.getLogger("DeepSpeed").setLevel(logging.WARNING)
     rank, world = init_distributed(cfg.train.collective_timeout_minutes)
-    with own_run_dir(cfg.run_dir, rank == 0), reading_shards(cfg.shards_dir), StopFlag() as flag:
+    with own_run_dir(cfg.run_dir, rank == 0), reading_data(cfg), StopFlag() as flag:
         try:
             return Trainer.start(cfg, rank, world).run(flag)
         except RuntimeError as err:
@@ -247,6 +244,9 @@ class Trainer:
     state: TrainState  # saved with every checkpoint; the skip counters are kept by `Stopping`
     logger: MetricsLogger
     ema: WeightEMA | None = None  # train.ema_decay: saved with each checkpoint, exported instead of the weights
+    # the tokenizer it trains with, read once at the start: each checkpoint carries it, whatever becomes of the
+    # directory meanwhile (a tokenizer trained into it again, an edit)
+    tokenizer_files: dict[str, bytes] = field(default_factory=dict)
     metrics: MetricSums = field(default_factory=MetricSums)
     interval: Interval = field(default_factory=Interval)
     unflushed_tokens: int = 0  # this rank's tokens not yet summed over ranks into state.tokens_seen
@@ -275,7 +275,8 @@ class Trainer:
         run_dir, t = cfg.run_dir, cfg.train
         check_init_tokenizer(cfg)
         run = resolve_run(cfg, special_tokens(load_tokenizer(cfg.tokenizer_dir)), rank, world)
-        tokenizer_sha = tokenizer_hash(cfg.tokenizer_dir)
+        tokenizer_files = read_tokenizer_files(cfg.tokenizer_dir)
+        tokenizer_sha = files_hash(tokenizer_files)
         shards = ShardSet(cfg.shards_dir, verify=True, expected_tokenizer_hash=tokenizer_sha)
         latest = ckpt.latest_checkpoint(run.checkpoints_dir)
         identity = fingerprint(
@@ -345,7 +346,7 @@ class Trainer:
         for note in (slow_precision_note(run.precision), warmup_note(t), unused_by_first_phase(cfg)):
             if note:
                 logger.write(f"note: {note}")
-        return cls(run, config_text, engine, data, state, logger, ema)
+        return cls(run, config_text, engine, data, state, logger, ema, tokenizer_files)
 
     def run(self, flag: StopFlag) -> dict:
         t = self.cfg.train
@@ -565,7 +566,7 @@ class Trainer:
             self.cfg.run_dir / "checkpoints",
             self.state,
             self.config_text,
-            self.cfg.tokenizer_dir,
+            self.tokenizer_files,
             t.keep_checkpoints,
             {EMA_FILE: self.ema.state_dict()} if self.ema is not None else None,
         )
