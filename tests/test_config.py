@@ -1,13 +1,14 @@
 """Config: presets, overrides, and errors that name the key, the value and the nearest valid key."""
 
 import re
+from pathlib import Path
 
 import pytest
 import torch._dynamo
 import yaml
 
 from pretrain.core.config import RunConfig, save_config
-from pretrain.core.errors import ConfigError
+from pretrain.core.errors import ConfigError, UserError
 from pretrain.core.parsing import describe_fields
 from pretrain.train.setup import load_config
 
@@ -407,3 +408,24 @@ def test_an_override_of_a_list_item_and_a_far_key_say_what_to_do():
         load_config("bert-base-two-phase", ["schedule.phases.1.start=5"])
     assert nearest("parent.yaml", ["bert", "roberta", "albert"]) == ""
     assert nearest("hiden", ["hidden", "heads"]) == " (did you mean 'hidden'?)"
+
+
+@pytest.mark.parametrize("name", ["../elsewhere", "/tmp/abs", "a/../../b", "."])
+def test_a_run_name_that_leaves_output_dir_is_refused(name):
+    """`name` is the run directory under output_dir: '../x' or an absolute path put the run outside it (where an
+    ablation, `pretrain compare` and the docs' layout never look). A nested name stays within and is kept."""
+    with pytest.raises(ConfigError, match=r"name: .* is the run directory under output_dir"):
+        load_config("tiny", [f"name={name}"])
+    assert load_config("tiny", ["name=group/run"]).run_dir == Path("runs") / "group" / "run"
+
+
+@pytest.mark.parametrize("name", ["../outside", "/tmp/abs", "run/checkpoints/step_00000001", ".."])
+def test_a_decay_name_is_a_name_beside_its_source(tmp_path, name):
+    """`pretrain decay --name b/checkpoints/step_00000001` made a whole decay run, export and all, inside its source's
+    checkpoints/, where the source's next rotation deleted it; '../x' and absolute paths wrote outside. Refused
+    before anything is read."""
+    from pretrain.train.branch import branch_for_decay
+
+    with pytest.raises(UserError, match=r"--name .*: the branch's directory name, beside its source run"):
+        branch_for_decay(tmp_path / "missing-run", steps=4, name=name)
+    assert list(tmp_path.iterdir()) == []

@@ -15,7 +15,13 @@ from pathlib import Path
 
 import yaml
 
-from pretrain.core.config_checks import CHOICES, check_data_stages, check_options_apply, check_values
+from pretrain.core.config_checks import (
+    CHOICES,
+    check_data_stages,
+    check_options_apply,
+    check_run_name,
+    check_values,
+)
 from pretrain.core.config_schema import (
     CORPUS_FORMATS,
     GLOBAL_BATCH,
@@ -107,6 +113,7 @@ def read_config(name_or_path: str | None, overrides: list[str] | None = None) ->
         require_tensorboard()
     check_options_apply(cfg.train)  # (a checkpoint's config that has one still loads: it trained so)
     check_data_stages(cfg.data)
+    check_run_name(cfg.name, cfg.output_dir)
     return cfg
 
 

@@ -3,6 +3,8 @@ names the dotted key and the value (`pretrain.core.config` adds the file where t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from pretrain.core.config_schema import (
     GLOBAL_BATCH,
     SHAPES,
@@ -283,6 +285,18 @@ def check_data_stages(d: DataConfig) -> None:
         raise ConfigError(
             f"data.loader_workers: must be >= -1 (-1: chosen from the cores, 0: the training process), got "
             f"{d.loader_workers}"
+        )
+
+
+def check_run_name(name: str, output_dir: str) -> None:
+    """`name` is the run directory under `output_dir`, checked for a new config: an absolute path or a '..' put the run
+    outside it, where the ablation and `pretrain compare` of output_dir never look, or inside another run's
+    directory (its checkpoints/, where that run's rotation deleted it). Nested names (group/run) stay within."""
+    parts = Path(name).parts
+    if not name or Path(name).is_absolute() or ".." in parts or not parts:
+        raise ConfigError(
+            f"name: {name!r} is the run directory under output_dir ({output_dir}): give a relative name without "
+            "'..' (and output_dir for where the runs go)"
         )
 
 

@@ -144,6 +144,11 @@ def _branch_without_its_source(source: Path, steps: int, name: str | None, overr
 def branch_for_decay(source: Path, steps: int, name: str | None = None, overrides: list[str] | None = None):
     """Make the branch run directory (see the module doc); returns (its config, a line saying what it holds). The
     directory must be absent or empty: an existing one is refused, never replaced."""
+    if name is not None and (Path(name).name != name or name in ("", ".", "..")):
+        raise UserError(
+            f"--name {name!r}: the branch's directory name, beside its source run (a name, not a path: one inside "
+            "another run's checkpoints/ went with that run's rotation)"
+        )
     gone = _branch_without_its_source(Path(source), steps, name, overrides or [])
     if gone is not None:
         return gone
