@@ -321,8 +321,21 @@ def test_a_torn_model_directory_is_named_not_a_traceback(tmp_path):
         with pytest.raises(UserError, match=r"model.safetensors: truncated or not a safetensors file"):
             run()
     (model / "model.safetensors").write_bytes(weights)
+    config = (model / "config.json").read_text()
     (model / "config.json").write_text('{"model_type": "bert", "hidden_size": 32')
     with pytest.raises(UserError, match=r"config.json: not valid JSON"):
+        evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")])
+    # a pytorch_model.bin (torch.save's zip) cut short: a PytorchStreamReader traceback
+    (model / "config.json").write_text(config)
+    import torch
+    from safetensors.torch import load_file
+
+    torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
+    (model / "model.safetensors").unlink()
+    assert evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")], max_samples=1)["samples"] == 1  # whole: read
+    torn = (model / "pytorch_model.bin").read_bytes()
+    (model / "pytorch_model.bin").write_bytes(torn[: len(torn) // 2])
+    with pytest.raises(UserError, match=r"pytorch_model.bin: truncated or not a torch weights file"):
         evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")])
 
 

@@ -21,6 +21,7 @@ import errno
 import json
 import os
 import shutil
+import zipfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -100,8 +101,9 @@ def check_model_dir(directory: str | Path, what: str = "") -> Path:
 
 
 def _check_readable(directory: Path, what: str) -> None:
-    """config.json as JSON and each safetensors file's header: a torn or truncated one was a JSONDecodeError or a
-    SafetensorError traceback from eval, finetune and model.init_from."""
+    """config.json as JSON, each safetensors file's header and each pytorch_model*.bin's zip directory: a torn or
+    truncated one was a JSONDecodeError, SafetensorError or PytorchStreamReader traceback from eval, finetune and
+    model.init_from."""
     from safetensors import SafetensorError, safe_open
 
     try:
@@ -116,6 +118,14 @@ def _check_readable(directory: Path, what: str) -> None:
                 pass
         except (SafetensorError, OSError) as err:
             raise UserError(f"{what}{weights}: truncated or not a safetensors file ({err})") from None
+    for weights in sorted(directory.glob("*.bin")):  # torch.save's zip archive: its directory is at the end
+        with open(weights, "rb") as f:
+            zipped = f.read(2) == b"PK"  # (torch's legacy pickle format is not checked)
+        try:
+            if zipped:
+                zipfile.ZipFile(weights).close()
+        except (zipfile.BadZipFile, OSError) as err:
+            raise UserError(f"{what}{weights}: truncated or not a torch weights file ({err})") from None
 
 
 # What a HuggingFace tokenizer is saved as (a fast one's tokenizer.json, or a slow one's vocabulary): one of these
