@@ -264,7 +264,7 @@ def replace_output(
     not write (the user's notes, a fine-tuned model in a subfolder) are kept. Returns `given`, symlinks resolved (a
     link is written through, and kept). `given` must be absent, empty or an output of this kind, and neither one of
     `inputs` (description -> path) nor a directory holding one; `flag` names it in errors."""
-    check_not_input(given, inputs)
+    check_not_input(given, inputs, flag)
     claim_output(given, kind, flag)
     out_dir = given.resolve()  # `.`, `..` and symlinks: the directory the user means, written in place
     created = not out_dir.exists()
