@@ -605,7 +605,10 @@ def special_tokens(tokenizer: PreTrainedTokenizerFast) -> SpecialTokens:
     for name in ("pad", "unk", "cls", "sep", "mask"):
         value = getattr(tokenizer, f"{name}_token_id")
         if value is None:
-            raise DataError(f"tokenizer {tokenizer.name_or_path} has no {name} token")
+            raise DataError(
+                f"tokenizer {tokenizer.name_or_path} has no {name} token: pretraining needs a pad, unk, cls, sep and "
+                "mask token (named in its special_tokens_map.json or tokenizer_config.json)"
+            )
         ids[name] = int(value)
     size = len(tokenizer)
     excluded = set(ids.values()) | set(tokenizer.all_special_ids)

@@ -21,7 +21,7 @@ def say(message: str) -> None:
 def stage_tokenizer(cfg: RunConfig) -> Path:
     """The run's own tokenizer: trained, or kept where it was trained with what the config gives now (or where a
     checkpoint trained on it, `_tokenizer_settings_changed`); a tokenizer the config names is used as it is."""
-    from data_pipeline.tokenizer import train_tokenizer
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens, train_tokenizer
 
     check_init_tokenizer(cfg)  # the checkpoint's, where it has none: said, not trained into its directory
     out = cfg.tokenizer_dir
@@ -38,6 +38,7 @@ def stage_tokenizer(cfg: RunConfig) -> Path:
     if (out / "tokenizer.json").is_file():
         changed = _tokenizer_settings_changed(cfg)
         if not changed:
+            special_tokens(load_tokenizer(out))  # the tokens a run needs, before shards are built with it
             say(f"tokenizer: {out} exists, skipped")
             return out
         # trained by this run for other settings or text, and nothing trained on it: it is replaced

@@ -128,3 +128,20 @@ def test_unigram_refuses_a_min_frequency_it_would_ignore(corpora, tmp_path, caps
     assert main(args) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: data.min_frequency=3") and err.count("\n") == 1 and not out.exists()
+
+
+def test_a_given_tokenizer_without_the_tokens_pretraining_needs_is_refused_before_the_shards(corpora, tmp_path, capsys):
+    """A data.tokenizer without a [CLS] (its config naming none) was refused only after `pretrain run` had built the
+    shards with it: hours on a real corpus."""
+    tok = tmp_path / "tok"
+    train_tokenizer([str(corpora["plain"])], tok, vocab_size=300, show_progress=False)
+    for name in ("tokenizer_config.json", "special_tokens_map.json"):
+        if (tok / name).is_file():
+            config = json.loads((tok / name).read_text())
+            config.pop("cls_token", None)
+            (tok / name).write_text(json.dumps(config))
+    args = run_args(tmp_path, corpora["plain"], f"data.tokenizer={tok}")
+    assert main(["run", *args]) == 2
+    err = capsys.readouterr().err
+    assert "has no cls token: pretraining needs a pad, unk, cls, sep and mask token" in err, err
+    assert not (tmp_path / "r" / "shards").exists()
