@@ -392,3 +392,21 @@ def test_exports_keep_full_precision(hf_checkpoint, tmp_path, precision, zero):
         a = BertForMaskedLM.from_pretrained(str(d / "hf")).eval()(ids, output_hidden_states=True)
         b = BertForMaskedLM.from_pretrained(str(tmp_path / "hf")).eval()(ids, output_hidden_states=True)
     assert (a.hidden_states[-1] - b.hidden_states[-1]).abs().max().item() <= 1e-6
+
+
+def test_a_file_system_without_flock_warns_and_goes_on(tmp_path, monkeypatch, capsys):
+    """On a file system without flock (Lustre mounted without -o flock) the run directory's lock raised ENOSYS:
+    `pretrain train` could not start at all, with a traceback. It goes on unlocked, and says so."""
+    import errno
+
+    from pretrain.core import outputs
+
+    def no_flock(f, operation):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+
+    monkeypatch.setattr(outputs.fcntl, "flock", no_flock)
+    with outputs.exclusive(tmp_path / "run", "training"):
+        assert "pid" in (tmp_path / "run" / ".lock").read_text()
+    err = capsys.readouterr().err
+    assert "cannot be locked (Function not implemented; a file system without flock)" in err
+    assert "mount it with flock" in err

@@ -253,6 +253,13 @@ def exclusive(directory: Path, doing: str, hint: str = "") -> Iterator[None]:
             + (f" ({holder})" if holder else "")
             + f"; wait for it to finish{hint}"
         ) from None
+    except OSError as err:  # a file system without flock (Lustre mounted without -o flock, some NFS): unlocked
+        print(
+            f"warning: {directory / LOCK} cannot be locked ({err.strerror}; a file system without flock): a second "
+            f"process {doing} in {directory} at the same time is not refused; mount it with flock (Lustre: -o flock)",
+            file=sys.stderr,
+            flush=True,
+        )
     f.seek(0)
     f.truncate()
     f.write(f"pid {os.getpid()} on {socket.gethostname()} since {time.strftime('%Y-%m-%d %H:%M:%S')}\n")
