@@ -311,3 +311,18 @@ def test_every_band_is_made_on_the_activations_device(length):
     query = torch.zeros(2, 3, cfg.hidden_size, device="meta")
     positions = torch.zeros(2, 3, dtype=torch.long, device="meta")
     assert encoder(ids, query_stream=query, query_positions=positions)[1].device.type == "meta"
+
+
+def test_a_phases_rope_theta_is_the_one_an_export_of_the_model_writes(tokens, tokenizer_dir, tmp_path):
+    """`set_rope_theta` (a schedule phase's context extension) changed the layers and the encoder's config but not the
+    pretraining model's: an export of that model wrote the old theta into config.json (its own check failed, by 0.39;
+    unchecked, transformers computed other logits). Local layers keep theirs."""
+    from pretrain.model.encoder import set_rope_theta
+
+    model = make_model(tokens)
+    set_rope_theta(model, 40000.0)
+    assert model.config.rope_theta == 40000.0 and model.encoder.config.rope_theta == 40000.0
+    out = export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", CARD)  # checked against ours
+    config = json.loads((out / "config.json").read_text())
+    assert config["rope_parameters"]["full_attention"]["rope_theta"] == 40000.0
+    assert config["rope_parameters"]["sliding_attention"]["rope_theta"] == OURS["local_rope_theta"]

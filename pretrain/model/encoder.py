@@ -189,12 +189,14 @@ def _theta(cfg: ModelConfig, window: int) -> float:
 
 def set_rope_theta(model: nn.Module, theta: float) -> None:
     """Give every global attention layer in `model` (its encoders, ELECTRA's generator) RoPE base `theta`: a schedule
-    phase's (context extension). Local layers keep model.local_rope_theta. No weights change; the tables follow."""
+    phase's (context extension). Local layers keep model.local_rope_theta. No weights change; the tables follow. Each
+    module's config says it too (the encoders', the pretraining model's, which an export writes into config.json)."""
     for module in model.modules():
         if isinstance(module, SelfAttention) and module.rope_theta is not None and not module.window:
             module.rope_theta = float(theta)
-        if isinstance(module, BertEncoder) and module.config.position_embedding == "rope":
-            module.config = replace(module.config, rope_theta=float(theta))
+        config = getattr(module, "config", None)
+        if isinstance(config, ModelConfig) and config.position_embedding == "rope":
+            module.config = replace(config, rope_theta=float(theta))
 
 
 class SelfAttention(nn.Module):
