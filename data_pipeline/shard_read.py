@@ -65,7 +65,12 @@ class ShardSet:
     # sources (one set each, as training reads them) mapped a share each, 8 sources x 2 x an eighth of the limit.
     _mapped_in_process = 0
 
-    def __init__(self, directory: str | os.PathLike, verify: bool = True, expected_tokenizer_hash: str | None = None):
+    def __init__(
+        self,
+        directory: str | os.PathLike,
+        verify: bool = True,
+        expected_tokenizer_hash: str | tuple[str, ...] | None = None,
+    ):
         self.dir = Path(directory)
         path = self.dir / MANIFEST
         if not path.is_file():
@@ -81,10 +86,12 @@ class ShardSet:
                 f"{path}: format_version {self.manifest.get('format_version')!r}, expected "
                 f"{FORMAT_VERSION}; rebuild the shards"
             )
-        if expected_tokenizer_hash is not None and self.manifest["tokenizer_hash"] != expected_tokenizer_hash:
+        if isinstance(expected_tokenizer_hash, str):
+            expected_tokenizer_hash = (expected_tokenizer_hash,)  # (or the tokenizers an export's was exported from)
+        if expected_tokenizer_hash is not None and self.manifest["tokenizer_hash"] not in expected_tokenizer_hash:
             raise DataError(
                 f"{self.dir} was built with a different tokenizer (hash "
-                f"{self.manifest['tokenizer_hash'][:12]}, expected {expected_tokenizer_hash[:12]}); "
+                f"{self.manifest['tokenizer_hash'][:12]}, expected {expected_tokenizer_hash[0][:12]}); "
                 "rebuild the shards"
             )
         self.dtype = np.dtype(self.manifest["dtype"])

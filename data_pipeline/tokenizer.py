@@ -475,6 +475,29 @@ def takes_token_types(model_type: str | None, type_vocab_size: int = 2) -> bool:
     return (model_type is None or model_type in TOKEN_TYPE_ARCHS) and type_vocab_size > 1
 
 
+# In an export: the hashes of the tokenizer.json it was exported from (and that one's own sources). An export's
+# tokenizer.json adds steps for transformers' callers only (`strip_space_before_mask`, `join_lines_as_the_pipeline`:
+# the same ids for the text pretraining read), so shards built with the run's tokenizer are the export's too.
+SOURCE_FILE = "exported_from_tokenizer.json"
+
+
+def tokenizer_hashes(directory: str | os.PathLike) -> tuple[str, ...]:
+    """`tokenizer_hash` of `directory`, then those of the tokenizers it was exported from (`record_source`): the
+    shards of any of them are read with it."""
+    own = tokenizer_hash(directory)
+    try:
+        recorded = json.loads((Path(directory) / SOURCE_FILE).read_text())["sha256"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return (own,)
+    return (own, *[h for h in recorded if isinstance(h, str) and h != own])
+
+
+def record_source(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
+    """Record in `dest` (an export's tokenizer, copied from `tokenizer_dir` and edited) which tokenizers it reads as."""
+    hashes = list(tokenizer_hashes(tokenizer_dir))
+    (Path(dest) / SOURCE_FILE).write_text(json.dumps({"sha256": hashes}, indent=1) + "\n")
+
+
 def read_tokenizer_files(tokenizer_dir: str | os.PathLike) -> dict[str, bytes]:
     """The tokenizer's own files (`TOKENIZER_FILES`), read once: a run keeps the tokenizer it trains with this way,
     and writes it into each checkpoint, whatever becomes of the directory meanwhile."""

@@ -560,3 +560,23 @@ def test_a_tokenizer_a_run_trains_with_is_not_replaced_under_it(corpus, tmp_path
     assert load_tokenizer(kept).vocab_size == 320
     train_tokenizer([str(corpus)], out, vocab_size=320, show_progress=False)  # the run is gone: replaced
     assert load_tokenizer(out).vocab_size == 320
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_an_export_is_evaluated_on_the_shards_of_the_run_it_came_from(tokenizers, kind, tmp_path):
+    """A BPE or Unigram export's tokenizer.json adds export-only steps, so its hash is not the one the run's shards
+    were built with: `pretrain eval EXPORT --shards RUN/shards` was refused ("built with a different tokenizer ...
+    rebuild the shards"), though the ids are the same. The export records the tokenizer it came from, and those shards
+    are read; another tokenizer's still are not."""
+    from data_pipeline.shard_build import build_shards
+    from pretrain.evaluation.evaluate import evaluate_mlm
+
+    _, out = export(tokenizers[kind], tmp_path / "hf", {"mlm": {}})
+    corpus = tmp_path / "held-out.jsonl"
+    corpus.write_text("\n".join([json.dumps({"text": "the people of the union and their liberty " * 4})] * 4) + "\n")
+    build_shards([str(corpus)], tokenizers[kind], tmp_path / "run-shards", num_workers=0, show_progress=False)
+    assert evaluate_mlm(out, shards=str(tmp_path / "run-shards"), max_samples=2, max_seq_len=32)["samples"] == 2
+    other = "unigram" if kind != "unigram" else "bpe"
+    build_shards([str(corpus)], tokenizers[other], tmp_path / "other-shards", num_workers=0, show_progress=False)
+    with pytest.raises(DataError, match="was built with a different tokenizer"):
+        evaluate_mlm(out, shards=str(tmp_path / "other-shards"), max_samples=2, max_seq_len=32)

@@ -232,7 +232,7 @@ def evaluate_mlm(
     is scored by its training weights, not the EMA (as `pretrain export --raw-weights`)."""
     from data_pipeline.samples import PackedSequences
     from data_pipeline.shards import ShardSet, reading_shards
-    from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hash
+    from data_pipeline.tokenizer import load_tokenizer, special_tokens, tokenizer_hashes
     from objectives.mlm import MaskedLM, MLMOptions
     from pretrain.train.checkpoint import reading_checkpoints, run_of
 
@@ -267,7 +267,8 @@ def evaluate_mlm(
             shard_dir = resolve_shards(tokenizer_dir, shards, corpus, cache_root / "eval", reading)
             held.enter_context(reading_shards(shard_dir))  # until scored: a build into them meanwhile is refused
             tokens = special_tokens(load_tokenizer(tokenizer_dir))
-            shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hash(tokenizer_dir))
+            # an export's own tokenizer.json, or the run's it was exported from (whose shards these may be)
+            shard_set = ShardSet(shard_dir, verify=True, expected_tokenizer_hash=tokenizer_hashes(tokenizer_dir))
         samples = PackedSequences(shard_set, max_seq_len, tokens.cls, tokens.sep, each_token_once=True)
         n = len(samples) if max_samples <= 0 else min(max_samples, len(samples))
         if n == 0:

@@ -31,9 +31,11 @@ from safetensors.torch import save_file
 from torch import nn
 
 from data_pipeline.tokenizer import (
+    SOURCE_FILE,
     TOKENIZER_FILES,
     copy_tokenizer_files,
     join_lines_as_the_pipeline,
+    record_source,
     strip_space_before_mask,
 )
 from pretrain.core.errors import UserError
@@ -75,7 +77,9 @@ __all__ = [
 
 # What an export writes into its directory; on a re-export these are replaced (or removed when the new export has no
 # such entry, e.g. generator/ after an ELECTRA export) and every other entry, the user's, is left alone.
-EXPORT_ENTRIES = frozenset({*TOKENIZER_FILES, "config.json", "model.safetensors", "README.md", "generator", MARKER})
+EXPORT_ENTRIES = frozenset(
+    {*TOKENIZER_FILES, SOURCE_FILE, "config.json", "model.safetensors", "README.md", "generator", MARKER}
+)
 TMP = ".tmp-export"  # inside the export directory: the same file system, and no need to write to its parent
 # In the export directory while an export replaces its files one by one (`_install`): until it goes, the directory may
 # hold the new config beside the old weights, and nothing loads it (`check_model_dir`).
@@ -246,6 +250,7 @@ def write_hf_dir(
             copy_tokenizer_files(tokenizer_dir, where, config, position_limit(config.to_dict()))
             strip_space_before_mask(where)  # fill-mask input as pretraining masked words
             join_lines_as_the_pipeline(where)  # multi-line input as pretraining read it
+            record_source(tokenizer_dir, where)  # the run's shards are this tokenizer's too (`pretrain eval`)
             config.save_pretrained(where)  # writes config.json
             save_file(state, where / "model.safetensors", metadata={"format": "pt"})  # what HF's loader expects
             (where / "README.md").write_text(readme)
