@@ -535,3 +535,45 @@ def test_data_wait_is_the_slowest_ranks(data, tmp_path, monkeypatch):
     # (0.48 / 0.93 / 0.64); rank 0's own wait, what the line said before, was 0.002
     waits = [r["data_wait"] for r in records]
     assert waits[0] > 0.2 and all(w > 0.35 for w in waits[1:]), waits
+
+
+FULL_DISK_ON_RANK_0 = """
+import errno
+import os
+
+import torch
+
+from pretrain.cli import entry
+
+real = torch.save
+
+
+def save(obj, f, *args, **kwargs):  # rank 0's disk fills up while DeepSpeed writes the step-4 model states
+    if os.environ.get("RANK") == "0" and "step_00000004" in str(f) and "model_states" in str(f):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
+    return real(obj, f, *args, **kwargs)
+
+
+if __name__ == "__main__":
+    torch.save = save
+    entry()
+"""
+
+
+def test_a_full_disk_inside_deepspeeds_save_on_one_rank_fails_every_rank_at_once(data, tmp_path):
+    """A write failing inside DeepSpeed's save_checkpoint on one rank skipped the barrier DeepSpeed ends it with: the
+    other ranks waited there for train.collective_timeout_minutes (30 by default), then the run said it had lost a
+    rank. Now every rank leaves at once with the disk's error, and the previous checkpoint stays the latest."""
+    script = tmp_path / "full_disk.py"
+    script.write_text(FULL_DISK_ON_RANK_0)
+    launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_port())]
+    args = ["train", "tiny", f"output_dir={tmp_path}", "name=r", f"data.tokenizer={data['tok']}"]
+    args += [f"data.shards={data['shards']}", "model.num_layers=1", "train.warmup_steps=1", "train.save_every=2"]
+    args += ["train.max_steps=6", "train.collective_timeout_minutes=2"]
+    proc = subprocess.run([*launcher, str(script), *args], env=_env(), capture_output=True, text=True, timeout=600)
+    assert proc.returncode != 0 and "lost contact" not in proc.stderr, proc.stderr[-5000:]
+    assert "error: no space left on device" in proc.stderr and "step_00000002 stays the latest" in proc.stderr
+    assert "there is no checkpoint yet" not in proc.stderr  # rank 1's line: rank 0 names the latest
+    checkpoints = tmp_path / "r" / "checkpoints"
+    assert (checkpoints / "latest").read_text().strip() == "step_00000002"
+    assert not (checkpoints / "step_00000004").exists()

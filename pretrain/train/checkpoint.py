@@ -245,7 +245,10 @@ def save_checkpoint(
     _barrier()
     failure = None
     try:
-        engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        with _writes_that_fail_return(engine) as failed:
+            engine.save_checkpoint(str(root), tag=tag, save_latest=False)
+        if failed:
+            raise failed[0]
         rng = {"torch": torch.get_rng_state()}
         if torch.cuda.is_available():
             rng["cuda"] = torch.cuda.get_rng_state()
@@ -278,6 +281,38 @@ def save_checkpoint(
     return path
 
 
+@contextmanager
+def _writes_that_fail_return(engine):
+    """DeepSpeed's file writes (its checkpoint engine's `save`) record a failure in the yielded list and return, for
+    the body: raised inside `engine.save_checkpoint`, a full disk on one rank skipped the barrier DeepSpeed ends with,
+    where every other rank waited for train.collective_timeout_minutes (30 by default) and the run then blamed a lost
+    rank. Now each rank goes through DeepSpeed's collectives, and `any_rank` fails them all with the disk's error."""
+    failed: list[BaseException] = []
+    writer = getattr(engine, "checkpoint_engine", None)
+    if writer is None:
+        yield failed
+        return
+    save, own = writer.save, "save" in vars(writer)
+
+    def recording(*args, **kwargs):
+        if failed:
+            return None  # the checkpoint is lost already: write nothing more of it
+        try:
+            return save(*args, **kwargs)
+        except (OSError, RuntimeError) as err:  # torch.save's writer says ENOSPC as a RuntimeError
+            failed.append(err)
+            return None
+
+    writer.save = recording
+    try:
+        yield failed
+    finally:
+        if own:
+            writer.save = save
+        else:
+            del writer.save  # the class's method again
+
+
 def _clear_the_way(path: Path) -> None:
     """A directory already at the step being saved: one a killed save left half-written (`latest` never named it)
     goes; a complete one is a later checkpoint of the timeline this run resumed before (from an earlier checkpoint,
@@ -306,7 +341,10 @@ def _abandon(path: Path, failure: BaseException | None, previous: Path | None, r
     full = _disk_full(failure, path.parent, previous) if failure is not None else None
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-    kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
+    if rank != 0:  # (only rank 0 reads which checkpoint is the latest)
+        kept = "the previous checkpoint stays the latest (rank 0 names it)"
+    else:
+        kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
     if full:
         raise UserError(f"{full}; {kept}. Free some space and run the same command again") from failure
     if failure is not None:
