@@ -70,6 +70,37 @@ def _word_fast_path(tok) -> np.ndarray | None:
     return table
 
 
+def _is_punctuation(c: str) -> bool:
+    """BERT's punctuation (its BasicTokenizer's `_is_punctuation`): the ASCII symbols and Unicode's P categories."""
+    cp = ord(c)
+    return 33 <= cp <= 47 or 58 <= cp <= 64 or 91 <= cp <= 96 or 123 <= cp <= 126 or unicodedata.category(c)[0] == "P"
+
+
+def _piece_edges(tok) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """[vocab] bool tables of the pieces whose text begins with punctuation, ends with it, or is spaces alone ('Ġ',
+    'ĊĊ', '▁'); the added (special) tokens are none of them. Word starts from the pre-tokenizer's words differed by
+    tokenizer kind: Metaspace (Unigram) splits at spaces only, so "causes." or "don't" was one word to mask, where
+    BERT's words, and byte-level BPE's mostly, make a punctuation mark a word of its own (`_encode_slice`)."""
+    from tokenizers import models
+
+    size = tok.get_vocab_size(with_added_tokens=True)
+    if isinstance(tok.model, models.WordPiece):  # its decoder keeps a lone piece's '##', which is not punctuation
+        prefix = tok.model.continuing_subword_prefix
+        pieces = [tok.id_to_token(i) or "" for i in range(size)]
+        texts = [p[len(prefix) :] if p.startswith(prefix) and len(p) > len(prefix) else p for p in pieces]
+    else:
+        texts = tok.decode_batch([[i] for i in range(size)], skip_special_tokens=False)
+    first, last, blank = (np.zeros(size, bool) for _ in range(3))
+    for i, text in enumerate(texts):
+        core = text.strip()
+        blank[i] = not core  # (Metaspace decodes a lone '▁' to nothing)
+        if core:
+            first[i], last[i] = _is_punctuation(core[0]), _is_punctuation(core[-1])
+    added = list(tok.get_added_tokens_decoder())
+    first[added] = last[added] = blank[added] = False
+    return first, last, blank
+
+
 _FILLER = re.compile(r"\[unused\d+\]")  # data_pipeline.tokenizer.FILLER's pieces
 
 
@@ -107,9 +138,9 @@ def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fa
     # Text that spells a control token ("[SEP]" in a paper about BERT) is text: encoded as its pieces, never as the
     # control id, which would put a false document boundary or a [PAD] (no gradient) inside a training sample
     tok.encode_special_tokens = True
-    _worker.update(
-        tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=_word_fast_path(tok) if fast else None, cache={}
-    )
+    continuation = _word_fast_path(tok) if fast else None
+    edges = _piece_edges(tok) if continuation is None else None
+    _worker.update(tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=continuation, edges=edges, cache={})
 
 
 def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -164,7 +195,14 @@ def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     sent_starts[np.cumsum(sent_lens)[:-1]] = True  # the first token of each sentence (but the first)
     starts = np.ones(n, bool)  # [n]
     starts[1:] = (word[1:] != word[:-1]) | sent_starts[1:n] | (word[1:] < 0)
+    first, last, blank = _worker["edges"]
+    # a punctuation mark is a word of its own, as BERT's pre-tokenizer makes it, whatever this one's words were
+    starts |= first[ids]
+    starts[1:] |= last[ids[:-1]]
     _script_word_starts(flat, encodings, starts, np.cumsum(sent_lens) - sent_lens)
+    # spaces alone (a double space's 'Ġ', the '▁' before a mark or an ideograph) are no word to mask by themselves:
+    # they go with the token after them
+    starts[1:] &= ~(blank[ids[:-1]] & ~sent_starts[1:n])
     return ids, starts, sent_lens, doc_sents
 
 

@@ -1,8 +1,10 @@
 """Word-level masking shared by whole-word / n-gram MLM and SpanBERT.
 
 Words come only from the pipeline's `word_starts` (True where a token begins a word; [CLS]/[SEP] count as
-starts), so this works for any tokenizer: WordPiece `##`, byte-level BPE `Ġ` and Unigram `▁` are all turned
-into `word_starts` upstream. A word is a candidate when none of its tokens is special.
+starts), so this works for any tokenizer: the shard build makes them BERT's words for every kind
+(`data_pipeline.shard_encode`: WordPiece's `##`, the pre-tokenizer's words of byte-level BPE and Unigram, a
+punctuation mark a word of its own, a CJK ideograph too, spaces alone part of the next word). A word is a
+candidate when none of its tokens is special.
 
 Span selection draws a span length (in words), then places it uniformly among the positions where it fits;
 it never truncates or shrinks a span. Whether to draw another span is decided *before* its length is known,

@@ -630,3 +630,47 @@ def test_word_starts_of_unspaced_and_marked_scripts(tmp_path, kind):
     # at most a character's 3 bytes and a space piece each
     assert chinese.sum() >= ideographs and np.diff(bounds).max() <= 4, (kind, chinese.astype(int).tolist())
     assert shards.doc_word_starts(1).sum() == 5, (kind, shards.doc_word_starts(1).astype(int).tolist())
+
+
+PUNCTUATED = "Stop—it is 3.5% of the people (they said), causes. The dog's bone,  and  a tab\\there"
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_a_punctuation_mark_is_a_word_and_spaces_alone_are_none_for_every_tokenizer_kind(tmp_path, kind):
+    """Whole-word and span masking's words, as BERT's pre-tokenizer makes them: a punctuation mark is a word of its
+    own. A Unigram tokenizer's words were Metaspace's, split at spaces only ("causes." and "people," one word each,
+    masked or kept together), where WordPiece's and byte-level BPE's split the mark off. A piece of spaces alone (a
+    double space's 'Ġ') was a word to mask by itself; it goes with the word after it. Checked at every boundary
+    between two tokens of the text: a space or a punctuation mark on either side starts a word (the spaces' own token
+    where they have one), a letter or digit against another continues one."""
+    import unicodedata
+
+    from tokenizers import Tokenizer
+
+    def punct(c: str) -> bool:
+        return (not c.isalnum() and not c.isspace()) or unicodedata.category(c).startswith("P")
+
+    path = write_jsonl(tmp_path / "c.jsonl", [d for d in make_docs(30, seed=3)] + [PUNCTUATED] * 5)
+    train_tokenizer([str(path)], tmp_path / "tok", kind=kind, vocab_size=512, show_progress=False)
+    docs = write_jsonl(tmp_path / "d.jsonl", [PUNCTUATED])
+    build_shards([str(docs)], tmp_path / "tok", tmp_path / "s", num_workers=0, show_progress=False)
+    shards = ShardSet(tmp_path / "s")
+    starts = shards.doc_word_starts(0)
+    enc = Tokenizer.from_file(str(tmp_path / "tok" / "tokenizer.json")).encode(PUNCTUATED, add_special_tokens=False)
+    assert shards.doc_tokens(0).tolist() == enc.ids  # one sentence: the shards' tokens are these
+    text, end, checked = PUNCTUATED, 0, 0
+    blank = [not text[a:b].strip() for a, b in enc.offsets]  # spaces alone (or nothing: Metaspace's lone '▁')
+    for t, (a, b) in enumerate(enc.offsets):
+        new = text[max(a, end) : b]
+        end, start = max(end, b), max(a, end)
+        if t == 0 or not new.strip():  # a byte of the character before, or spaces alone: judged with the next
+            continue
+        at = start + len(new) - len(new.lstrip())  # the first character this token brings
+        if blank[t - 1]:  # the spaces' token starts the word, and this one goes with it
+            assert starts[t - 1] and not starts[t], (kind, enc.tokens[t - 1 : t + 1])
+        elif text[at - 1].isspace() or punct(text[at - 1]) or punct(text[at]):
+            assert starts[t], (kind, enc.tokens[t - 1 : t + 1])
+        else:
+            assert not starts[t], (kind, enc.tokens[t - 1 : t + 1])
+        checked += 1
+    assert checked >= 25 and (kind == "wordpiece" or any(blank)), (checked, enc.tokens)
