@@ -378,6 +378,10 @@ def test_text_yaml_1_1_reads_as_a_number_stays_the_text_written(tmp_path):
     with pytest.raises(ConfigError, match=r"wandb\.mode: value False is not a valid str: YAML reads an unquoted .*off"):
         load_config("tiny", ["wandb.mode=off"])
     assert load_config("tiny", ["wandb.mode='offline'", "name='no'"]).name == "no"
+    # and a number with a fraction: a run named 1.10 ran as '1.1' (1e3 as '1000.0')
+    with pytest.raises(ConfigError, match=r"name: value 1.1 is not a valid str: YAML reads an unquoted number"):
+        load_config("tiny", ["name=1.10"])
+    assert load_config("tiny", ["name='1.10'"]).name == "1.10"
     save_config(cfg, tmp_path / "config.yaml")
     assert load_config(str(tmp_path / "config.yaml")) == cfg
 

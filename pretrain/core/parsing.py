@@ -144,8 +144,13 @@ def _coerce_scalar(value: Any, tp: Any, where: str) -> Any:
     elif tp is str:
         if isinstance(value, str):
             return value
-        if isinstance(value, (int, float)) and not isinstance(value, bool):
+        if isinstance(value, int) and not isinstance(value, bool):
             return str(value)
+        if isinstance(value, float):  # `name: 1.10` was run '1.1' (and 1e3 '1000.0'): the text is not YAML's number
+            raise ConfigError(
+                f"{where}: value {value!r} is not a valid str: YAML reads an unquoted number such as 1.10 as a number "
+                "(1.1); quote the text (e.g. '1.10')"
+            )
         if isinstance(value, bool):  # `mode: off`, a tokenizer named `no`: "value False" did not say why
             raise ConfigError(
                 f"{where}: value {value!r} is not a valid str: YAML reads an unquoted yes, no, on, off, true or "
