@@ -482,20 +482,25 @@ SOURCE_FILE = "exported_from_tokenizer.json"
 
 
 def tokenizer_hashes(directory: str | os.PathLike) -> tuple[str, ...]:
-    """`tokenizer_hash` of `directory`, then those of the tokenizers it was exported from (`record_source`): the
-    shards of any of them are read with it."""
+    """`tokenizer_hash` of `directory`, then those of the tokenizers it was exported from (`record_source`), where
+    the record is of the tokenizer.json there now (one replaced since is its own alone): the shards of any of them are
+    read with it."""
     own = tokenizer_hash(directory)
     try:
-        recorded = json.loads((Path(directory) / SOURCE_FILE).read_text())["sha256"]
+        record = json.loads((Path(directory) / SOURCE_FILE).read_text())
+        recorded, of = record["from"], record["sha256"]
     except (OSError, ValueError, KeyError, TypeError):
+        return (own,)
+    if of != own or not isinstance(recorded, list):
         return (own,)
     return (own, *[h for h in recorded if isinstance(h, str) and h != own])
 
 
 def record_source(tokenizer_dir: str | os.PathLike, dest: str | os.PathLike) -> None:
-    """Record in `dest` (an export's tokenizer, copied from `tokenizer_dir` and edited) which tokenizers it reads as."""
-    hashes = list(tokenizer_hashes(tokenizer_dir))
-    (Path(dest) / SOURCE_FILE).write_text(json.dumps({"sha256": hashes}, indent=1) + "\n")
+    """Record in `dest` (an export's tokenizer, copied from `tokenizer_dir` and edited) which tokenizers it reads as:
+    the hash of its own tokenizer.json, and those of `tokenizer_dir` (`tokenizer_hashes`)."""
+    record = {"sha256": tokenizer_hash(dest), "from": list(tokenizer_hashes(tokenizer_dir))}
+    (Path(dest) / SOURCE_FILE).write_text(json.dumps(record, indent=1) + "\n")
 
 
 def read_tokenizer_files(tokenizer_dir: str | os.PathLike) -> dict[str, bytes]:

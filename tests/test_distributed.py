@@ -541,39 +541,54 @@ FULL_DISK_ON_RANK_0 = """
 import errno
 import os
 
+import deepspeed.runtime.engine as engine
 import torch
 
 from pretrain.cli import entry
 
-real = torch.save
+real_save, real_copy, what = torch.save, engine.copyfile, os.environ["FULL_DISK_AT"]
+
+
+def full(path):
+    return OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
 
 
 def save(obj, f, *args, **kwargs):  # rank 0's disk fills up while DeepSpeed writes the step-4 model states
-    if os.environ.get("RANK") == "0" and "step_00000004" in str(f) and "model_states" in str(f):
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(f))
-    return real(obj, f, *args, **kwargs)
+    if what == "model_states" and os.environ.get("RANK") == "0" and "step_00000004" in str(f) and what in str(f):
+        raise full(f)
+    return real_save(obj, f, *args, **kwargs)
+
+
+def copy(src, dst, *args, **kwargs):  # or as it copies zero_to_fp32.py beside them (shutil's), saving step 4
+    saving = os.path.isdir(os.path.join(os.path.dirname(dst), "step_00000004"))
+    if what == "zero_to_fp32" and os.environ.get("RANK") == "0" and saving and what in str(dst):
+        raise full(dst)
+    return real_copy(src, dst, *args, **kwargs)
 
 
 if __name__ == "__main__":
-    torch.save = save
+    torch.save, engine.copyfile = save, copy
     entry()
 """
 
 
-def test_a_full_disk_inside_deepspeeds_save_on_one_rank_fails_every_rank_at_once(data, tmp_path):
+@pytest.mark.parametrize("what,zero", [("model_states", 0), ("zero_to_fp32", 1)])
+def test_a_full_disk_inside_deepspeeds_save_on_one_rank_fails_every_rank_at_once(data, tmp_path, what, zero):
     """A write failing inside DeepSpeed's save_checkpoint on one rank skipped the barrier DeepSpeed ends it with: the
     other ranks waited there for train.collective_timeout_minutes (30 by default), then the run said it had lost a
-    rank. Now every rank leaves at once with the disk's error, and the previous checkpoint stays the latest."""
+    rank. Now every rank leaves at once with the disk's error, and the previous checkpoint stays the latest: a model
+    state DeepSpeed writes, or under ZeRO the recovery script it copies beside them."""
     script = tmp_path / "full_disk.py"
     script.write_text(FULL_DISK_ON_RANK_0)
     launcher = [sys.executable, "-m", "deepspeed.launcher.runner", "--num_gpus", "2", "--master_port", str(_port())]
     args = ["train", "tiny", f"output_dir={tmp_path}", "name=r", f"data.tokenizer={data['tok']}"]
     args += [f"data.shards={data['shards']}", "model.num_layers=1", "train.warmup_steps=1", "train.save_every=2"]
-    args += ["train.max_steps=6", "train.collective_timeout_minutes=2"]
-    proc = subprocess.run([*launcher, str(script), *args], env=_env(), capture_output=True, text=True, timeout=600)
+    args += ["train.max_steps=6", "train.collective_timeout_minutes=2", f"train.zero_stage={zero}"]
+    env = {**_env(), "FULL_DISK_AT": what}
+    proc = subprocess.run([*launcher, str(script), *args], env=env, capture_output=True, text=True, timeout=600)
     assert proc.returncode != 0 and "lost contact" not in proc.stderr, proc.stderr[-5000:]
-    assert "error: no space left on device" in proc.stderr and "step_00000002 stays the latest" in proc.stderr
-    assert "there is no checkpoint yet" not in proc.stderr  # rank 1's line: rank 0 names the latest
+    assert "error: no space left on device" in proc.stderr, proc.stderr[-5000:]
+    assert proc.stderr.count("step_00000002 stays the latest checkpoint") == 2  # each rank's line names it
     checkpoints = tmp_path / "r" / "checkpoints"
     assert (checkpoints / "latest").read_text().strip() == "step_00000002"
     assert not (checkpoints / "step_00000004").exists()

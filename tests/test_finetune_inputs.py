@@ -331,6 +331,10 @@ def test_a_torn_model_directory_is_named_not_a_traceback(tmp_path):
     from safetensors.torch import load_file
 
     torch.save(load_file(model / "model.safetensors"), model / "pytorch_model.bin")
+    whole = (model / "pytorch_model.bin").read_bytes()
+    (model / "pytorch_model.bin").write_bytes(whole[: len(whole) // 2])  # beside the safetensors: never read
+    assert evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")], max_samples=1)["samples"] == 1
+    (model / "pytorch_model.bin").write_bytes(whole)
     (model / "model.safetensors").unlink()
     assert evaluate_mlm(model, corpus=[str(tmp_path / "held-out.txt")], max_samples=1)["samples"] == 1  # whole: read
     torn = (model / "pytorch_model.bin").read_bytes()

@@ -544,12 +544,14 @@ def test_a_tokenizer_a_run_trains_with_is_not_replaced_under_it(corpus, tmp_path
     trained into it is refused before its training, and, were a run to start meanwhile, at the swap, where the one
     trained is kept beside it."""
     from data_pipeline import tokenizer as tokenizer_module
-    from pretrain.core.outputs import shared
+    from pretrain.train.setup import load_config
+    from pretrain.train.trainer import reading_data
 
     out = tmp_path / "tok"
     train_tokenizer([str(corpus)], out, vocab_size=300, show_progress=False)
     before = (out / "tokenizer.json").read_bytes()
-    with shared(out):  # as a trainer holds it
+    cfg = load_config("tiny", [f"data.tokenizer={out}", f"data.shards={tmp_path / 'shards'}"])
+    with reading_data(cfg):  # as the trainer holds its data while it trains
         with pytest.raises(DataError, match=r"tok holds the tokenizer a run is training with .* left as it was$"):
             train_tokenizer([str(corpus)], out, vocab_size=320, show_progress=False)
         monkeypatch.setattr(tokenizer_module, "_check_not_in_use", lambda out: None)  # the run started after it
@@ -580,3 +582,29 @@ def test_an_export_is_evaluated_on_the_shards_of_the_run_it_came_from(tokenizers
     build_shards([str(corpus)], tokenizers[other], tmp_path / "other-shards", num_workers=0, show_progress=False)
     with pytest.raises(DataError, match="was built with a different tokenizer"):
         evaluate_mlm(out, shards=str(tmp_path / "other-shards"), max_samples=2, max_seq_len=32)
+
+
+def test_a_run_from_an_export_leaves_the_export_free_to_be_replaced(tokenizers, tmp_path):
+    """A run with model.init_from an export reads its tokenizer there: held for the whole run, an export into that
+    directory (`pretrain export` of the run it came from) waited until the run ended. A directory no tokenizer is
+    trained into is not held (the run keeps the bytes it read)."""
+    from pretrain.core.outputs import exclusive_if_free
+    from pretrain.train.setup import load_config
+    from pretrain.train.trainer import reading_data
+
+    _, out = export(tokenizers["wordpiece"], tmp_path / "hf", {"mlm": {}})
+    for tokenizer, free in ((out, True), (tokenizers["wordpiece"], False)):
+        cfg = load_config("tiny", [f"data.tokenizer={tokenizer}", f"data.shards={tmp_path / 'shards'}"])
+        with reading_data(cfg), exclusive_if_free(tokenizer) as held:
+            assert held == free, tokenizer
+
+
+def test_an_export_whose_tokenizer_was_replaced_reads_only_its_own_shards(tokenizers, tmp_path):
+    """The record of the tokenizer an export came from is of the tokenizer.json written with it: another tokenizer
+    copied in since is its own alone, and the run's shards are refused for it."""
+    from data_pipeline.tokenizer import tokenizer_hash, tokenizer_hashes
+
+    _, out = export(tokenizers["bpe"], tmp_path / "hf", {"mlm": {}})
+    assert tokenizer_hashes(out) == (tokenizer_hash(out), tokenizer_hash(tokenizers["bpe"]))
+    shutil.copy(tokenizers["unigram"] / "tokenizer.json", out / "tokenizer.json")
+    assert tokenizer_hashes(out) == (tokenizer_hash(tokenizers["unigram"]),)

@@ -289,9 +289,11 @@ def check_data_stages(d: DataConfig) -> None:
 
 
 def check_run_name(name: str, output_dir: str) -> None:
-    """`name` is the run directory under `output_dir`, checked for a new config: an absolute path or a '..' put the run
-    outside it, where the ablation and `pretrain compare` of output_dir never look, or inside another run's
-    directory (its checkpoints/, where that run's rotation deleted it). Nested names (group/run) stay within."""
+    """`name` is the run directory under `output_dir`, checked where a config is read from a file or preset (not a
+    checkpoint's, which exports as it trained): an absolute path or a '..' put the run outside it, where the ablation
+    and `pretrain compare` of output_dir never look, or inside another run's directory (its checkpoints/, where that
+    run's rotation deleted it). Nested names (group/run) stay within. A run made so before is resumed by giving
+    output_dir its real parent and name its directory's name."""
     parts = Path(name).parts
     if not name or Path(name).is_absolute() or ".." in parts or not parts:
         raise ConfigError(

@@ -122,7 +122,8 @@ def _check_readable(directory: Path, what: str) -> None:
                 pass
         except (SafetensorError, OSError) as err:
             raise UserError(f"{what}{weights}: truncated or not a safetensors file ({err})") from None
-    for weights in sorted(directory.glob("*.bin")):  # torch.save's zip archive: its directory is at the end
+    safetensors = any(directory.glob("model*.safetensors*"))  # what transformers loads first: a .bin beside is unread
+    for weights in [] if safetensors else sorted(directory.glob("pytorch_model*.bin")):  # a zip: its directory last
         with open(weights, "rb") as f:
             zipped = f.read(2) == b"PK"  # (torch's legacy pickle format is not checked)
         try:

@@ -283,34 +283,39 @@ def save_checkpoint(
 
 @contextmanager
 def _writes_that_fail_return(engine):
-    """DeepSpeed's file writes (its checkpoint engine's `save`) record a failure in the yielded list and return, for
-    the body: raised inside `engine.save_checkpoint`, a full disk on one rank skipped the barrier DeepSpeed ends with,
-    where every other rank waited for train.collective_timeout_minutes (30 by default) and the run then blamed a lost
-    rank. Now each rank goes through DeepSpeed's collectives, and `any_rank` fails them all with the disk's error."""
+    """DeepSpeed's file writes (its checkpoint engine's `save`, and its copy of zero_to_fp32.py) record a failure in
+    the yielded list and return, for the body: raised inside `engine.save_checkpoint`, a full disk on one rank skipped
+    the barrier DeepSpeed ends with, where every other rank waited for train.collective_timeout_minutes (30 by default)
+    and the run then blamed a lost rank. Now each rank goes through DeepSpeed's collectives, and `any_rank` fails them
+    all with the disk's error."""
     failed: list[BaseException] = []
     writer = getattr(engine, "checkpoint_engine", None)
-    if writer is None:
-        yield failed
-        return
-    save, own = writer.save, "save" in vars(writer)
+    # its checkpoint engine's writes, and rank 0's copy of zero_to_fp32.py beside them (shutil, not the engine)
+    patched = [(o, name) for o, name in ((writer, "save"), (engine, "_copy_recovery_script")) if hasattr(o, name)]
+    originals = [(o, name, getattr(o, name), name in vars(o)) for o, name in patched]
 
-    def recording(*args, **kwargs):
-        if failed:
-            return None  # the checkpoint is lost already: write nothing more of it
-        try:
-            return save(*args, **kwargs)
-        except (OSError, RuntimeError) as err:  # torch.save's writer says ENOSPC as a RuntimeError
-            failed.append(err)
-            return None
+    def recording(write):
+        def run(*args, **kwargs):
+            if failed:
+                return None  # the checkpoint is lost already: write nothing more of it
+            try:
+                return write(*args, **kwargs)
+            except (OSError, RuntimeError) as err:  # torch.save's writer says ENOSPC as a RuntimeError
+                failed.append(err)
+                return None
 
-    writer.save = recording
+        return run
+
+    for o, name, write, _ in originals:
+        setattr(o, name, recording(write))
     try:
         yield failed
     finally:
-        if own:
-            writer.save = save
-        else:
-            del writer.save  # the class's method again
+        for o, name, write, own in originals:
+            if own:
+                setattr(o, name, write)
+            else:
+                delattr(o, name)  # the class's method again
 
 
 def _clear_the_way(path: Path) -> None:
@@ -341,10 +346,10 @@ def _abandon(path: Path, failure: BaseException | None, previous: Path | None, r
     full = _disk_full(failure, path.parent, previous) if failure is not None else None
     if rank == 0:
         shutil.rmtree(path, ignore_errors=True)
-    if rank != 0:  # (only rank 0 reads which checkpoint is the latest)
-        kept = "the previous checkpoint stays the latest (rank 0 names it)"
-    else:
-        kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
+    if rank != 0:  # the pointer alone (rank 0's `latest_checkpoint` also says where it went on from)
+        tag = _read_pointer(path.parent / LATEST)
+        previous = path.parent / tag if tag else None
+    kept = f"{previous.name} stays the latest checkpoint" if previous else "there is no checkpoint yet"
     if full:
         raise UserError(f"{full}; {kept}. Free some space and run the same command again") from failure
     if failure is not None:

@@ -36,7 +36,7 @@ from pretrain.core.batch import Batch
 from pretrain.core.config import RunConfig, load_yaml
 from pretrain.core.errors import UserError
 from pretrain.core.files import write_atomic
-from pretrain.core.outputs import claim_output, exclusive, mark_output, shared
+from pretrain.core.outputs import claim_output, exclusive, mark_output, marked_kind, shared
 from pretrain.core.parsing import to_dict
 from pretrain.core.provenance import run_provenance, write_provenance
 from pretrain.core.schedule import Phase, Schedule, config_at, unused_by_first_phase
@@ -180,8 +180,12 @@ def own_run_dir(run_dir: Path, is_main: bool, doing: str = "training"):
 @contextlib.contextmanager
 def reading_data(cfg: RunConfig):
     """Hold the run's shards (`reading_shards`) and its tokenizer directory `shared` while it trains: a tokenizer
-    trained into that directory meanwhile is refused (`data_pipeline.tokenizer`), as a shard build is."""
-    with reading_shards(cfg.shards_dir), shared(cfg.tokenizer_dir):
+    trained into that directory meanwhile is refused (`data_pipeline.tokenizer`), as a shard build is. Not a directory
+    no tokenizer is trained into (an export a run starts from, `model.init_from`): an export into it would wait for the
+    whole run, and the run keeps the bytes it read anyway (`Trainer.tokenizer_files`)."""
+    tokenizer = cfg.tokenizer_dir
+    held = shared(tokenizer) if marked_kind(tokenizer) in (None, "tokenizer") else contextlib.nullcontext()
+    with reading_shards(cfg.shards_dir), held:
         yield
 
 
