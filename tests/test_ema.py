@@ -6,6 +6,7 @@ import json
 import math
 import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
@@ -205,6 +206,12 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
     args = ["average", ckpts / "step_00000002", tmp_path / "linked", "--out", tmp_path / "avg3"]
     proc = pretrain(*args, cwd=tmp_path, rc=2)
     assert "are the same checkpoint" in proc.stderr and not (tmp_path / "avg3").exists()
+    # ... or as a copy (a decay branch's where the file system has no hard links): it weighed twice
+    shutil.rmtree(tmp_path / "linked")
+    shutil.copytree(ckpts / "step_00000002", tmp_path / "copied")
+    args = ["average", ckpts / "step_00000002", tmp_path / "copied", "--out", tmp_path / "avg3"]
+    proc = pretrain(*args, cwd=tmp_path, rc=2)
+    assert "are the same checkpoint" in proc.stderr and not (tmp_path / "avg3").exists()
 
     # a checkpoint of another shape, or of another tokenizer (of the same size), is refused by name: nothing written
     pretrain(
@@ -227,7 +234,8 @@ def test_average_of_two_checkpoints_through_the_cli(tmp_path, monkeypatch):
     pretrain("train", *run_args(tmp_path, corpus, "name=seeded", "train.seed=7", *data), cwd=tmp_path)
     other = tmp_path / "seeded" / "checkpoints" / "step_00000003"
     proc = pretrain("average", ckpts / "step_00000004", other, "--out", tmp_path / "avg2", cwd=tmp_path, rc=2)
-    assert "were initialised apart (train.seed 7 there, 1234 here" in proc.stderr and not (tmp_path / "avg2").exists()
+    assert "initialised apart (train.seed 7 there, train.seed 1234 here" in proc.stderr
+    assert not (tmp_path / "avg2").exists()
     assert json.loads((ckpts / "step_00000004" / "trainer_state.json").read_text())["step"] == 4
 
 
@@ -254,3 +262,22 @@ def test_average_refuses_checkpoints_either_side_of_a_rope_theta_phase(tmp_path)
     _refuse_other_positions([ckpts[4], ckpts[5]])
     with pytest.raises(UserError, match=r"step_00000004 trained its last step under model.rope_theta 40000, .* 10000"):
         _refuse_other_positions([ckpts[3], ckpts[4]])
+
+
+def test_average_refuses_a_run_from_init_from_with_one_from_scratch_of_the_same_seed(tmp_path, monkeypatch):
+    """A run started from model.init_from and a run from scratch were averaged where their train.seed matched (1234,
+    every run's default), though their weights share no starting point. One init_from, whatever the seeds (fine-tunings
+    of one checkpoint), is one start."""
+    from pretrain.train import averaging
+    from pretrain.train.setup import read_config
+
+    (tmp_path / "base").mkdir()
+    configs = {
+        "scratch": read_config("tiny"),
+        "from-base": read_config("tiny", [f"model.init_from={tmp_path / 'base'}"]),
+        "from-base-seed-7": read_config("tiny", [f"model.init_from={tmp_path / 'base'}", "train.seed=7"]),
+    }
+    monkeypatch.setattr(averaging, "checkpoint_config", lambda path: (configs[path.name], None))
+    with pytest.raises(UserError, match=r"initialised apart \(train.seed 1234 there, model.init_from .*base here\)"):
+        averaging._refuse_other_inits([Path("from-base"), Path("scratch")])
+    averaging._refuse_other_inits([Path("from-base"), Path("from-base-seed-7")])

@@ -223,3 +223,11 @@ def test_a_decay_branch_stops_where_its_command_says_not_where_its_source_did(tm
     ):
         with pytest.raises(UserError, match=re.escape(f"{given}: `pretrain decay` sets {said}")):
             decay_config(checkpoint, 2, None, [override, given])
+    # ... and where the branch goes: export_dir=DIR left nothing in DIR (the branch exported into its own hf/)
+    for given, said in (
+        ("export_dir=/elsewhere/final", "export_dir itself; it exports into its own hf/"),
+        ("name=kk", "name itself; give --name"),
+        ("output_dir=/elsewhere", "output_dir itself; a branch goes beside its source run"),
+    ):
+        with pytest.raises(UserError, match=re.escape(f"{given}: `pretrain decay` decides {said}")):
+            decay_config(checkpoint, 2, None, [given])

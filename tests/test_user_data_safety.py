@@ -59,6 +59,25 @@ def test_export_never_replaces_what_is_not_an_export(trained, corpus, tmp_path):
     one_line_error(proc, f"export_dir {foreign} already holds files", "thesis.tex")
     assert not fresh.exists() and len(list(foreign.iterdir())) == 1
 
+    # inside the run's checkpoints (rotation deleted it with the checkpoint), shards or tokenizer (rebuilt whole), or
+    # another run's export (replaced by this model, its card the only sign): refused, nothing written
+    from pretrain.core.outputs import mark_output
+
+    other = tmp_path / "other-run"
+    mark_output(other, "run")
+    mark_output(other / "hf", "export")
+    (other / "checkpoints").mkdir()
+    for out, said in (
+        (run / "checkpoints" / "step_00000003" / "mine", "a run's checkpoints, which rotation deletes"),
+        (run / "shards" / "hfx", "shards, rebuilt whole"),
+        (run / "tokenizer" / "hfx", "tokenizer, rebuilt whole"),
+        (other / "hf", "is run other-run's own export"),
+    ):
+        proc = pretrain("export", run, "--out", out, "--no-verify", cwd=tmp, rc=2)
+        one_line_error(proc, str(out), said)
+    assert snapshot(run) == before and sorted(p.name for p in (other / "hf").iterdir()) == [".bert-pretrain.json"]
+    assert not any((other / "checkpoints").iterdir())
+
     # a directory this tool exported into is ours to replace, again and again
     out = tmp_path / "export"
     pretrain("export", run, "--out", out, cwd=tmp)

@@ -168,6 +168,32 @@ def _describe(names: list[str]) -> str:
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
+def _enclosing_run(path: Path) -> Path | None:
+    """The run directory of ours that `path` is (or lies in), or None."""
+    return next((p for p in [path, *path.parents] if marked_kind(p) == "run"), None)
+
+
+def check_output_place(out: Path, inputs: dict[str, Path | str], option: str = "--out") -> None:
+    """Refuse an output where what this tool does to the directories around it would take it away or replace it:
+    inside a run's checkpoints/ (rotation deletes checkpoints whole), inside shards or a tokenizer (a rebuild replaces
+    them), or another run's hf/ (that run's export, replaced by a model it is not; the inputs' own runs may)."""
+    target = Path(out).resolve()
+    for parent in target.parents:
+        kind = marked_kind(parent)
+        inside = "checkpoints" if parent.name == "checkpoints" and marked_kind(parent.parent) == "run" else kind
+        if inside in ("checkpoints", "shards", "tokenizer"):
+            what = {"checkpoints": "a run's checkpoints, which rotation deletes"}.get(inside, f"{kind}, rebuilt whole")
+            raise UserError(f"{option} {out} is inside {parent} ({what}): choose an output outside it")
+    run = _enclosing_run(target.parent) if target.name == "hf" else None
+    if run is not None and run == target.parent and (run / "checkpoints").is_dir():  # a trained run's (an ablation's
+        own = {_enclosing_run(Path(p).resolve()) for p in inputs.values()}  # untrained baseline exports into its own)
+        if run not in own:
+            raise UserError(
+                f"{option} {out} is run {run.name}'s own export, which this would replace with another model: choose "
+                "another output"
+            )
+
+
 def claim_output(path: Path, kind: str, option: str = "") -> None:
     """Refuse (UserError) unless this tool may write a `kind` output into `path`: absent, empty, marked `kind`, or
     an unmarked `kind` output of an earlier version. `option` names where the path came from (e.g. '--out')."""

@@ -40,7 +40,15 @@ from data_pipeline.tokenizer import (
 )
 from pretrain.core.errors import UserError
 from pretrain.core.files import fsync_path, sync_tree, write_atomic
-from pretrain.core.outputs import MARKER, check_not_input, claim_output, exclusive_waiting, mark_output, marked_kind
+from pretrain.core.outputs import (
+    MARKER,
+    check_not_input,
+    check_output_place,
+    claim_output,
+    exclusive_waiting,
+    mark_output,
+    marked_kind,
+)
 from pretrain.core.tokens import SpecialTokens
 from pretrain.hf import interop as hf
 from pretrain.hf.architectures import Part, Target, get
@@ -271,6 +279,7 @@ def replace_output(
     link is written through, and kept). `given` must be absent, empty or an output of this kind, and neither one of
     `inputs` (description -> path) nor a directory holding one; `flag` names it in errors."""
     check_not_input(given, inputs, flag)
+    check_output_place(given, inputs, flag)
     claim_output(given, kind, flag)
     out_dir = given.resolve()  # `.`, `..` and symlinks: the directory the user means, written in place
     created = not out_dir.exists()

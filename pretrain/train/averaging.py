@@ -1,8 +1,10 @@
 """Which checkpoints may be averaged into one model (`pretrain average`): each once (not named twice, nor as a
-hard-linked copy), of one tokenizer and architecture, from one initialisation, on one side of a RoPE theta change."""
+linked or copied duplicate), of one tokenizer and architecture, from one initialisation, on one side of a RoPE theta
+change."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from pretrain.core.errors import UserError
@@ -18,12 +20,13 @@ def check_averageable(given: list[Path], paths: list[Path]) -> None:
 
 
 def _refuse_repeats(given: list[Path], paths: list[Path]) -> None:
-    """A checkpoint named twice (as itself, as the latest of a run also named, or as a decay branch's hard-linked copy
-    of it: the same files under another path) would weigh twice in the mean."""
-    seen: dict[tuple[int, int], Path] = {}
+    """A checkpoint named twice (as itself, as the latest of a run also named, as a decay branch's hard-linked copy of
+    it, or as a copy: the same weights under another path, by inode or by the sha256 its integrity.json records)
+    would weigh twice in the mean."""
+    seen: dict[object, Path] = {}
     for name, path in zip(given, paths):
         stats = [f.stat() for f in path.rglob("*") if f.is_file()]
-        files = {(st.st_dev, st.st_ino) for st in stats}
+        files: set[object] = {(st.st_dev, st.st_ino) for st in stats} | _weight_hashes(path)
         again = next((seen[f] for f in files if f in seen), None)
         if again is not None:
             raise UserError(
@@ -31,6 +34,17 @@ def _refuse_repeats(given: list[Path], paths: list[Path]) -> None:
                 "averaged once; name it once"
             )
         seen.update(dict.fromkeys(files, Path(name)))
+
+
+def _weight_hashes(path: Path) -> set[str]:
+    """The sha256 of a checkpoint's model states (DeepSpeed's mp_rank_* files), as its integrity.json records them."""
+    from pretrain.train.checkpoint import INTEGRITY
+
+    try:
+        record = json.loads((path / INTEGRITY).read_text())
+        return {str(v["sha256"]) for k, v in record.items() if Path(k).name.startswith("mp_rank_")}
+    except (OSError, ValueError, AttributeError, TypeError, KeyError):
+        return set()  # (verified where it is loaded, which names a damaged record)
 
 
 def _refuse_other_models(paths: list[Path]) -> None:
@@ -55,16 +69,23 @@ def _refuse_other_models(paths: list[Path]) -> None:
 
 
 def _refuse_other_inits(paths: list[Path]) -> None:
-    """Checkpoints of runs initialised apart (other train.seed, no model.init_from they share): their weights are not
-    aligned unit for unit, and their mean is no model (averaging needs one starting point: a run's checkpoints, its
-    decay branches, fine-tunings of one init_from)."""
-    starts = [(c.train.seed, c.model.init_from) for c in (checkpoint_config(p)[0] for p in paths)]
-    for path, (seed, init) in zip(paths[1:], starts[1:]):
-        if seed != starts[0][0] and not (init and init == starts[0][1]):
+    """Checkpoints of runs initialised apart (another model.init_from, or none and another train.seed): their weights
+    are not aligned unit for unit, and their mean is no model (averaging needs one starting point: a run's
+    checkpoints, its decay branches, fine-tunings of one init_from). A run from init_from and one from scratch were
+    let through where their seeds matched (1234, every run's default)."""
+
+    def start(path: Path) -> tuple[str, str]:
+        cfg = checkpoint_config(path)[0]
+        init = cfg.model.init_from
+        return ("model.init_from", str(Path(init).resolve())) if init else ("train.seed", str(cfg.train.seed))
+
+    starts = [start(p) for p in paths]
+    for path, here in zip(paths[1:], starts[1:]):
+        if here != starts[0]:
             raise UserError(
-                f"{path} and {paths[0]} were initialised apart (train.seed {seed} there, {starts[0][0]} here, and no "
-                "model.init_from in common): the mean of two independently initialised models is not a model; "
-                "average the checkpoints of one run (and its decay branches)"
+                f"{path} and {paths[0]} were initialised apart ({' '.join(here)} there, {' '.join(starts[0])} here): "
+                "the mean of two independently initialised models is not a model; average the checkpoints of one run "
+                "(and its decay branches)"
             )
 
 

@@ -72,9 +72,22 @@ def _with_overrides(saved: dict, overrides: list[str]) -> dict:
     return apply_overrides(data, overrides, REPLACED_BY_PRESET)
 
 
+# Where the branch goes, which `pretrain decay` decides: an override of one was dropped without a word (an
+# export_dir=... a pipeline then read found nothing there, or an older model)
+_PLACED = {
+    "name": "give --name",
+    "output_dir": "a branch goes beside its source run",
+    "export_dir": "it exports into its own hf/; `pretrain export BRANCH --out DIR` writes one elsewhere",
+}
+
+
 def _refuse_what_decay_sets(overrides: list[str]) -> None:
-    """An override of a train key `pretrain decay` sets itself (`_DECAY_SETS`), alone or inside train={...}."""
+    """An override of a train key `pretrain decay` sets itself (`_DECAY_SETS`), alone or inside train={...}, or of
+    where the branch goes (`_PLACED`)."""
     for override in overrides:
+        top = next((key for key in apply_overrides({}, [override]) if key in _PLACED), None)
+        if top is not None:
+            raise UserError(f"{override}: `pretrain decay` decides {top} itself; {_PLACED[top]}")
         given = apply_overrides({}, [override]).get("train")
         for name in given if isinstance(given, dict) else ():
             if name in _DECAY_SETS:
