@@ -9,7 +9,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-import signal
 import sys
 import textwrap
 from collections.abc import Callable
@@ -190,36 +189,9 @@ def cmd_train(args) -> int:
 
         print(dry_run(_load(args), args.world_size, args.gpus_per_node))
         return 0
-    with _sigterm_before_training():
-        try:
-            from pretrain.pipeline import stage_train
+    from pretrain.pipeline import stage_train
 
-            return stage_train(_load(args))["exit_code"]
-        except _StoppedBeforeTraining:
-            from pretrain.train.stopping import EXIT_PREEMPTED
-
-            print("stopped by SIGTERM before training began: run the same command again", file=sys.stderr)
-            return EXIT_PREEMPTED
-
-
-class _StoppedBeforeTraining(Exception):
-    pass
-
-
-@contextlib.contextmanager
-def _sigterm_before_training():
-    """SIGTERM before the trainer takes its signals over (`StopFlag`, once the run directory is its own: imports, the
-    config, the ranks' rendezvous) ends `pretrain train` with the exit status of a preempted run, 75, as after it:
-    the default handler's 143 read as a failure to a requeue that waits for 75. Nothing was trained, nothing is lost."""
-
-    def stop(signum, frame):
-        raise _StoppedBeforeTraining
-
-    previous = signal.signal(signal.SIGTERM, stop)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, previous)
+    return stage_train(_load(args))["exit_code"]
 
 
 def cmd_decay(args) -> int:

@@ -164,25 +164,3 @@ def test_export_st_out_is_refused_before_the_export(tmp_path, capsys, st_out):
     err = capsys.readouterr().err
     assert err.startswith(f"error: --st-out {target}") and "export:" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "foreign"]
-
-
-def test_sigterm_before_training_began_exits_as_preempted(monkeypatch, capsys):
-    """SIGTERM in the first seconds of `pretrain train` (imports, the config, the ranks' rendezvous: before the trainer
-    takes its signals over) killed it with status 143, which a requeue waiting for 75 took as a failure. It exits 75,
-    saying nothing trained, and the previous handler is back."""
-    import os
-    import signal
-    import time
-
-    from pretrain import pipeline
-
-    def signalled_during_set_up(cfg):
-        os.kill(os.getpid(), signal.SIGTERM)
-        time.sleep(10)
-        raise AssertionError("went on training")
-
-    monkeypatch.setattr(pipeline, "stage_train", signalled_during_set_up)
-    before = signal.getsignal(signal.SIGTERM)
-    assert main(["train", "tiny"]) == 75
-    assert "stopped by SIGTERM before training began" in capsys.readouterr().err
-    assert signal.getsignal(signal.SIGTERM) is before
