@@ -98,9 +98,13 @@ def _piece_edges(tok) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
             first[i], last[i] = _is_punctuation(core[0]), _is_punctuation(core[-1])
     added = list(tok.get_added_tokens_decoder())
     first[added] = last[added] = blank[added] = False
+    # byte-fallback pieces ('<0xC3>': a byte of a character outside the vocabulary) are neither, whatever they decode to
+    fallback = [i for i in range(size) if _BYTE_PIECE.fullmatch(tok.id_to_token(i) or "")]
+    first[fallback] = last[fallback] = blank[fallback] = False
     return first, last, blank
 
 
+_BYTE_PIECE = re.compile(r"<0x[0-9A-Fa-f]{2}>")
 _FILLER = re.compile(r"\[unused\d+\]")  # data_pipeline.tokenizer.FILLER's pieces
 
 

@@ -150,7 +150,7 @@ def test_a_config_of_the_other_kind_is_named_with_the_command_that_reads_it(argv
     assert says in err and "unknown config key" not in err
 
 
-@pytest.mark.parametrize("st_out", ["a-file", "foreign", "run"])
+@pytest.mark.parametrize("st_out", ["a-file", "foreign", "run", "run/checkpoints/st"])
 def test_export_st_out_is_refused_before_the_export(tmp_path, capsys, st_out):
     """--st-out a file, a folder of the user's, or the run itself was refused only after the whole transformers
     export and its parity check (minutes on a large model), which had replaced the run's hf/ meanwhile. Refused
@@ -159,8 +159,14 @@ def test_export_st_out_is_refused_before_the_export(tmp_path, capsys, st_out):
     (tmp_path / "foreign").mkdir()
     (tmp_path / "foreign" / "notes.md").write_text("mine")
     run = tmp_path / "run"
+    if st_out.startswith("run/"):  # inside the run's checkpoints, which rotation deletes
+        from pretrain.core.outputs import mark_output
+
+        mark_output(run, "run")
+        (run / "checkpoints").mkdir()
     target = run if st_out == "run" else tmp_path / st_out
     assert main(["export", str(run), "--st-out", str(target)]) == 2
     err = capsys.readouterr().err
     assert err.startswith(f"error: --st-out {target}") and "export:" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "foreign"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "foreign", *(["run"] if "/" in st_out else [])]
+    assert "/" not in st_out or not (tmp_path / st_out).exists()

@@ -674,3 +674,20 @@ def test_a_punctuation_mark_is_a_word_and_spaces_alone_are_none_for_every_tokeni
             assert not starts[t], (kind, enc.tokens[t - 1 : t + 1])
         checked += 1
     assert checked >= 25 and (kind == "wordpiece" or any(blank)), (checked, enc.tokens)
+
+
+def test_byte_fallback_pieces_are_not_punctuation():
+    """A Unigram with byte fallback whose decoder lacks ByteFallback decodes '<0xC3>' as that text: every byte piece
+    read as punctuation, a word of its own ('caf', '<0xC3>', '<0xA9>' for "café": three words where it was one)."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+
+    from data_pipeline import shard_encode
+
+    pieces = [("<unk>", 0.0), ("▁caf", -1.0), ("<0xC3>", -2.0), ("<0xA9>", -2.0), (",", -1.0), ("▁", -1.0)]
+    tok = Tokenizer(models.Unigram(pieces, unk_id=0, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace()
+    tok.decoder = decoders.Metaspace()
+    first, last, blank = shard_encode._piece_edges(tok)
+    ids = {p: tok.token_to_id(p) for p, _ in pieces}
+    assert not first[ids["<0xC3>"]] and not last[ids["<0xA9>"]] and not blank[ids["<0xC3>"]]
+    assert first[ids[","]] and last[ids[","]] and blank[ids["▁"]] and not first[ids["▁caf"]]

@@ -281,3 +281,16 @@ def test_average_refuses_a_run_from_init_from_with_one_from_scratch_of_the_same_
     with pytest.raises(UserError, match=r"initialised apart \(train.seed 1234 there, model.init_from .*base here\)"):
         averaging._refuse_other_inits([Path("from-base"), Path("scratch")])
     averaging._refuse_other_inits([Path("from-base"), Path("from-base-seed-7")])
+    # a run continued from another run's export starts where that run started: theirs average (seed 99 here)
+    from pretrain.core.outputs import mark_output
+    from pretrain.train.state import TrainState
+
+    mark_output(tmp_path / "r", "run")
+    (tmp_path / "r" / "checkpoints" / "step_00000003").mkdir(parents=True)
+    TrainState(step=3).save(tmp_path / "r" / "checkpoints" / "step_00000003")
+    (tmp_path / "r" / "checkpoints" / "latest").write_text("step_00000003")
+    configs["step_00000003"] = read_config("tiny", ["train.seed=99"])
+    configs["continued"] = read_config("tiny", [f"model.init_from={tmp_path / 'r' / 'hf'}"])
+    averaging._refuse_other_inits([Path("continued"), Path("step_00000003")])
+    with pytest.raises(UserError, match=r"initialised apart \(train.seed 1234 there, train.seed 99 here\)"):
+        averaging._refuse_other_inits([Path("continued"), Path("scratch")])

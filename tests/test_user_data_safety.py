@@ -59,7 +59,7 @@ def test_export_never_replaces_what_is_not_an_export(trained, corpus, tmp_path):
     one_line_error(proc, f"export_dir {foreign} already holds files", "thesis.tex")
     assert not fresh.exists() and len(list(foreign.iterdir())) == 1
 
-    # inside the run's checkpoints (rotation deleted it with the checkpoint), shards or tokenizer (rebuilt whole), or
+    # inside the run's checkpoints (rotation deleted it with the checkpoint), shards or tokenizer (rebuilt), or
     # another run's export (replaced by this model, its card the only sign): refused, nothing written
     from pretrain.core.outputs import mark_output
 
@@ -69,8 +69,8 @@ def test_export_never_replaces_what_is_not_an_export(trained, corpus, tmp_path):
     (other / "checkpoints").mkdir()
     for out, said in (
         (run / "checkpoints" / "step_00000003" / "mine", "a run's checkpoints, which rotation deletes"),
-        (run / "shards" / "hfx", "shards, rebuilt whole"),
-        (run / "tokenizer" / "hfx", "tokenizer, rebuilt whole"),
+        (run / "shards" / "hfx", "shards it rebuilds"),
+        (run / "tokenizer" / "hfx", "tokenizer it rebuilds"),
         (other / "hf", "is run other-run's own export"),
     ):
         proc = pretrain("export", run, "--out", out, "--no-verify", cwd=tmp, rc=2)

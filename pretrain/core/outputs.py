@@ -174,23 +174,23 @@ def _enclosing_run(path: Path) -> Path | None:
 
 
 def check_output_place(out: Path, inputs: dict[str, Path | str], option: str = "--out") -> None:
-    """Refuse an output where what this tool does to the directories around it would take it away or replace it:
-    inside a run's checkpoints/ (rotation deletes checkpoints whole), inside shards or a tokenizer (a rebuild replaces
-    them), or another run's hf/ (that run's export, replaced by a model it is not; the inputs' own runs may)."""
+    """Refuse an export where what this tool does to the directories around it would take it away or replace it:
+    inside a run's checkpoints/ (rotation deletes checkpoints whole), inside shards or a tokenizer (which it
+    rebuilds), or another trained run's hf/ (that run's export, replaced by a model it is not; the inputs' runs may)."""
     target = Path(out).resolve()
     for parent in target.parents:
         kind = marked_kind(parent)
         inside = "checkpoints" if parent.name == "checkpoints" and marked_kind(parent.parent) == "run" else kind
         if inside in ("checkpoints", "shards", "tokenizer"):
-            what = {"checkpoints": "a run's checkpoints, which rotation deletes"}.get(inside, f"{kind}, rebuilt whole")
+            what = "a run's checkpoints, which rotation deletes" if inside == "checkpoints" else f"{kind} it rebuilds"
             raise UserError(f"{option} {out} is inside {parent} ({what}): choose an output outside it")
     run = _enclosing_run(target.parent) if target.name == "hf" else None
     if run is not None and run == target.parent and (run / "checkpoints").is_dir():  # a trained run's (an ablation's
         own = {_enclosing_run(Path(p).resolve()) for p in inputs.values()}  # untrained baseline exports into its own)
         if run not in own:
             raise UserError(
-                f"{option} {out} is run {run.name}'s own export, which this would replace with another model: choose "
-                "another output"
+                f"{option} {out} is run {run.name}'s own export, and this export is not of that run (none of its "
+                "inputs lies in it): export into it from the run itself, or choose another output"
             )
 
 

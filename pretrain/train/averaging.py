@@ -74,19 +74,36 @@ def _refuse_other_inits(paths: list[Path]) -> None:
     checkpoints, its decay branches, fine-tunings of one init_from). A run from init_from and one from scratch were
     let through where their seeds matched (1234, every run's default)."""
 
-    def start(path: Path) -> tuple[str, str]:
-        cfg = checkpoint_config(path)[0]
-        init = cfg.model.init_from
-        return ("model.init_from", str(Path(init).resolve())) if init else ("train.seed", str(cfg.train.seed))
-
-    starts = [start(p) for p in paths]
+    starts = [_start(p) for p in paths]
     for path, here in zip(paths[1:], starts[1:]):
         if here != starts[0]:
             raise UserError(
                 f"{path} and {paths[0]} were initialised apart ({' '.join(here)} there, {' '.join(starts[0])} here): "
-                "the mean of two independently initialised models is not a model; average the checkpoints of one run "
-                "(and its decay branches)"
+                "the mean of two models initialised apart is not a model; average the checkpoints of one run (and its "
+                "decay branches, or runs continued from its exports)"
             )
+
+
+def _start(path: Path, depth: int = 0) -> tuple[str, str]:
+    """Where the weights of checkpoint `path` started: its train.seed, or its model.init_from; an init_from that is an
+    export (or a checkpoint) of a run of ours goes back to that run's own start (a run continued from another's
+    export shares its initialisation)."""
+    from pretrain.core.outputs import marked_kind
+    from pretrain.train.checkpoint import latest_checkpoint
+
+    cfg = checkpoint_config(path)[0]
+    init = Path(cfg.model.init_from).resolve() if cfg.model.init_from else None
+    if init is None:
+        return ("train.seed", str(cfg.train.seed))
+    run = next((p for p in [init, *init.parents] if marked_kind(p) == "run"), None)
+    if run is not None and depth < 8:
+        try:
+            latest = latest_checkpoint(run / "checkpoints")
+        except UserError:
+            latest = None
+        if latest is not None:
+            return _start(latest, depth + 1)
+    return ("model.init_from", str(init))
 
 
 def _refuse_other_positions(paths: list[Path]) -> None:
