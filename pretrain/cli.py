@@ -19,6 +19,7 @@ from pretrain.cli_options import (
     Parser,
     ablate_args,
     average_args,
+    check_st_out,
     compare_args,
     config_args,
     config_epilog,
@@ -239,14 +240,8 @@ def cmd_export(args) -> int:
     # a sentence-transformers directory is what goes up, once converted: the transformers export went up before
     push_converted = args.push_to_hub if fmt == "sentence-transformers" else None
     token = check_hub_token(push_converted) if push_converted else None  # before anything is exported
-    if fmt == "sentence-transformers" and args.st_out:  # where it goes, before the export it is converted from
-        from pretrain.core.outputs import check_not_input, check_output_place, claim_output
-        from pretrain.hf.sentence_transformers import KIND
-
-        exported = {"the run or checkpoint exported": Path(args.run_or_checkpoint)}
-        check_not_input(Path(args.st_out), exported, "--st-out")
-        check_output_place(Path(args.st_out), exported, "--st-out")
-        claim_output(Path(args.st_out), KIND, "--st-out")
+    if fmt == "sentence-transformers":  # where it goes, before the export it is converted from
+        check_st_out(args)
     with export_failures_in_one_line():
         out = stage_export(
             Path(args.run_or_checkpoint),

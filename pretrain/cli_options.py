@@ -10,6 +10,7 @@ import importlib
 import inspect
 import math
 import typing
+from pathlib import Path
 from typing import Any
 
 from pretrain.core.config import CHOICES, CORPUS_FORMATS, DataConfig, RunConfig
@@ -512,3 +513,17 @@ def compare_args(p):
         default="compare",
         help="output directory: new, empty, or an earlier comparison (default: compare/ in the current directory)",
     )
+
+
+def check_st_out(args: argparse.Namespace) -> None:
+    """--st-out checked as an output before the transformers export it is converted from: refused after it, the
+    export (minutes on a large model) had replaced the run's hf/ in vain."""
+    if not args.st_out:
+        return
+    from pretrain.core.outputs import check_not_input, check_output_place, claim_output
+    from pretrain.hf.sentence_transformers import KIND
+
+    out, exported = Path(args.st_out), {"the run or checkpoint exported": Path(args.run_or_checkpoint)}
+    check_not_input(out, exported, "--st-out")
+    check_output_place(out, exported, "--st-out")
+    claim_output(out, KIND, "--st-out")
