@@ -168,7 +168,7 @@ def _describe(names: list[str]) -> str:
     return shown + (f" and {len(names) - 5} more" if len(names) > 5 else "")
 
 
-def _enclosing_run(path: Path) -> Path | None:
+def enclosing_run(path: Path) -> Path | None:
     """The run directory of ours that `path` is (or lies in), or None."""
     return next((p for p in [path, *path.parents] if marked_kind(p) == "run"), None)
 
@@ -184,9 +184,9 @@ def check_output_place(out: Path, inputs: dict[str, Path | str], option: str = "
         if inside in ("checkpoints", "shards", "tokenizer"):
             what = "a run's checkpoints, which rotation deletes" if inside == "checkpoints" else f"{kind} it rebuilds"
             raise UserError(f"{option} {out} is inside {parent} ({what}): choose an output outside it")
-    run = _enclosing_run(target.parent) if target.name == "hf" else None
-    if run is not None and run == target.parent and (run / "checkpoints").is_dir():  # a trained run's (an ablation's
-        own = {_enclosing_run(Path(p).resolve()) for p in inputs.values()}  # untrained baseline exports into its own)
+    run = target.parent
+    if target.name == "hf" and marked_kind(run) == "run" and (run / "checkpoints").is_dir():  # a trained run's (an
+        own = {enclosing_run(Path(p).resolve()) for p in inputs.values()}  # ablation's baseline exports into its own)
         if run not in own:
             raise UserError(
                 f"{option} {out} is run {run.name}'s own export, and this export is not of that run (none of its "

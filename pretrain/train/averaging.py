@@ -88,14 +88,14 @@ def _start(path: Path, depth: int = 0) -> tuple[str, str]:
     """Where the weights of checkpoint `path` started: its train.seed, or its model.init_from; an init_from that is an
     export (or a checkpoint) of a run of ours goes back to that run's own start (a run continued from another's
     export shares its initialisation)."""
-    from pretrain.core.outputs import marked_kind
+    from pretrain.core.outputs import enclosing_run
     from pretrain.train.checkpoint import latest_checkpoint
 
     cfg = checkpoint_config(path)[0]
     init = Path(cfg.model.init_from).resolve() if cfg.model.init_from else None
     if init is None:
         return ("train.seed", str(cfg.train.seed))
-    run = next((p for p in [init, *init.parents] if marked_kind(p) == "run"), None)
+    run = enclosing_run(init)
     if run is not None and depth < 8:
         try:
             latest = latest_checkpoint(run / "checkpoints")
