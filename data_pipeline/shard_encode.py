@@ -1,9 +1,10 @@
 """Parallel tokenization of shard chunks: each worker process tokenizes a chunk of documents into a shard's
 arrays (token ids, word starts, sentence and document offsets) and writes them under the build's tmp dir.
 
-BERT-pipeline tokenizers take a fast path that tokenizes each distinct word once (`_word_fast_path`); others go
-through encode_batch. `run_workers` keeps a bounded number of chunks in flight so memory does not grow with the
-corpus.
+Each distinct word is tokenized once and the rest gathered with numpy (`_encode_words`): BERT-pipeline tokenizers
+split at spaces (`_word_fast_path`), byte-level BPE and Metaspace tokenizers at a space before a non-space
+(`_chunk_fast_path`); other tokenizers go through encode_batch. `run_workers` keeps a bounded number of chunks in
+flight so memory does not grow with the corpus.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import os
 import re
 import unicodedata
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -39,7 +40,11 @@ _BERT_SPACE = re.compile("[ \t\n\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u2
 # Characters Python's str.split() splits on but BERT deletes (controls): text without them can use the
 # much faster str.split(), which splits on exactly the BERT spaces then.
 _NOT_BERT_SPACE = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
-_WORD_CACHE_MAX = 200_000  # words -> ids kept per worker (~30 MB); cleared when full, so memory is bounded
+_WORD_CACHE_MAX = 200_000  # words -> ids (and chunk word starts) per worker (30-50 MB); cleared when full
+# Where byte-level BPE's and Metaspace's words always start: at a space with a non-space after it. Metaspace starts a
+# word at every space; GPT-2's regex takes such a space with what follows (' ?\p{L}+' and the like) and ends a run of
+# spaces before it ('\s+(?!\S)'). Python's \s holds all of the regex's (and \x1c-\x1f): a split it misses is safe.
+_CHUNK_SPACE = re.compile(r"(?= \S)")
 
 
 def _word_fast_path(tok) -> np.ndarray | None:
@@ -68,6 +73,61 @@ def _word_fast_path(tok) -> np.ndarray | None:
     for piece, i in tok.get_vocab(with_added_tokens=True).items():
         table[i] = piece.startswith(prefix) and len(piece) > len(prefix)
     return table
+
+
+def _chunk_fast_path(tok):
+    """A copy of `tok` without its normalizer when `tok` is a byte-level BPE (GPT-2's regex) or a Metaspace tokenizer
+    with a deterministic model, else None.
+
+    Its text, once normalized, tokenizes one chunk at a time, a chunk starting at each space with a non-space after it
+    (_CHUNK_SPACE): the pre-tokenizer starts a word there, and BPE and Unigram tokenize each word alone. Chunks (' the',
+    ' world.') repeat as words do, so `_encode_words` tokenizes each distinct one once with this copy, the sentence
+    normalized by `tok`'s normalizer beforehand (the copy must not normalize again: NFKC after lowercasing is not a
+    no-op). Word starts within a chunk are its pre-tokenizer words; the tests compare both paths."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    pre, model = tok.pre_tokenizer, tok.model
+    splits_words = (isinstance(pre, pre_tokenizers.ByteLevel) and pre.use_regex) or (
+        isinstance(pre, pre_tokenizers.Metaspace) and pre.split
+    )
+    deterministic = isinstance(model, models.Unigram) or (isinstance(model, models.BPE) and not model.dropout)
+    # an added token that is not special would be matched in the text, across chunks too
+    if not (splits_words and deterministic and all(t.special for t in tok.get_added_tokens_decoder().values())):
+        return None
+    chunked = Tokenizer.from_str(tok.to_str())
+    chunked.normalizer = None
+    chunked.encode_special_tokens = True
+    return chunked
+
+
+_ASCII_SPACES = re.compile("[\t\n\x0b\x0c\r ]+")  # Rust's \s+ within ASCII (Python's \s adds \x1c-\x1f)
+
+
+def _ascii_normalizer(normalizer) -> Callable[[str], str] | None:
+    """`normalizer` as Python string operations that give the same text for ASCII text, when all its steps are known,
+    else None. Normalizing costs the tokenizers library ~150 ns a character (it tracks each one's alignment), a third
+    of a chunked shard build; on ASCII, Unicode normalization and accent stripping change nothing and the rest are
+    str.lower, str.replace and a regex."""
+    if normalizer is None:
+        return lambda text: text
+    spec = json.loads(normalizer.__getstate__())
+    steps, ops = spec["normalizers"] if spec["type"] == "Sequence" else [spec], []
+    for step in steps:
+        kind, pattern, content = step["type"], step.get("pattern", {}), step.get("content", "")
+        if kind == "Lowercase":
+            ops.append(str.lower)
+        elif kind == "Replace" and content.isascii() and pattern.get("String"):
+            ops.append(
+                functools.partial(lambda text, old, new: text.replace(old, new), old=pattern["String"], new=content)
+            )
+        elif kind == "Replace" and content.isascii() and pattern.get("Regex") == r"\s+":
+            ops.append(functools.partial(_ASCII_SPACES.sub, content))
+        elif not (
+            kind in ("NFC", "NFD", "NFKC", "NFKD", "StripAccents")
+            or (kind, pattern) == ("Replace", {"Regex": r"\p{Mn}"})
+        ):
+            return None  # (those change no ASCII character)
+    return functools.partial(functools.reduce, lambda text, op: op(text), ops)
 
 
 def _is_punctuation(c: str) -> bool:
@@ -144,19 +204,40 @@ def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fa
     tok.encode_special_tokens = True
     continuation = _word_fast_path(tok) if fast else None
     edges = _piece_edges(tok) if continuation is None else None
+    chunked = _chunk_fast_path(tok) if fast and continuation is None else None
     _worker.update(tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=continuation, edges=edges, cache={})
+    _worker.update(chunked=chunked, ascii_normalizer=_ascii_normalizer(tok.normalizer) if chunked else None)
 
 
-def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    """Token ids [n] and per-sentence token counts [S] of `sentences`, one distinct word at a time."""
-    tok, dtype, cache = _worker["tok"], _worker["dtype"], _worker["cache"]
-    words: list[str] = []
-    counts = np.empty(len(sentences), np.int64)  # [S] words per sentence
+def _chunks(text: str) -> list[str]:
+    """`text` split before each space with a non-space after it (_CHUNK_SPACE). Without a run of spaces it may split
+    before every space (a space before a tab or a newline starts a word as well), which str.split does ~10x faster."""
+    if "  " in text or "\x00" in text:
+        return _CHUNK_SPACE.split(text)
+    return text.replace(" ", "\x00 ").split("\x00")
+
+
+def _split_words(sentences: list[str]) -> list[list[str]]:
+    """Each sentence's words: BERT's pipeline's (see _BERT_SPACE), or a chunked tokenizer's chunks of the normalized
+    text (see _chunk_fast_path)."""
+    chunked = _worker["chunked"]
+    if chunked is not None:
+        normalizer, ascii_normalizer = _worker["tok"].normalizer, _worker["ascii_normalizer"]
+        if ascii_normalizer is None:
+            return [_chunks(normalizer.normalize_str(s)) for s in sentences]
+        normalize = normalizer.normalize_str if normalizer else None
+        return [_chunks(ascii_normalizer(s) if s.isascii() else normalize(s)) for s in sentences]
     odd = any(_NOT_BERT_SPACE.search(s) for s in sentences)
-    for i, sentence in enumerate(sentences):
-        split = _BERT_SPACE.split(sentence) if odd else sentence.split()  # a "" at an end encodes to nothing
-        counts[i] = len(split)
-        words += split
+    return [_BERT_SPACE.split(s) if odd else s.split() for s in sentences]  # a "" at an end encodes to nothing
+
+
+def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sentence token counts [S], token ids [n] and pre-tokenizer word starts [n] bool of `sentences`, one
+    distinct word at a time (the WordPiece path's word starts are its own: all False here)."""
+    tok, dtype, cache, chunked = _worker["tok"], _worker["dtype"], _worker["cache"], _worker["chunked"]
+    split = _split_words(sentences)
+    counts = np.fromiter(map(len, split), np.int64, len(split))  # [S] words per sentence
+    words = list(itertools.chain.from_iterable(split))
     distinct = {w: k for k, w in enumerate(dict.fromkeys(words))}
     codes = np.fromiter(map(distinct.__getitem__, words), np.int64, len(words))  # [W] word -> distinct index
     missing = [w for w in distinct if w not in cache]
@@ -164,11 +245,15 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
         if len(cache) + len(missing) > _WORD_CACHE_MAX:
             cache.clear()
             missing = list(distinct)  # the words found before the clear are gone with it
-        for w, e in zip(missing, tok.encode_batch_fast(missing, add_special_tokens=False)):
-            cache[w] = e.ids
+        # encode_batch_fast gives no word ids (all None): a chunk's words need encode_batch
+        encode = chunked.encode_batch if chunked else tok.encode_batch_fast
+        for w, e in zip(missing, encode(missing, add_special_tokens=False)):
+            word = e.word_ids  # a chunk's first token starts a word: it has a space before it, or starts the sentence
+            cache[w] = (e.ids, [k == 0 or word[k] != word[k - 1] for k in range(len(word))] if chunked else [])
     pieces = [cache[w] for w in distinct]
-    piece_lens = np.fromiter(map(len, pieces), np.int64, len(pieces))  # [U]
-    flat = np.fromiter(itertools.chain.from_iterable(pieces), dtype, int(piece_lens.sum()))  # [sum U]
+    piece_lens = np.fromiter((len(p[0]) for p in pieces), np.int64, len(pieces))  # [U]
+    total = int(piece_lens.sum())
+    flat = np.fromiter(itertools.chain.from_iterable(p[0] for p in pieces), dtype, total)  # [sum U]
     piece_starts = np.cumsum(piece_lens) - piece_lens  # [U]
     lens = piece_lens[codes]  # [W] tokens of each word occurrence
     n = int(lens.sum())
@@ -177,33 +262,65 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray]:
     index = np.arange(n) + np.repeat(piece_starts[codes] - out_starts, lens)  # [n]
     ends = np.concatenate([[0], np.cumsum(lens)])  # [W+1]
     bounds = np.concatenate([[0], np.cumsum(counts)])  # [S+1] word offsets of sentences
-    return flat[index], ends[bounds[1:]] - ends[bounds[:-1]]
+    starts = np.zeros(n, bool)
+    if chunked:
+        starts = np.fromiter(itertools.chain.from_iterable(p[1] for p in pieces), bool, total)[index]
+    return ends[bounds[1:]] - ends[bounds[:-1]], flat[index], starts
+
+
+def _encode_batch(encodings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per-sentence token counts [S], token ids [n] and pre-tokenizer word starts [n] bool of encode_batch's
+    `encodings` (one per sentence)."""
+    sent_lens = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))  # [S]
+    n = int(sent_lens.sum())
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), _worker["dtype"], n)  # [n]
+    # Word ids restart per sentence; None (a token outside any word) is -1 and always a start.
+    word = np.fromiter((-1 if w is None else w for e in encodings for w in e.word_ids), np.int64, n)  # [n]
+    starts = np.ones(n, bool)  # [n]
+    starts[1:] = (word[1:] != word[:-1]) | (word[1:] < 0)
+    first = np.cumsum(sent_lens) - sent_lens  # [S] each sentence's first token (n for an empty last one)
+    starts[first[first < n]] = True
+    return sent_lens, ids, starts
+
+
+def _merge_sentences(a: tuple, b: tuple, in_b: np.ndarray) -> tuple:
+    """(sent_lens, *per-token arrays) of all sentences, from those of the sentences not in b [S] (`a`) and in it."""
+    lens = np.zeros(len(in_b), np.int64)
+    lens[~in_b], lens[in_b] = a[0], b[0]
+    from_b = np.repeat(in_b, lens)  # [n] each token comes from b
+    merged = [np.empty(len(from_b), x.dtype) for x in a[1:]]
+    for out, x, y in zip(merged, a[1:], b[1:]):
+        out[~from_b], out[from_b] = x, y
+    return lens, *merged
 
 
 def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Token ids [n], word starts [n] bool, sentence lengths [S] and sentences per document [d] of `texts`."""
-    tok, dtype, continuation = _worker["tok"], _worker["dtype"], _worker["continuation"]
+    tok, continuation, chunked = _worker["tok"], _worker["continuation"], _worker["chunked"]
     sentences = [split_sentences(t) for t in texts]
     flat = list(itertools.chain.from_iterable(sentences))
     doc_sents = np.array([len(s) for s in sentences], np.int64)
     if continuation is not None:
-        ids, sent_lens = _encode_words(flat)
+        sent_lens, ids, _ = _encode_words(flat)
         return ids, ~continuation[ids], sent_lens, doc_sents
-    encodings = tok.encode_batch(flat, add_special_tokens=False)
-    sent_lens = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))  # [S]
-    n = int(sent_lens.sum())
-    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), dtype, n)  # [n]
-    # Word ids restart per sentence; None (a token outside any word) is -1 and always a start.
-    word = np.fromiter((-1 if w is None else w for e in encodings for w in e.word_ids), np.int64, n)  # [n]
+    # sentences whose words a script decides (CJK, combining marks) need encode_batch's offsets
+    scripted = np.fromiter(map(_needs_script_starts, flat), bool, len(flat)) if chunked else np.ones(len(flat), bool)
+    batch = [s for s, x in zip(flat, scripted) if x]
+    encodings = tok.encode_batch(batch, add_special_tokens=False)
+    if chunked:
+        plain = _encode_words([s for s, x in zip(flat, scripted) if not x])
+        sent_lens, ids, starts = _merge_sentences(plain, _encode_batch(encodings), scripted)
+    else:
+        sent_lens, ids, starts = _encode_batch(encodings)
+    n = len(ids)
+    first_tokens = np.cumsum(sent_lens) - sent_lens  # [S]
     sent_starts = np.zeros(n + 1, bool)
-    sent_starts[np.cumsum(sent_lens)[:-1]] = True  # the first token of each sentence (but the first)
-    starts = np.ones(n, bool)  # [n]
-    starts[1:] = (word[1:] != word[:-1]) | sent_starts[1:n] | (word[1:] < 0)
+    sent_starts[first_tokens[1:]] = True  # the first token of each sentence (but the first)
     first, last, blank = _worker["edges"]
     # a punctuation mark is a word of its own, as BERT's pre-tokenizer makes it, whatever this one's words were
     starts |= first[ids]
     starts[1:] |= last[ids[:-1]]
-    _script_word_starts(flat, encodings, starts, np.cumsum(sent_lens) - sent_lens)
+    _script_word_starts(batch, encodings, starts, first_tokens[scripted])
     # spaces alone (a double space's 'Ġ', the '▁' before a mark or an ideograph) are no word to mask by themselves:
     # they go with the token after them
     starts[1:] &= ~(blank[ids[:-1]] & ~sent_starts[1:n])

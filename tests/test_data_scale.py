@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import zstandard
-from helpers import make_docs, write_jsonl
+from helpers import CORPUS, make_docs, small_corpus, write_jsonl
 
 from data_pipeline import shard_encode
 from data_pipeline.readers import expand_inputs, iter_documents, iter_documents_sample
@@ -208,28 +208,68 @@ def test_tokenizer_sample_spreads_over_files(tmp_path):
     assert got == ["a"] * 3 + ["b"] * 3 + ["c"] * 3
 
 
-def test_word_fast_path_matches_encode_batch(tok_dir):
-    """The distinct-word path gives exactly the ids and word starts of encode_batch + word_ids."""
+@pytest.fixture(scope="module")
+def speech_tokenizers(tmp_path_factory):
+    """A tokenizer of each kind trained on real text (the embedded corpus): its numbers, dates and quotes are what
+    split a byte-level BPE word in two ('16th': 'Ġ16', 'th')."""
+    out = tmp_path_factory.mktemp("speech_tok")
+    corpus = small_corpus(out, slice(0, 40))
+    # runs of spaces and tabs, so that byte-level BPE learns pieces of several ('ĠĠ'): a run split apart shows
+    spaced = write_jsonl(out / "spaced.jsonl", [f"the  \tnation {i}   shall\t\t be  \t free." for i in range(200)])
+    for kind in ("wordpiece", "bpe", "unigram"):
+        train_tokenizer([str(corpus), str(spaced)], out / kind, kind=kind, vocab_size=1000, show_progress=False)
+    return out
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
+def test_word_fast_path_matches_encode_batch(speech_tokenizers, kind):
+    """The distinct-word paths (WordPiece's words, byte-level BPE's and Metaspace's chunks) give exactly the ids and
+    word starts of encode_batch + word_ids, on real text and on text made to break them: runs of spaces of every
+    kind, spaces before a mark, accents that NFKC turns into a space and a mark, scripts decided by their characters."""
     spaces = "".join(chr(c) for c in range(0x3100) if chr(c).isspace()) + "\u200b\u180e\ufeff"
     texts = (
-        make_docs(40, seed=3)
+        [json.loads(line)["text"][:4000] for line in CORPUS.read_text().splitlines()[40:52]]
         + [
             "Caf\u00e9 na\u00efve \u00c9COLE  two  spaces\ttab \u4e2d\u6587 x\u200by [MASK]word e\u0301 \u0130stanbul "
             "\U0001f600!!! hello,world foo-bar's (x) unbelievably",
             "  \u00a0 leading",
+            "a \u00b4 b  x\u00b4 y \u00a8z the 16th of May, '60s  \n  end  ",
+            "the  \tnation   shall\t\t be  \t free  \t \t. ",
+            "\u0939\u093f\u0928\u094d\u0926\u0940 \u092d\u093e\u0937\u093e and \u4e2d\u6587\u5b57 mixed . \u0301x",
         ]
-        + [f"ab{c}cd ef{c}{c}gh." for c in spaces]
+        + [f"ab{c}cd ef{c}{c}gh {c}ij{c} kl." for c in spaces]
     )
+    tokenizer = str(speech_tokenizers / kind / "tokenizer.json")
     results = []
     for fast in (True, False):
         shard_encode._worker.clear()
-        shard_encode._init_worker(str(tok_dir / "tokenizer.json"), "/tmp", "uint16", 1, fast)
-        assert (shard_encode._worker["continuation"] is not None) == fast
+        shard_encode._init_worker(tokenizer, "/tmp", "uint16", 1, fast)
+        path = shard_encode._worker["continuation" if kind == "wordpiece" else "chunked"]
+        assert (path is not None) == fast
         parts = [shard_encode._encode_slice(texts[i : i + 7]) for i in range(0, len(texts), 7)]
         results.append([np.concatenate([p[k] for p in parts]) for k in range(4)])
     shard_encode._worker.clear()
     for fast, slow in zip(*results):
         assert fast.tolist() == slow.tolist()
+
+
+def test_ascii_normalizer_gives_the_tokenizers_text(speech_tokenizers):
+    """On ASCII text the Python normalizer of the chunked path gives exactly the text the tokenizers library's does,
+    for each kind's normalizer and steps a user's tokenizer may hold; a step it does not know: left to the library."""
+    from tokenizers import Regex, Tokenizer
+    from tokenizers import normalizers as n
+
+    rng = np.random.default_rng(0)
+    texts = ["".join(map(chr, range(128))), *("".join(map(chr, rng.integers(0, 128, 60))) for _ in range(200))]
+    texts += ["The  Nation\t\tSHALL \x1c\x1d be\r\n\x0b\x0cfree ab AB"]
+    kinds = [Tokenizer.from_file(str(speech_tokenizers / k / "tokenizer.json")).normalizer for k in ("bpe", "unigram")]
+    steps = [n.NFKC(), n.Replace("ab", "x"), n.Lowercase(), n.Replace(Regex(r"\s+"), "_"), n.StripAccents(), n.NFD()]
+    for normalizer in [*kinds, n.Sequence(steps), n.Lowercase(), None]:
+        python = shard_encode._ascii_normalizer(normalizer)
+        for text in texts:
+            assert python(text) == (normalizer.normalize_str(text) if normalizer else text), (normalizer, text)
+    for unknown in (n.Strip(), n.Replace(Regex("[a-c]"), ""), n.Replace(" ", "\u2581"), n.Sequence([n.Prepend("_")])):
+        assert shard_encode._ascii_normalizer(unknown) is None
 
 
 def test_word_cache_cleared_mid_batch_encodes_every_word(tok_dir, monkeypatch):
