@@ -10,6 +10,11 @@ each prediction autoregressive in that order:
   cannot reach t's prediction: not through g (g never sees h_t), nor through any h_j (rank[j] < rank[t]
   means h_j never saw t either).
 
+The paper's targets are single tokens, the tail of the order. XLNet's released code differs in two ways, each an
+option: `max_ngram` > 0 chooses the targets first, whole-word n-grams (1..N words, p(n) ~ 1/n, about n / K tokens;
+its N is 5), and orders them after all other tokens; `bidirectional_context` lets the tokens that are not targets see
+each other in full (rank -1, as specials) instead of in their order. No target ever sees itself or a later target.
+
 Tokens outside the order get fixed ranks:
 - [SEP], [UNK] and other specials: rank -1, context visible to everyone; they see only each other, so they
   leak nothing.
@@ -34,12 +39,14 @@ from torch import nn
 
 from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
 from objectives.lm_head import MLMHead, lm_head
+from objectives.masking import SpanLengths, ineligible_tokens, sample_word_starts, select_word_spans
 from objectives.mlm import candidate_positions, token_predictions
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.model.encoder import QueryStream
 
 CONTEXT_RANK = -1
-"""Rank of specials (except [CLS]): visible to every position, seeing only each other."""
+"""Rank of specials (except [CLS]), and of the tokens that are not targets under `bidirectional_context`: visible to
+every position, seeing only each other."""
 PAD_RANK = np.iinfo(np.int64).max
 """Rank of padding: after everything (keys are masked by attention_mask anyway)."""
 
@@ -48,6 +55,17 @@ PAD_RANK = np.iinfo(np.int64).max
 class PLMOptions(ObjectiveOptions):
     predict_fraction_k: int = option(
         6, "Predict the last ceil(n / K) tokens of the factorization order (XLNet's K).", ge=1
+    )
+    max_ngram: int = option(
+        0,
+        "0: the targets are single tokens, the tail of the order (the paper). N >= 1: whole-word n-grams of 1..N "
+        "words, p(n) ~ 1/n, about n / K tokens, ordered after the other tokens (XLNet's released code: N = 5).",
+        ge=0,
+    )
+    bidirectional_context: bool = option(
+        False,
+        "The tokens that are not targets see each other in full (XLNet's released code), not only those before "
+        "them in the factorization order (the paper).",
     )
 
 
@@ -73,7 +91,12 @@ class PLMHead(MLMHead):
 
 
 def factorization(
-    sample: dict[str, np.ndarray], tokens, k: int, rng: np.random.Generator
+    sample: dict[str, np.ndarray],
+    tokens,
+    k: int,
+    rng: np.random.Generator,
+    max_ngram: int = 0,
+    bidirectional_context: bool = False,
 ) -> tuple[np.ndarray, np.ndarray]:
     """(rank [n] int64, labels [n]: the original token at targets, -100 elsewhere). See the module doc."""
     ids = sample["input_ids"]
@@ -81,16 +104,26 @@ def factorization(
     eligible = candidate_positions(sample, tokens)  # [m] positions
     rank = np.full(n, CONTEXT_RANK, np.int64)
     rank[ids == tokens.cls] = n
-    rank[eligible] = rng.permutation(len(eligible))
-    num_targets = math.ceil(len(eligible) / k)
-    if num_targets == len(eligible) > 0 and not (rank == CONTEXT_RANK).any():
+    if max_ngram:  # whole-word n-grams first, ordered after every other eligible token
+        lengths = SpanLengths.ngram(max_ngram)
+        spans = select_word_spans(sample_word_starts(sample), ineligible_tokens(sample, tokens), 1 / k, lengths, rng)
+        targets = spans.positions()[0]  # [T] sorted
+        others = np.setdiff1d(eligible, targets, assume_unique=True)  # [m - T]
+        rank[targets] = len(others) + rng.permutation(len(targets))
+        rank[others] = rng.permutation(len(others))
+    else:  # the last ceil(m / K) of a permutation of all of them
+        rank[eligible] = rng.permutation(len(eligible))
+        is_target = rank[eligible] >= len(eligible) - math.ceil(len(eligible) / k)  # [m]
+        targets, others = eligible[is_target], eligible[~is_target]
+    if bidirectional_context:
+        rank[others] = CONTEXT_RANK
+    if len(others) == 0 and len(targets) and not (rank == CONTEXT_RANK).any():
         # the first target in the order would see no key, and a query with none attends to every key, its own
         # token's included (`attention_bias`): the pipeline's samples end with [SEP], which every target sees
         raise ValueError(
             "plm: a sample with every token a target needs a token all of them see ([SEP], as the pipeline's "
             "samples have); add one, or give predict_fraction_k > 1"
         )
-    targets = eligible[rank[eligible] >= len(eligible) - num_targets]
     labels = np.full(n, IGNORE_INDEX, np.int64)
     labels[targets] = ids[targets]
     return rank, labels
@@ -104,8 +137,9 @@ class PermutationLM(Objective):
     pad_values = {"plm_order": PAD_RANK, "plm_labels": IGNORE_INDEX}
 
     def prepare(self, sample, rng):
+        o = self.options
         sample["plm_order"], sample["plm_labels"] = factorization(
-            sample, self.tokens, self.options.predict_fraction_k, rng
+            sample, self.tokens, o.predict_fraction_k, rng, o.max_ngram, o.bidirectional_context
         )
         return sample
 

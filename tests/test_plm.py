@@ -38,7 +38,9 @@ def make_sample(rng, length):
     ids[3] = TOKENS.unk
     types = np.zeros(length, np.int64)
     types[length // 2 + 1 :] = 1
-    return {"input_ids": ids, "token_type_ids": types, "special_mask": np.isin(ids, [TOKENS.cls, TOKENS.sep])}
+    special = np.isin(ids, [TOKENS.cls, TOKENS.sep])
+    words = special | (np.arange(length) % 3 != 1)  # words of one and two tokens (no rng: the draws stay as they were)
+    return {"input_ids": ids, "token_type_ids": types, "special_mask": special, "word_starts": words}
 
 
 def make_batch(plm, lengths=(24, 17), seed=0):
@@ -93,6 +95,35 @@ def test_targets_are_the_last_ceil_n_over_k_of_the_order():
     batch = make_batch(plm)
     pad = ~batch["attention_mask"]
     assert pad.any() and (batch["plm_order"][pad] == PAD_RANK).all() and (batch["plm_labels"][pad] == -100).all()
+
+
+def test_xlnet_code_targets_are_whole_word_ngrams_ordered_after_the_rest():
+    """max_ngram = 5: the targets are whole words in n-grams of 1..5 words, about 1/K of the eligible tokens, and come
+    after every other eligible token in the order; bidirectional_context: those others are context (rank -1)."""
+    rng = np.random.default_rng(2)
+    for bidirectional in (False, True):
+        opts = {"predict_fraction_k": 6, "max_ngram": 5, "bidirectional_context": bidirectional}
+        (plm,) = build_objectives({"plm": opts}, TOKENS)
+        fractions, run_words = [], []
+        for _ in range(300):
+            sample = make_sample(rng, 64)
+            ids, starts = sample["input_ids"].copy(), sample["word_starts"]
+            out = plm.prepare(sample, rng)
+            rank, targets = out["plm_order"], out["plm_labels"] != IGNORE_INDEX
+            eligible = ~np.isin(ids, TOKENS.special_ids)
+            assert np.array_equal(out["input_ids"], ids) and not targets[~eligible].any()
+            word = np.cumsum(starts) - 1  # [n] word of each token
+            assert all(targets[word == w].all() for w in np.unique(word[targets]))  # whole words only
+            t, m = int(targets.sum()), int(eligible.sum())
+            assert sorted(rank[targets]) == list(range(m - t, m))  # the tail of the order
+            others = rank[eligible & ~targets]
+            assert (others == -1).all() if bidirectional else sorted(others) == list(range(m - t))
+            fractions.append(t / m)
+            edges = np.flatnonzero(np.diff(np.concatenate([[0], targets.astype(int), [0]])))  # target runs
+            run_words += [int(starts[a:b].sum()) for a, b in zip(edges[::2], edges[1::2])]
+        assert abs(np.mean(fractions) - 1 / 6) < 0.02, np.mean(fractions)
+        # runs of adjacent n-grams merge, so runs are at least as long as the 1/n draw's mean (2.19 words)
+        assert max(run_words) >= 5 and np.mean(run_words) > 2.0, np.bincount(run_words)
 
 
 def test_a_sample_whose_first_target_would_see_nothing_is_refused():
@@ -150,10 +181,16 @@ def test_content_stream_sees_only_earlier_in_the_order(model):
     assert (two_stream(model, changed)[0][0, 0] - two_stream(model, batch)[0][0, 0]).abs().max() > 1e-3
 
 
+XLNET_CODE = {"max_ngram": 3, "bidirectional_context": True}
+
+
+@pytest.mark.parametrize("options", [{}, XLNET_CODE], ids=["paper", "xlnet-code"])
 @pytest.mark.parametrize("row", [0, 1])
-def test_no_leak_of_own_or_later_tokens_to_a_prediction(model, row):
-    batch = make_batch(model.objectives[0])
+def test_no_leak_of_own_or_later_tokens_to_a_prediction(model, row, options):
+    (plm,) = build_objectives({"plm": {"predict_fraction_k": 3, **options}}, TOKENS)
+    batch = make_batch(plm)
     rank, real = batch["plm_order"][row], batch["attention_mask"][row]
+    special = torch.from_numpy(np.isin(batch["input_ids"][row].numpy(), TOKENS.special_ids))
     _, logits, positions = two_stream(model, batch)
     checked = 0
     for q, t in enumerate(positions[row].tolist()):
@@ -168,12 +205,30 @@ def test_no_leak_of_own_or_later_tokens_to_a_prediction(model, row):
         own = torch.zeros_like(real)
         own[t] = True
         later = (rank > rank[t]) & real  # other targets after t, and [CLS]
-        earlier = (rank < rank[t]) & (rank >= 0)
+        earlier = (rank < rank[t]) & real & ~special  # (the context, rank -1, under bidirectional_context)
         torch.testing.assert_close(logits_with_changed(own), logits[row, q], atol=1e-6, rtol=0)
         torch.testing.assert_close(logits_with_changed(later), logits[row, q], atol=1e-6, rtol=0)
         assert (logits_with_changed(earlier) - logits[row, q]).abs().max() > 1e-3  # the test is not vacuous
         checked += 1
     assert checked >= 2
+
+
+def test_bidirectional_context_sees_all_the_context_and_no_target(model):
+    """Under bidirectional_context a token that is not a target sees every other such token, wherever it is in the
+    order, and no target."""
+    batch = make_batch(build_objectives({"plm": {"predict_fraction_k": 4, **XLNET_CODE}}, TOKENS)[0])
+    rank, real, targets = batch["plm_order"][0], batch["attention_mask"][0], batch["plm_labels"][0] != IGNORE_INDEX
+    context = (rank == -1) & real & ~torch.from_numpy(np.isin(batch["input_ids"][0].numpy(), TOKENS.special_ids))
+    i, *rest = torch.nonzero(context)[:, 0].tolist()
+    h = two_stream(model, batch)[0][0, i]
+
+    def with_changed(where):
+        changed = dict(batch, input_ids=batch["input_ids"].clone())
+        changed["input_ids"][0, where] = 5 + (changed["input_ids"][0, where] - 4) % (V - 5)
+        return two_stream(model, changed)[0][0, i]
+
+    torch.testing.assert_close(with_changed(targets), h, atol=1e-6, rtol=0)
+    assert len(rest) >= 3 and all((with_changed(j) - h).abs().max() > 1e-3 for j in rest)
 
 
 def _reference_encoder(enc, ids, types, mask):
