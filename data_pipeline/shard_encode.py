@@ -40,6 +40,11 @@ _BERT_SPACE = re.compile("[ \t\n\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u2
 # Characters Python's str.split() splits on but BERT deletes (controls): text without them can use the
 # much faster str.split(), which splits on exactly the BERT spaces then.
 _NOT_BERT_SPACE = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
+# Where a slice's words were new more often than this (hashes, numbers, code: a cache pays only for words that
+# repeat), encode_batch is faster than the word paths (0.6x of it where no word repeats, level at ~25% new words; a
+# slice of English prose has 16% new words on an empty cache, 4% after a few); every 8th such slice tries them again.
+_NEW_WORDS_MAX = 0.25
+_RETRY_EVERY = 8
 _WORD_CACHE_MAX = 200_000  # words -> ids (and chunk word starts) per worker (30-50 MB); cleared when full
 # Where byte-level BPE's and Metaspace's words always start: at a space with a non-space after it. Metaspace starts a
 # word at every space; GPT-2's regex takes such a space with what follows (' ?\p{L}+' and the like) and ends a run of
@@ -203,16 +208,19 @@ def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fa
     # control id, which would put a false document boundary or a [PAD] (no gradient) inside a training sample
     tok.encode_special_tokens = True
     continuation = _word_fast_path(tok) if fast else None
-    edges = _piece_edges(tok) if continuation is None else None
+    edges = _piece_edges(tok)  # (WordPiece's encode_batch path needs them too, `_words_repeat`)
     chunked = _chunk_fast_path(tok) if fast and continuation is None else None
     _worker.update(tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=continuation, edges=edges, cache={})
     _worker.update(chunked=chunked, ascii_normalizer=_ascii_normalizer(tok.normalizer) if chunked else None)
+    _worker.update(new_words=0.0, skipped=0)  # `_words_repeat`
 
 
 def _chunks(text: str) -> list[str]:
-    """`text` split before each space with a non-space after it (_CHUNK_SPACE). Without a run of spaces it may split
-    before every space (a space before a tab or a newline starts a word as well), which str.split does ~10x faster."""
-    if "  " in text or "\x00" in text:
+    """`text` split before each space with a non-space after it (_CHUNK_SPACE). Where its only whitespace is single
+    spaces (isprintable: every other whitespace character is not) that is before every space, which str.split does
+    ~10x faster; a lone space at an end is a word of its own either way. A space after a tab or a newline is not
+    always a word start: GPT-2's regex keeps '\t ' together before a tab or the end ('ĉĠ')."""
+    if "  " in text or not text.isprintable():
         return _CHUNK_SPACE.split(text)
     return text.replace(" ", "\x00 ").split("\x00")
 
@@ -225,7 +233,8 @@ def _split_words(sentences: list[str]) -> list[list[str]]:
         normalizer, ascii_normalizer = _worker["tok"].normalizer, _worker["ascii_normalizer"]
         if ascii_normalizer is None:
             return [_chunks(normalizer.normalize_str(s)) for s in sentences]
-        normalize = normalizer.normalize_str if normalizer else None
+        # (a normalizer may be falsy: an empty Sequence has length 0)
+        normalize = normalizer.normalize_str if normalizer is not None else str
         return [_chunks(ascii_normalizer(s) if s.isascii() else normalize(s)) for s in sentences]
     odd = any(_NOT_BERT_SPACE.search(s) for s in sentences)
     return [_BERT_SPACE.split(s) if odd else s.split() for s in sentences]  # a "" at an end encodes to nothing
@@ -241,6 +250,7 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
     distinct = {w: k for k, w in enumerate(dict.fromkeys(words))}
     codes = np.fromiter(map(distinct.__getitem__, words), np.int64, len(words))  # [W] word -> distinct index
     missing = [w for w in distinct if w not in cache]
+    _worker["new_words"] = len(missing) / max(1, len(words))
     if missing:
         if len(cache) + len(missing) > _WORD_CACHE_MAX:
             cache.clear()
@@ -248,7 +258,7 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
         # encode_batch_fast gives no word ids (all None): a chunk's words need encode_batch
         encode = chunked.encode_batch if chunked else tok.encode_batch_fast
         for w, e in zip(missing, encode(missing, add_special_tokens=False)):
-            word = e.word_ids  # a chunk's first token starts a word: it has a space before it, or starts the sentence
+            word = e.word_ids  # a chunk's first token starts a word: the pre-tokenizer starts one where a chunk does
             cache[w] = (e.ids, [k == 0 or word[k] != word[k - 1] for k in range(len(word))] if chunked else [])
     pieces = [cache[w] for w in distinct]
     piece_lens = np.fromiter((len(p[0]) for p in pieces), np.int64, len(pieces))  # [U]
@@ -294,12 +304,26 @@ def _merge_sentences(a: tuple, b: tuple, in_b: np.ndarray) -> tuple:
     return lens, *merged
 
 
+def _words_repeat() -> bool:
+    """Whether the next slice takes a word path (if the tokenizer has one): while the words of the last slice that
+    took it were mostly seen before (_NEW_WORDS_MAX), and every _RETRY_EVERY-th slice after."""
+    if _worker["new_words"] <= _NEW_WORDS_MAX:
+        return True
+    _worker["skipped"] += 1
+    if _worker["skipped"] < _RETRY_EVERY:
+        return False
+    _worker["skipped"] = 0
+    return True
+
+
 def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """Token ids [n], word starts [n] bool, sentence lengths [S] and sentences per document [d] of `texts`."""
     tok, continuation, chunked = _worker["tok"], _worker["continuation"], _worker["chunked"]
     sentences = [split_sentences(t) for t in texts]
     flat = list(itertools.chain.from_iterable(sentences))
     doc_sents = np.array([len(s) for s in sentences], np.int64)
+    if (continuation is not None or chunked is not None) and not _words_repeat():
+        continuation = chunked = None
     if continuation is not None:
         sent_lens, ids, _ = _encode_words(flat)
         return ids, ~continuation[ids], sent_lens, doc_sents

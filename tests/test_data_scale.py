@@ -215,14 +215,20 @@ def speech_tokenizers(tmp_path_factory):
     out = tmp_path_factory.mktemp("speech_tok")
     corpus = small_corpus(out, slice(0, 40))
     # runs of spaces and tabs, so that byte-level BPE learns pieces of several ('ĠĠ'): a run split apart shows
-    spaced = write_jsonl(out / "spaced.jsonl", [f"the  \tnation {i}   shall\t\t be  \t free." for i in range(200)])
+    spaced = [f"the  \tnation {i}   shall\t\t be  \t free \t \tof\t \tit." for i in range(200)]
+    spaced = write_jsonl(out / "spaced.jsonl", spaced)
     for kind in ("wordpiece", "bpe", "unigram"):
         train_tokenizer([str(corpus), str(spaced)], out / kind, kind=kind, vocab_size=1000, show_progress=False)
+    # a tokenizer of no normalizer (GPT-2's) and one of an empty Sequence (falsy: its length is 0)
+    for kind, normalizer in (("bpe", None), ("unigram", {"type": "Sequence", "normalizers": []})):
+        spec = json.loads((out / kind / "tokenizer.json").read_text())
+        (out / f"{kind}-unnormalized").mkdir()
+        (out / f"{kind}-unnormalized" / "tokenizer.json").write_text(json.dumps(dict(spec, normalizer=normalizer)))
     return out
 
 
-@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram"])
-def test_word_fast_path_matches_encode_batch(speech_tokenizers, kind):
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe", "unigram", "bpe-unnormalized", "unigram-unnormalized"])
+def test_word_fast_path_matches_encode_batch(speech_tokenizers, kind, monkeypatch):
     """The distinct-word paths (WordPiece's words, byte-level BPE's and Metaspace's chunks) give exactly the ids and
     word starts of encode_batch + word_ids, on real text and on text made to break them: runs of spaces of every
     kind, spaces before a mark, accents that NFKC turns into a space and a mark, scripts decided by their characters."""
@@ -235,11 +241,15 @@ def test_word_fast_path_matches_encode_batch(speech_tokenizers, kind):
             "  \u00a0 leading",
             "a \u00b4 b  x\u00b4 y \u00a8z the 16th of May, '60s  \n  end  ",
             "the  \tnation   shall\t\t be  \t free  \t \t. ",
+            # no run of spaces: these take str.split's way to chunks, where a space after a tab was taken for a start
+            "a\t \tb x\u2028\u00b4 x\u0085\u00a8 x\u2028 \u2028y",
+            "x\u2028\u00b4",
             "\u0939\u093f\u0928\u094d\u0926\u0940 \u092d\u093e\u0937\u093e and \u4e2d\u6587\u5b57 mixed . \u0301x",
         ]
         + [f"ab{c}cd ef{c}{c}gh {c}ij{c} kl." for c in spaces]
     )
     tokenizer = str(speech_tokenizers / kind / "tokenizer.json")
+    monkeypatch.setattr(shard_encode, "_NEW_WORDS_MAX", 1.0)  # the word path for every slice, however new its words
     results = []
     for fast in (True, False):
         shard_encode._worker.clear()
@@ -251,6 +261,28 @@ def test_word_fast_path_matches_encode_batch(speech_tokenizers, kind):
     shard_encode._worker.clear()
     for fast, slow in zip(*results):
         assert fast.tolist() == slow.tolist()
+
+
+@pytest.mark.parametrize("kind", ["wordpiece", "bpe"])
+def test_words_that_rarely_repeat_go_through_encode_batch(speech_tokenizers, kind, monkeypatch):
+    """A cache pays only for words that repeat: slices of hashes (every word new) go through encode_batch, trying the
+    word path again every 8th slice; prose stays on it, its first slice (an empty cache) included."""
+    calls = []
+    encode_words = shard_encode._encode_words
+    monkeypatch.setattr(shard_encode, "_encode_words", lambda sentences: calls.append(1) or encode_words(sentences))
+    rng = np.random.default_rng(0)
+    hashes = [[" ".join(rng.bytes(6).hex() for _ in range(40)) + "." for _ in range(20)] for _ in range(10)]
+    prose = [json.loads(line)["text"] for line in CORPUS.read_text().splitlines()[:20]]
+    shard_encode._worker.clear()
+    shard_encode._init_worker(str(speech_tokenizers / kind / "tokenizer.json"), "/tmp", "uint16", 1)
+    took = []
+    for texts in hashes + [prose] * 10:
+        calls.clear()
+        shard_encode._encode_slice(texts)
+        took.append(len(calls))
+    shard_encode._worker.clear()
+    assert took[:10] == [1, 0, 0, 0, 0, 0, 0, 0, 1, 0]  # (the first slice finds out, the 9th tries again)
+    assert took[10:] == [0] * 6 + [1] * 4  # prose waits for the next try, then stays
 
 
 def test_ascii_normalizer_gives_the_tokenizers_text(speech_tokenizers):
