@@ -10,14 +10,16 @@ each prediction autoregressive in that order:
   cannot reach t's prediction: not through g (g never sees h_t), nor through any h_j (rank[j] < rank[t]
   means h_j never saw t either).
 
-The paper's targets are single tokens, the tail of the order. XLNet's released code differs in two ways, each an
-option: `max_ngram` > 0 chooses the targets first, whole-word n-grams (1..N words, p(n) ~ 1/n, about n / K tokens;
-its N is 5), and orders them after all other tokens; `bidirectional_context` lets the tokens that are not targets see
-each other in full (rank -1, as specials) instead of in their order. No target ever sees itself or a later target.
+The paper's targets are single tokens, the tail of the order. XLNet's pretraining code differs in two ways, each
+an option: `max_ngram` > 0 chooses the targets first, n-grams of 1..N whole words (p(n) ~ 1/n, its N is 5; its
+released code counts an n-gram's n in tokens from a word start, which its authors call unintended), at most
+ceil(m / K) tokens, and orders them after all other tokens; `bidirectional_context` lets the tokens that are not
+targets see each other in full (rank -1, as specials) instead of in their order. No target ever sees itself or a
+later target.
 
 Tokens outside the order get fixed ranks:
-- [SEP], [UNK] and other specials: rank -1, context visible to everyone; they see only each other, so they
-  leak nothing.
+- [SEP], [UNK] and other specials: rank -1, context visible to everyone; they see only each other (and the
+  other rank -1 tokens under `bidirectional_context`), so they leak nothing.
 - [CLS]: rank n (after every eligible token): it sees the whole sequence and nobody sees it. Its content
   state is therefore a full bidirectional summary, which is what a sentence-level objective run alongside
   (nsp / sop read hidden[:, 0]) needs; it is computed from permutation-masked token states, not BERT's.
@@ -39,7 +41,7 @@ from torch import nn
 
 from objectives.base import Objective, ObjectiveOptions, ObjectiveOutput, flat_targets, option, register
 from objectives.lm_head import MLMHead, lm_head
-from objectives.masking import SpanLengths, ineligible_tokens, sample_word_starts, select_word_spans
+from objectives.masking import SpanLengths, WordSpans, ineligible_tokens, sample_word_starts, select_word_spans
 from objectives.mlm import candidate_positions, token_predictions
 from pretrain.core.tokens import IGNORE_INDEX
 from pretrain.model.encoder import QueryStream
@@ -54,17 +56,21 @@ PAD_RANK = np.iinfo(np.int64).max
 @dataclass
 class PLMOptions(ObjectiveOptions):
     predict_fraction_k: int = option(
-        6, "Predict the last ceil(n / K) tokens of the factorization order (XLNet's K).", ge=1
+        6,
+        "Predict 1/K of the m eligible tokens (XLNet's K): the last ceil(m / K) of the factorization order, or under "
+        "max_ngram about m / K in whole-word n-grams, never more than ceil(m / K).",
+        ge=1,
     )
     max_ngram: int = option(
         0,
-        "0: the targets are single tokens, the tail of the order (the paper). N >= 1: whole-word n-grams of 1..N "
-        "words, p(n) ~ 1/n, about n / K tokens, ordered after the other tokens (XLNet's released code: N = 5).",
+        "0: the targets are single tokens, the tail of the order (the paper). N >= 1: n-grams of 1..N whole words, "
+        "p(n) ~ 1/n, ordered after the other tokens (XLNet's pretraining code: N = 5).",
         ge=0,
+        le=10,
     )
     bidirectional_context: bool = option(
         False,
-        "The tokens that are not targets see each other in full (XLNet's released code), not only those before "
+        "The tokens that are not targets see each other in full (XLNet's pretraining code), not only those before "
         "them in the factorization order (the paper).",
     )
 
@@ -105,9 +111,7 @@ def factorization(
     rank = np.full(n, CONTEXT_RANK, np.int64)
     rank[ids == tokens.cls] = n
     if max_ngram:  # whole-word n-grams first, ordered after every other eligible token
-        lengths = SpanLengths.ngram(max_ngram)
-        spans = select_word_spans(sample_word_starts(sample), ineligible_tokens(sample, tokens), 1 / k, lengths, rng)
-        targets = spans.positions()[0]  # [T] sorted
+        targets = _ngram_targets(sample, tokens, k, max_ngram, math.ceil(len(eligible) / k), rng)  # [T] sorted
         others = np.setdiff1d(eligible, targets, assume_unique=True)  # [m - T]
         rank[targets] = len(others) + rng.permutation(len(targets))
         rank[others] = rng.permutation(len(others))
@@ -122,11 +126,28 @@ def factorization(
         # token's included (`attention_bias`): the pipeline's samples end with [SEP], which every target sees
         raise ValueError(
             "plm: a sample with every token a target needs a token all of them see ([SEP], as the pipeline's "
-            "samples have); add one, or give predict_fraction_k > 1"
+            "samples have); add one, or predict a smaller fraction (predict_fraction_k)"
         )
     labels = np.full(n, IGNORE_INDEX, np.int64)
     labels[targets] = ids[targets]
     return rank, labels
+
+
+def _ngram_targets(sample, tokens, k: int, max_ngram: int, cap: int, rng: np.random.Generator) -> np.ndarray:
+    """Positions [T] sorted of whole-word n-grams, about 1/k of the eligible tokens and at most `cap`: the span draw
+    meets its budget on average, its last span may pass it, and the query stream's width must not (`collate`). Random
+    spans lose their last tokens until it fits, as XLNet shortens the n-gram that would pass its count."""
+    words, ineligible = sample_word_starts(sample), ineligible_tokens(sample, tokens)
+    spans = select_word_spans(words, ineligible, 1 / k, SpanLengths.ngram(max_ngram), rng)
+    sizes = spans.end - spans.begin  # [S]
+    excess = int(sizes.sum()) - cap
+    for s in rng.permutation(len(sizes)) if excess > 0 else ():
+        cut = min(excess, int(sizes[s]))
+        sizes[s] -= cut
+        excess -= cut
+        if excess == 0:
+            break
+    return WordSpans(spans.begin, spans.begin + sizes, spans.words).positions()[0]
 
 
 @register
@@ -146,8 +167,9 @@ class PermutationLM(Objective):
     def collate(self, arrays):
         # The query stream runs at the targets only: a stable sort brings each row's targets first, in position
         # order. Rows with fewer than T targets are filled with other positions, left out of the loss (their flat
-        # index is not in plm_query_index). T = ceil(L / K), the most targets a row of this width can have, not this
-        # batch's most: under a static width (a compiled model) the layers that carry the stream keep one shape.
+        # index is not in plm_query_index). T = ceil(L / K), the most targets a row of this width can have (n-gram
+        # targets are capped to it too), not this batch's most: under a static width (a compiled model) the layers
+        # that carry the stream keep one shape.
         labels = arrays["plm_labels"]  # [B, L]
         is_target = labels != IGNORE_INDEX
         t = max(1, -(-labels.shape[1] // self.options.predict_fraction_k), int(is_target.sum(1).max()))
