@@ -507,6 +507,7 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
         "steps": state["step"],
         "final_loss": history[-1]["loss"] if history else None,
         "final_loss_step": history[-1]["step"] if history else None,  # a checkpoint between log lines: an earlier one
+        "final_loss_of_training_weights": bool(state.get("ema_weights")),  # an EMA export's loss is not its own
         "config": {"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)},
         "init_from": cfg.model.init_from or None,
         "notes": [*notes, *([f"the weights are {state['weights']}"] if state.get("weights") else [])],

@@ -135,11 +135,15 @@ def test_ema_through_the_cli_resumes_bitwise_and_is_exported(tmp_path):
     exported = load_file(tmp_path / "r" / "hf" / "model.safetensors")
     word = "bert.embeddings.word_embeddings.weight"
     torch.testing.assert_close(exported[word], full["encoder.embeddings.word_embeddings.weight"], rtol=0, atol=0)
-    assert "exponential moving average" in (tmp_path / "r" / "hf" / "README.md").read_text()
+    card = (tmp_path / "r" / "hf" / "README.md").read_text()
+    assert "exponential moving average" in card
+    # its final loss is the one training logged, of the training weights: the card says whose
+    assert "(the training weights' loss as logged, not that of these moving-average weights)" in card
     # the raw weights, or a mean of them, say which they are: their cards passed them for the EMA the config names
     pretrain("export", tmp_path / "r", "--raw-weights", "--out", tmp_path / "raw", "--no-verify", cwd=tmp_path)
     raw = (tmp_path / "raw" / "README.md").read_text()
     assert "the weights are the raw training weights, not the exponential moving average (decay 0.9)" in raw
+    assert "moving-average weights)" not in raw  # the raw weights' loss is theirs
     ckpts = tmp_path / "r" / "checkpoints"
     pretrain("average", ckpts / "step_00000002", ckpts / "step_00000004", "--out", tmp_path / "avg", cwd=tmp_path)
     mean = (tmp_path / "avg" / "README.md").read_text()

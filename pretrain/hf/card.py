@@ -78,6 +78,8 @@ def model_card(
     loss_text = f"{final_loss:.4f}" if isinstance(final_loss, float) else str(_card_value(card, "final_loss"))
     if card.get("final_loss_step") not in (None, card.get("steps")):  # saved between log lines: say whose it is
         loss_text += f" (the last log line before the checkpoint, at step {card['final_loss_step']:,})"
+    if card.get("final_loss_of_training_weights") and final_loss is not None:
+        loss_text += " (the training weights' loss as logged, not that of these moving-average weights)"
     corpus = _card_value(card, "corpus")
     if isinstance(corpus, (list, tuple)):
         corpus = ", ".join(map(str, corpus))

@@ -347,6 +347,7 @@ def load_checkpoint_model(path: Path, ema: bool = True):
                 for name, value in averaged.items():
                     params[name].copy_(value)
             state["weights"] = f"an exponential moving average of the training weights (decay {cfg.train.ema_decay:g})"
+            state["ema_weights"] = True  # the run's logged losses are not theirs (`export_card`)
         elif not ema and (path / EMA_FILE).is_file():  # its card must not pass these for the EMA its config names
             state["weights"] = (
                 f"the raw training weights, not the exponential moving average (decay {cfg.train.ema_decay:g}) the "
