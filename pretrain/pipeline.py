@@ -495,9 +495,11 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
     """What the model card says of a checkpoint: run, objectives, data, tokens, steps, final loss, config; which
     weights (the EMA's, an average) in its notes."""
     sources = cfg.data.source_list()
-    corpus = ", ".join(f for src in sources for f in src.corpus)
+    corpus = ", ".join(_card_path(f) for src in sources for f in src.corpus)
     if len(sources) > 1:
-        corpus = "; ".join(f"{src.name} (weight {src.weight:g}): {', '.join(src.corpus)}" for src in sources)
+        corpus = "; ".join(
+            f"{src.name} (weight {src.weight:g}): {', '.join(map(_card_path, src.corpus))}" for src in sources
+        )
     return {
         "run_name": name,
         "objectives": to_dict(cfg.objectives),
@@ -508,10 +510,25 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
         "final_loss": history[-1]["loss"] if history else None,
         "final_loss_step": history[-1]["step"] if history else None,  # a checkpoint between log lines: an earlier one
         "final_loss_of_training_weights": bool(state.get("ema_weights")),  # an EMA export's loss is not its own
-        "config": {"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)},
-        "init_from": cfg.model.init_from or None,
+        "config": _card_paths({"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)}),
+        "init_from": _card_paths(cfg.model.init_from) or None,
         "notes": [*notes, *([f"the weights are {state['weights']}"] if state.get("weights") else [])],
     }
+
+
+def _card_path(path: str) -> str:
+    """A path as a published card names it: an absolute one by its last part ('en-mix.train.jsonl', not
+    '/home/alice/project/...': a card is pushed to the Hub as written), a relative one as the config has it."""
+    return Path(path).name if Path(path).is_absolute() else path
+
+
+def _card_paths(value):
+    """`value` (a config as dicts and lists) with every absolute path in it named by `_card_path`."""
+    if isinstance(value, dict):
+        return {k: _card_paths(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_card_paths(v) for v in value]
+    return _card_path(value) if isinstance(value, str) and value.startswith("/") else value
 
 
 def _data_provenance(state: dict) -> str | None:

@@ -179,6 +179,14 @@ def test_card_gives_the_checkpoints_record_of_its_data(model, tokens, tokenizer_
     text = (export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", card) / "README.md").read_text()
     assert f"- Data provenance: sha256 of the shards' content {'d' * 64}; sha256 of tokenizer.json {'t' * 64}" in text
     assert "language" not in text.split("---")[1]
+    assert "- Data: data/us-speeches.public-domain.jsonl\n" in text  # relative: as the config has it
+    # an absolute path by its last part: a card goes to the Hub as written, and /home/<user>/... is not for it
+    private = load_config("tiny", [f"data.corpus={tmp_path}/private/speeches.jsonl"])
+    text = (
+        export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", export_card(private, model, state, "t", []))
+        / "README.md"
+    ).read_text()
+    assert "- Data: speeches.jsonl\n" in text and str(tmp_path) not in text  # the config's copy too
     # a checkpoint saved between log lines (step 7; lines at 4 and 6): the loss is the last line's, and says whose
     history = [{"step": 4, "loss": 6.5}, {"step": 6, "loss": 6.25}]
     card = export_card(load_config("tiny"), model, state, "tiny", history)
