@@ -42,10 +42,11 @@ _BERT_SPACE = re.compile("[ \t\n\r\u00a0\u1680\u2000-\u200a\u2028\u2029\u202f\u2
 _NOT_BERT_SPACE = re.compile("[\x0b\x0c\x1c-\x1f\x85]")
 # Where a slice's words were new more often than this (hashes, numbers, code: a cache pays only for words that
 # repeat), encode_batch is faster than the word paths (0.6x of it where no word repeats, level at ~25% new words; a
-# slice of English prose has 16% new words on an empty cache, 4% after a few); every 8th such slice tries them again.
+# slice of English prose has 16% new words on an empty cache, 5% after five); every 8th such slice tries them again.
 _NEW_WORDS_MAX = 0.25
 _RETRY_EVERY = 8
-_WORD_CACHE_MAX = 200_000  # words -> ids (and chunk word starts) per worker (30-50 MB); cleared when full
+# words -> ids (and a chunk's word starts) per worker: ~45 MB, ~75 MB with the starts; cleared when full
+_WORD_CACHE_MAX = 200_000
 # Where byte-level BPE's and Metaspace's words always start: at a space with a non-space after it. Metaspace starts a
 # word at every space; GPT-2's regex takes such a space with what follows (' ?\p{L}+' and the like) and ends a run of
 # spaces before it ('\s+(?!\S)'). Python's \s holds all of the regex's (and \x1c-\x1f): a split it misses is safe.
@@ -259,11 +260,12 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
         encode = chunked.encode_batch if chunked else tok.encode_batch_fast
         for w, e in zip(missing, encode(missing, add_special_tokens=False)):
             word = e.word_ids  # a chunk's first token starts a word: the pre-tokenizer starts one where a chunk does
-            cache[w] = (e.ids, [k == 0 or word[k] != word[k - 1] for k in range(len(word))] if chunked else [])
+            cache[w] = (e.ids, [k == 0 or word[k] != word[k - 1] for k in range(len(word))]) if chunked else e.ids
     pieces = [cache[w] for w in distinct]
-    piece_lens = np.fromiter((len(p[0]) for p in pieces), np.int64, len(pieces))  # [U]
+    id_lists = [p[0] for p in pieces] if chunked else pieces
+    piece_lens = np.fromiter(map(len, id_lists), np.int64, len(pieces))  # [U]
     total = int(piece_lens.sum())
-    flat = np.fromiter(itertools.chain.from_iterable(p[0] for p in pieces), dtype, total)  # [sum U]
+    flat = np.fromiter(itertools.chain.from_iterable(id_lists), dtype, total)  # [sum U]
     piece_starts = np.cumsum(piece_lens) - piece_lens  # [U]
     lens = piece_lens[codes]  # [W] tokens of each word occurrence
     n = int(lens.sum())
@@ -278,12 +280,18 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
     return ends[bounds[1:]] - ends[bounds[:-1]], flat[index], starts
 
 
+def _batch_ids(encodings) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sentence token counts [S] and token ids [n] of encode_batch's `encodings` (one per sentence)."""
+    sent_lens = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))  # [S]
+    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), _worker["dtype"], int(sent_lens.sum()))
+    return sent_lens, ids
+
+
 def _encode_batch(encodings) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Per-sentence token counts [S], token ids [n] and pre-tokenizer word starts [n] bool of encode_batch's
     `encodings` (one per sentence)."""
-    sent_lens = np.fromiter((len(e.ids) for e in encodings), np.int64, len(encodings))  # [S]
-    n = int(sent_lens.sum())
-    ids = np.fromiter(itertools.chain.from_iterable(e.ids for e in encodings), _worker["dtype"], n)  # [n]
+    sent_lens, ids = _batch_ids(encodings)
+    n = len(ids)
     # Word ids restart per sentence; None (a token outside any word) is -1 and always a start.
     word = np.fromiter((-1 if w is None else w for e in encodings for w in e.word_ids), np.int64, n)  # [n]
     starts = np.ones(n, bool)  # [n]
@@ -322,11 +330,14 @@ def _encode_slice(texts: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray,
     sentences = [split_sentences(t) for t in texts]
     flat = list(itertools.chain.from_iterable(sentences))
     doc_sents = np.array([len(s) for s in sentences], np.int64)
-    if (continuation is not None or chunked is not None) and not _words_repeat():
-        continuation = chunked = None
-    if continuation is not None:
-        sent_lens, ids, _ = _encode_words(flat)
+    words = (continuation is not None or chunked is not None) and _words_repeat()
+    if continuation is not None:  # WordPiece's starts are its ids' whichever way they came (`_word_fast_path`)
+        if words:
+            sent_lens, ids, _ = _encode_words(flat)
+        else:
+            sent_lens, ids = _batch_ids(tok.encode_batch_fast(flat, add_special_tokens=False))
         return ids, ~continuation[ids], sent_lens, doc_sents
+    chunked = chunked if words else None
     # sentences whose words a script decides (CJK, combining marks) need encode_batch's offsets
     scripted = np.fromiter(map(_needs_script_starts, flat), bool, len(flat)) if chunked else np.ones(len(flat), bool)
     batch = [s for s, x in zip(flat, scripted) if x]

@@ -283,6 +283,16 @@ def test_words_that_rarely_repeat_go_through_encode_batch(speech_tokenizers, kin
     shard_encode._worker.clear()
     assert took[:10] == [1, 0, 0, 0, 0, 0, 0, 0, 1, 0]  # (the first slice finds out, the 9th tries again)
     assert took[10:] == [0] * 6 + [1] * 4  # prose waits for the next try, then stays
+    # whichever way a slice goes, its shards are the same: a mark after punctuation, where encode_batch's word rules
+    # (a combining mark continues a word) are not WordPiece's (its pieces say where words start)
+    marks = ["\u0939\u093f\u0928\u094d\u0926\u0940 (\u093f\u0915) -\u093e and, the text."]
+    shard_encode._init_worker(str(speech_tokenizers / kind / "tokenizer.json"), "/tmp", "uint16", 1)
+    by_words = shard_encode._encode_slice(marks)
+    shard_encode._encode_slice(hashes[0])  # (new words: the next slice goes through encode_batch)
+    calls.clear()
+    by_batch = shard_encode._encode_slice(marks)
+    shard_encode._worker.clear()
+    assert not calls and all(a.tolist() == b.tolist() for a, b in zip(by_words, by_batch))
 
 
 def test_ascii_normalizer_gives_the_tokenizers_text(speech_tokenizers):
