@@ -209,7 +209,7 @@ def _init_worker(tokenizer_file: str, tmp_dir: str, dtype: str, threads: int, fa
     # control id, which would put a false document boundary or a [PAD] (no gradient) inside a training sample
     tok.encode_special_tokens = True
     continuation = _word_fast_path(tok) if fast else None
-    edges = _piece_edges(tok)  # (WordPiece's encode_batch path needs them too, `_words_repeat`)
+    edges = _piece_edges(tok) if continuation is None else None
     chunked = _chunk_fast_path(tok) if fast and continuation is None else None
     _worker.update(tok=tok, tmp=Path(tmp_dir), dtype=np.dtype(dtype), continuation=continuation, edges=edges, cache={})
     _worker.update(chunked=chunked, ascii_normalizer=_ascii_normalizer(tok.normalizer) if chunked else None)

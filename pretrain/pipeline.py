@@ -495,10 +495,12 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
     """What the model card says of a checkpoint: run, objectives, data, tokens, steps, final loss, config; which
     weights (the EMA's, an average) in its notes."""
     sources = cfg.data.source_list()
-    corpus = ", ".join(_card_path(f) for src in sources for f in src.corpus)
+    files = [f for src in sources for f in src.corpus]
+    named = dict(zip(files, _card_names(files)))
+    corpus = ", ".join(named[f] for f in files)
     if len(sources) > 1:
         corpus = "; ".join(
-            f"{src.name} (weight {src.weight:g}): {', '.join(map(_card_path, src.corpus))}" for src in sources
+            f"{src.name} (weight {src.weight:g}): {', '.join(map(named.get, src.corpus))}" for src in sources
         )
     return {
         "run_name": name,
@@ -516,19 +518,26 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
     }
 
 
-def _card_path(path: str) -> str:
-    """A path as a published card names it: an absolute one by its last part ('en-mix.train.jsonl', not
-    '/home/alice/project/...': a card is pushed to the Hub as written), a relative one as the config has it."""
-    return Path(path).name if Path(path).is_absolute() else path
+def _card_names(paths: list[str]) -> list[str]:
+    """Paths as a published card names them: an absolute one by as few of its last parts as tell it from the others
+    ('train.jsonl', or 'en/train.jsonl' and 'de/train.jsonl'; not '/home/alice/project/...': a card is pushed to the Hub
+    as written), a relative one as the config has it."""
+    absolute = {Path(p).parts for p in paths if Path(p).is_absolute()}
+    k = next(
+        (k for k in range(1, max(map(len, absolute), default=1)) if len({a[-k:] for a in absolute}) == len(absolute)), 1
+    )
+    return [str(Path(*Path(p).parts[-k:])) if Path(p).is_absolute() else p for p in paths]
 
 
 def _card_paths(value):
-    """`value` (a config as dicts and lists) with every absolute path in it named by `_card_path`."""
+    """`value` (a config as dicts and lists) with its absolute paths named as `_card_names` does."""
     if isinstance(value, dict):
-        return {k: _card_paths(v) for k, v in value.items()}
+        return {key: _card_paths(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return _card_names(list(value))
     if isinstance(value, (list, tuple)):
         return [_card_paths(v) for v in value]
-    return _card_path(value) if isinstance(value, str) and value.startswith("/") else value
+    return _card_names([value])[0] if isinstance(value, str) else value
 
 
 def _data_provenance(state: dict) -> str | None:
@@ -593,7 +602,8 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(latest, ema=False)
         model.load_state_dict(averaged)
         names = ", ".join(
-            p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else str(p) for p in paths
+            p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else _card_names([str(p)])[0]
+            for p in paths
         )
         kept = "weights" in state  # only where the run kept an EMA, which the mean is not of (`load_checkpoint_model`)
         state["weights"] = f"the mean of the training weights of {names}" + (

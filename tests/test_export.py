@@ -187,6 +187,13 @@ def test_card_gives_the_checkpoints_record_of_its_data(model, tokens, tokenizer_
         / "README.md"
     ).read_text()
     assert "- Data: speeches.jsonl\n" in text and str(tmp_path) not in text  # the config's copy too
+    # files of one name: as many of their last parts as tell them apart
+    two = load_config("tiny", [f"data.corpus=[{tmp_path}/en/train.jsonl,{tmp_path}/de/train.jsonl]"])
+    text = (
+        export_pretrained(model, tokens, tokenizer_dir, tmp_path / "hf", export_card(two, model, state, "t", []))
+        / "README.md"
+    ).read_text()
+    assert "- Data: en/train.jsonl, de/train.jsonl\n" in text and str(tmp_path) not in text
     # a checkpoint saved between log lines (step 7; lines at 4 and 6): the loss is the last line's, and says whose
     history = [{"step": 4, "loss": 6.5}, {"step": 6, "loss": 6.25}]
     card = export_card(load_config("tiny"), model, state, "tiny", history)
