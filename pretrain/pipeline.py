@@ -8,6 +8,7 @@ from pathlib import Path
 
 from pretrain.core.config import RunConfig
 from pretrain.core.parsing import to_dict
+from pretrain.hf.card import card_names, card_paths
 from pretrain.hf.init_from import check_init_tokenizer
 from pretrain.train.checkpoint import latest_checkpoint
 from pretrain.train.fingerprint import TOKENIZER_SETTINGS
@@ -496,7 +497,7 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
     weights (the EMA's, an average) in its notes."""
     sources = cfg.data.source_list()
     files = [f for src in sources for f in src.corpus]
-    named = dict(zip(files, _card_names(files)))
+    named = dict(zip(files, card_names(files)))
     corpus = ", ".join(named[f] for f in files)
     if len(sources) > 1:
         corpus = "; ".join(
@@ -512,32 +513,10 @@ def export_card(cfg: RunConfig, model, state: dict, name: str, history: list[dic
         "final_loss": history[-1]["loss"] if history else None,
         "final_loss_step": history[-1]["step"] if history else None,  # a checkpoint between log lines: an earlier one
         "final_loss_of_training_weights": bool(state.get("ema_weights")),  # an EMA export's loss is not its own
-        "config": _card_paths({"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)}),
-        "init_from": _card_paths(cfg.model.init_from) or None,
+        "config": card_paths({"model": to_dict(model.config), "train": to_dict(cfg.train), "data": to_dict(cfg.data)}),
+        "init_from": card_paths(cfg.model.init_from) or None,
         "notes": [*notes, *([f"the weights are {state['weights']}"] if state.get("weights") else [])],
     }
-
-
-def _card_names(paths: list[str]) -> list[str]:
-    """Paths as a published card names them: an absolute one by as few of its last parts as tell it from the others
-    ('train.jsonl', or 'en/train.jsonl' and 'de/train.jsonl'; not '/home/alice/project/...': a card is pushed to the Hub
-    as written), a relative one as the config has it."""
-    absolute = {Path(p).parts for p in paths if Path(p).is_absolute()}
-    k = next(
-        (k for k in range(1, max(map(len, absolute), default=1)) if len({a[-k:] for a in absolute}) == len(absolute)), 1
-    )
-    return [str(Path(*Path(p).parts[-k:])) if Path(p).is_absolute() else p for p in paths]
-
-
-def _card_paths(value):
-    """`value` (a config as dicts and lists) with its absolute paths named as `_card_names` does."""
-    if isinstance(value, dict):
-        return {key: _card_paths(v) for key, v in value.items()}
-    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
-        return _card_names(list(value))
-    if isinstance(value, (list, tuple)):
-        return [_card_paths(v) for v in value]
-    return _card_names([value])[0] if isinstance(value, str) else value
 
 
 def _data_provenance(state: dict) -> str | None:
@@ -602,7 +581,7 @@ def stage_average(checkpoints: list[Path], out: Path, arch: str | None = None, v
         cfg, model, tokens, tokenizer_dir, state = load_checkpoint_model(latest, ema=False)
         model.load_state_dict(averaged)
         names = ", ".join(
-            p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else _card_names([str(p)])[0]
+            p.parent.parent.name + "/" + p.name if p.parent.name == "checkpoints" else card_names([str(p)])[0]
             for p in paths
         )
         kept = "weights" in state  # only where the run kept an EMA, which the mean is not of (`load_checkpoint_model`)

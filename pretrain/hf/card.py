@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from pathlib import Path
 from typing import Any
 
 import yaml
@@ -60,6 +61,28 @@ def _front_matter(card: dict, arch: str, role: Card) -> tuple[dict[str, Any], li
     if card.get("license"):  # never claim a license nobody chose
         front["license"] = card["license"]
     return front, described
+
+
+def card_names(paths: list[str]) -> list[str]:
+    """Paths as a published card names them: an absolute one by as few of its last parts as tell it from the others
+    ('train.jsonl', or 'en/train.jsonl' and 'de/train.jsonl'; not '/home/alice/project/...': a card is pushed to the Hub
+    as written), a relative one as the config has it."""
+    absolute = {Path(p).parts for p in paths if Path(p).is_absolute()}
+    k = next(
+        (k for k in range(1, max(map(len, absolute), default=1)) if len({a[-k:] for a in absolute}) == len(absolute)), 1
+    )
+    return [str(Path(*Path(p).parts[-k:])) if Path(p).is_absolute() else p for p in paths]
+
+
+def card_paths(value):
+    """`value` (a config as dicts and lists) with its absolute paths named as `card_names` does."""
+    if isinstance(value, dict):
+        return {key: card_paths(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return card_names(list(value))
+    if isinstance(value, (list, tuple)):
+        return [card_paths(v) for v in value]
+    return card_names([value])[0] if isinstance(value, str) else value
 
 
 def model_card(
