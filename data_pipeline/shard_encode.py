@@ -231,19 +231,17 @@ def _split_words(sentences: list[str]) -> list[list[str]]:
     text (see _chunk_fast_path)."""
     chunked = _worker["chunked"]
     if chunked is not None:
-        normalizer, ascii_normalizer = _worker["tok"].normalizer, _worker["ascii_normalizer"]
-        if ascii_normalizer is None:
-            return [_chunks(normalizer.normalize_str(s)) for s in sentences]
-        # (a normalizer may be falsy: an empty Sequence has length 0)
+        normalizer = _worker["tok"].normalizer  # (may be falsy: an empty Sequence has length 0)
         normalize = normalizer.normalize_str if normalizer is not None else str
-        return [_chunks(ascii_normalizer(s) if s.isascii() else normalize(s)) for s in sentences]
+        ascii_normalize = _worker["ascii_normalizer"] or normalize  # steps it does not know: the library's
+        return [_chunks(ascii_normalize(s) if s.isascii() else normalize(s)) for s in sentences]
     odd = any(_NOT_BERT_SPACE.search(s) for s in sentences)
     return [_BERT_SPACE.split(s) if odd else s.split() for s in sentences]  # a "" at an end encodes to nothing
 
 
-def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Per-sentence token counts [S], token ids [n] and pre-tokenizer word starts [n] bool of `sentences`, one
-    distinct word at a time (the WordPiece path's word starts are its own: all False here)."""
+    distinct word at a time (None for WordPiece, whose starts its ids give)."""
     tok, dtype, cache, chunked = _worker["tok"], _worker["dtype"], _worker["cache"], _worker["chunked"]
     split = _split_words(sentences)
     counts = np.fromiter(map(len, split), np.int64, len(split))  # [S] words per sentence
@@ -274,9 +272,7 @@ def _encode_words(sentences: list[str]) -> tuple[np.ndarray, np.ndarray, np.ndar
     index = np.arange(n) + np.repeat(piece_starts[codes] - out_starts, lens)  # [n]
     ends = np.concatenate([[0], np.cumsum(lens)])  # [W+1]
     bounds = np.concatenate([[0], np.cumsum(counts)])  # [S+1] word offsets of sentences
-    starts = np.zeros(n, bool)
-    if chunked:
-        starts = np.fromiter(itertools.chain.from_iterable(p[1] for p in pieces), bool, total)[index]
+    starts = np.fromiter(itertools.chain.from_iterable(p[1] for p in pieces), bool, total)[index] if chunked else None
     return ends[bounds[1:]] - ends[bounds[:-1]], flat[index], starts
 
 
